@@ -1,0 +1,79 @@
+"""The algorithm contract: a barrier decides *when* a worker may start its next step; an
+update rule decides *how* an arriving (possibly stale) gradient changes the parameters and
+*what* parameters a worker gets back. Both are pure: clocks and tensors in, decisions and
+tensors out; they know nothing of processes, sockets or time sources.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig, Registry
+
+if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without it
+    import torch
+
+
+@dataclasses.dataclass
+class BarrierConfig(ComponentConfig):
+    # per_arrival: apply each gradient as it arrives; per_round: average the gradients of one
+    # clock from every worker and apply them once (BSP, ALGORITHMS.md §2.1, §4.5)
+    apply: str = "per_arrival"
+
+    def __post_init__(self) -> None:
+        if self.apply not in ("per_arrival", "per_round"):
+            raise ConfigError(
+                f"algorithm.barrier.apply must be 'per_arrival' or 'per_round', got {self.apply!r}"
+            )
+
+
+@dataclasses.dataclass
+class UpdateConfig(ComponentConfig):
+    lr: float = 0.1  # learning rate η
+    weight_decay: float = 0.0  # L2 coefficient, added to the gradient at the server's θ
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"algorithm.update.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ConfigError(
+                f"algorithm.update.weight_decay must be >= 0, got {self.weight_decay}"
+            )
+
+
+class Barrier:
+    """When may a worker start its next step. `clocks[i]` = steps worker i has completed."""
+
+    def __init__(self, cfg: BarrierConfig, num_workers: int, seed: int = 0):
+        self.cfg = cfg
+        self.num_workers = num_workers
+        self.per_round = cfg.apply == "per_round"
+
+    def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
+        """Called after a push from `worker` has been counted (clocks already advanced)."""
+
+    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
+        """May `worker` start step `clocks[worker]` now?"""
+        raise NotImplementedError
+
+
+class UpdateRule:
+    """How a gradient with its lag changes θ (in place), and which parameters a worker reads."""
+
+    def __init__(self, cfg: UpdateConfig, params: torch.Tensor, num_workers: int):
+        self.cfg = cfg
+        self.num_workers = num_workers
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
+        raise NotImplementedError
+
+    def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
+        """The parameters sent to `worker` for its next gradient (default: θ itself)."""
+        return params
+
+
+BARRIERS: Registry[Barrier] = Registry("barrier", "algorithm/barrier", "algorithm.barrier")
+UPDATES: Registry[UpdateRule] = Registry("update rule", "algorithm/update", "algorithm.update")

@@ -1,0 +1,69 @@
+"""`stalebench`: one run, or a Hydra multirun (-m). Bad input is reported as one line
+naming the config key and value, before any process starts."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from stalebench.config import RunConfig, register_configs
+from stalebench.errors import ConfigError
+from stalebench.registry import load_plugins
+
+
+def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
+    """The validated RunConfig of a composed config (raises ConfigError on bad input)."""
+    cfg: RunConfig = OmegaConf.to_object(dcfg)
+    # A barrier or update rule swapped on the command line is no longer the named preset.
+    swapped = any(o.startswith(("algorithm/barrier=", "algorithm/update=")) for o in overrides)
+    if swapped and not any(o.startswith("algorithm.name=") for o in overrides):
+        cfg.algorithm.name = ""
+    return cfg
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def _hydra_main(dcfg: DictConfig) -> float | None:
+    hc = HydraConfig.get()
+    try:
+        cfg = to_run_config(dcfg, list(hc.overrides.task))
+        cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
+        if "RANK" in os.environ:  # started by torchrun: this process is one rank
+            from stalebench.runtime.real import run_rank
+
+            code = run_rank(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None)
+            sys.exit(code)
+        from stalebench import experiment
+
+        summary = experiment.run(cfg)
+    except ConfigError as exc:
+        print(f"stalebench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if cfg.logger.name != "none":
+        acc = (summary["final"] or {}).get("accuracy")
+        print(
+            f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
+            f"workers={summary['num_workers']} updates={summary['updates']} "
+            f"wall={summary['wall_time_s']:.1f}s test_acc={acc if acc is None else round(acc, 4)} "
+            f"mean_lag={summary['lag']['mean']} -> {cfg.run_dir}"
+            + (f"\n  error: {summary['error']}" if summary["error"] else "")
+        )
+    return (summary["final"] or {}).get("accuracy")
+
+
+def main() -> None:
+    register_configs()
+    load_plugins()
+    if os.environ.get("RANK", "0") != "0":
+        # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);
+        # Hydra must not make a directory of its own, which ${now:} would name per process.
+        sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.",
+                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

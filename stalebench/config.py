@@ -1,0 +1,111 @@
+"""The run's schema: every default lives here; YAML under stalebench/conf only composes."""
+
+from __future__ import annotations
+
+import dataclasses
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from stalebench.algorithms.base import BarrierConfig, UpdateConfig
+from stalebench.cluster import ClusterConfig
+from stalebench.data import DatasetConfig
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig
+
+RUNTIMES = ("real",)
+ENGINES = ("ps",)
+LOGGERS = ("none", "local")
+
+
+@dataclasses.dataclass
+class AlgorithmConfig:
+    name: str = ""  # the preset's name; empty = "<barrier>+<update>"
+    barrier: BarrierConfig = MISSING
+    update: UpdateConfig = MISSING
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.barrier.name}+{self.update.name}"
+
+
+@dataclasses.dataclass
+class BudgetConfig:
+    max_updates: int = 0  # stop after this many server updates (0 = no limit)
+    max_wall_s: float = 20.0  # stop after this many seconds of training (0 = no limit)
+    target_accuracy: float = 0.6  # test accuracy for time_to_target_s
+
+    def __post_init__(self) -> None:
+        if self.max_updates < 0:
+            raise ConfigError(f"budget.max_updates must be >= 0, got {self.max_updates}")
+        if self.max_wall_s < 0:
+            raise ConfigError(f"budget.max_wall_s must be >= 0, got {self.max_wall_s}")
+        if self.max_updates == 0 and self.max_wall_s == 0:
+            raise ConfigError("budget: set budget.max_updates or budget.max_wall_s (both are 0)")
+        if not 0.0 <= self.target_accuracy <= 1.0:
+            raise ConfigError(
+                f"budget.target_accuracy must be in [0, 1], got {self.target_accuracy}"
+            )
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    every_updates: int = 0  # snapshot θ every this many server updates (0 = off)
+    every_s: float = 1.0  # snapshot θ every this many seconds of training (0 = off)
+    train_samples: int = 1000  # training-split samples evaluated per snapshot (0 = none)
+    batch_size: int = 1000
+
+    def __post_init__(self) -> None:
+        for key in ("every_updates", "train_samples"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"eval.{key} must be >= 0, got {getattr(self, key)}")
+        if self.every_s < 0:
+            raise ConfigError(f"eval.every_s must be >= 0, got {self.every_s}")
+        if self.batch_size < 1:
+            raise ConfigError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclasses.dataclass
+class LoggerConfig:
+    # none: only the run directory; local: the run directory and a console line per run.
+    name: str = "local"
+
+    def __post_init__(self) -> None:
+        if self.name not in LOGGERS:
+            raise ConfigError(f"logger: unknown logger {self.name!r}; known: {', '.join(LOGGERS)}")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    model: ComponentConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    logger: LoggerConfig = MISSING
+    budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    runtime: str = "real"  # real: one OS process per role over torch.distributed
+    engine: str = "ps"  # ps: parameter server (rank 0) and workers (ranks 1..N)
+    device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)
+    seed: int = 0
+    num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
+    timeout_s: float = 60.0  # longest silence tolerated from any peer before the run fails
+    run_dir: str = ""  # set by the CLI from Hydra's output directory
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine: unknown {self.engine!r}; known: {', '.join(ENGINES)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.num_threads < 1:
+            raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="stalebench", node=RunConfig)
+    for name in LOGGERS:
+        cs.store(group="logger", name=name, node=LoggerConfig(name=name))

@@ -1,0 +1,239 @@
+"""Datasets: generated (synthetic, MNIST-1D) or read from local files (MNIST IDX); never
+downloaded. The parent prepares (validates files, generates and caches) before any process
+starts; every process then loads the same arrays and each worker reads its own shard."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig, Registry
+
+if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without it
+    import torch
+
+
+@dataclasses.dataclass
+class Splits:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+@dataclasses.dataclass
+class DatasetConfig(ComponentConfig):
+    batch_size: int = 32  # per-worker minibatch size B
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"dataset.batch_size must be >= 1, got {self.batch_size}")
+
+
+class Dataset:
+    def __init__(self, cfg: DatasetConfig):
+        self.cfg = cfg
+
+    def prepare(self) -> None:
+        """Check inputs and build caches, in the parent, before any process starts."""
+
+    def load(self) -> Splits:
+        raise NotImplementedError
+
+
+DATASETS: Registry[Dataset] = Registry("dataset", "dataset", "dataset")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("STALEBENCH_CACHE") or Path.home() / ".cache" / "stalebench"
+    return Path(root)
+
+
+def _splits(x_tr, y_tr, x_te, y_te) -> Splits:
+    import torch
+
+    f = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
+    i = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
+    return Splits(f(x_tr), i(y_tr), f(x_te), i(y_te))
+
+
+@dataclasses.dataclass
+class SyntheticConfig(DatasetConfig):
+    num_train: int = 4000
+    num_test: int = 1000
+    num_features: int = 20
+    num_classes: int = 4
+    separation: float = 1.0  # std of the class means; larger = easier
+    data_seed: int = 0  # the generator's seed (fixed across run seeds)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("num_train", "num_test", "num_features"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
+        if self.num_classes < 2:
+            raise ConfigError(f"dataset.num_classes must be >= 2, got {self.num_classes}")
+
+
+@DATASETS.register("synthetic", SyntheticConfig)
+class Synthetic(Dataset):
+    """Gaussian classes: class means ~ N(0, separation²·I), samples = mean + N(0, I)."""
+
+    def load(self) -> Splits:
+        c = self.cfg
+        rng = np.random.default_rng(c.data_seed)
+        means = rng.normal(0.0, c.separation, size=(c.num_classes, c.num_features))
+        n = c.num_train + c.num_test
+        y = rng.integers(0, c.num_classes, size=n)
+        x = means[y] + rng.normal(size=(n, c.num_features))
+        return _splits(x[: c.num_train], y[: c.num_train], x[c.num_train :], y[c.num_train :])
+
+
+@dataclasses.dataclass
+class MNIST1DConfig(DatasetConfig):
+    num_samples: int = 5000  # train + test, as in the reference generator
+    train_split: float = 0.8
+    data_seed: int = 42  # the reference dataset's seed
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_samples < 20:
+            raise ConfigError(f"dataset.num_samples must be >= 20, got {self.num_samples}")
+        if not 0.0 < self.train_split < 1.0:
+            raise ConfigError(f"dataset.train_split must be in (0, 1), got {self.train_split}")
+
+
+@DATASETS.register("mnist1d", MNIST1DConfig)
+class MNIST1D(Dataset):
+    """MNIST-1D (Greydanus 2020), generated locally by the reference `make_dataset()`
+    (never `get_dataset()`, which downloads) and cached as .npz."""
+
+    def path(self) -> Path:
+        c = self.cfg
+        return cache_dir() / f"mnist1d-n{c.num_samples}-s{c.data_seed}-split{c.train_split}.npz"
+
+    def prepare(self) -> None:
+        path = self.path()
+        if path.exists():
+            return
+        os.environ.setdefault("MPLBACKEND", "Agg")  # mnist1d imports pyplot
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()
+        args.num_samples, args.seed = self.cfg.num_samples, self.cfg.data_seed
+        args.train_split = self.cfg.train_split
+        state = np.random.get_state()  # make_dataset seeds the global generator
+        try:
+            d = make_dataset(args)
+        finally:
+            np.random.set_state(state)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
+        os.replace(tmp, path)  # atomic: concurrent runs never read a half-written file
+
+    def load(self) -> Splits:
+        self.prepare()
+        with np.load(self.path()) as d:
+            return _splits(d["x"], d["y"], d["x_test"], d["y_test"])
+
+
+MNIST_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclasses.dataclass
+class MNISTConfig(DatasetConfig):
+    root: str = "data/mnist"  # directory holding the four IDX files (optionally .gz)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (LeCun's format: magic 0x0000 0x08 ndim, big-endian dims, uint8)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08:
+        raise ConfigError(f"dataset.root: {path} is not an unsigned-byte IDX file")
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+@DATASETS.register("mnist", MNISTConfig)
+class MNIST(Dataset):
+    """MNIST read from the standard IDX files in `dataset.root`; pixels scaled to [0, 1]
+    and standardised with the usual mean 0.1307 and std 0.3081."""
+
+    def files(self) -> dict[str, Path]:
+        root = Path(self.cfg.root).expanduser()
+        expected = ", ".join(f"{n}[.gz]" for n in MNIST_FILES.values())
+        if not root.is_dir():
+            raise ConfigError(
+                f"dataset.root: directory {str(root)!r} does not exist; "
+                f"expected it to hold the MNIST IDX files {expected}"
+            )
+        found = {}
+        for key, name in MNIST_FILES.items():
+            for candidate in (root / name, root / f"{name}.gz"):
+                if candidate.exists():
+                    found[key] = candidate
+                    break
+            else:
+                raise ConfigError(
+                    f"dataset.root: {str(root)!r} has no {name} (or {name}.gz); "
+                    f"expected the MNIST IDX files {expected}"
+                )
+        return found
+
+    def prepare(self) -> None:
+        self.files()
+
+    def load(self) -> Splits:
+        arrays = {k: read_idx(p) for k, p in self.files().items()}
+        scale = lambda a: (a.astype(np.float32) / 255.0 - 0.1307) / 0.3081  # noqa: E731
+        return _splits(
+            scale(arrays["x_train"]), arrays["y_train"], scale(arrays["x_test"]), arrays["y_test"]
+        )
+
+
+def shard_batches(
+    splits: Splits, worker: int, num_workers: int, batch_size: int, seed: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless minibatches for one worker: a seeded disjoint shard of the training split,
+    reshuffled every epoch with a stream of its own (same seed, same order)."""
+    import torch
+
+    n = len(splits.y_train)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    shard = perm[worker::num_workers]
+    if len(shard) < batch_size:
+        raise ConfigError(
+            f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "
+            f"training samples ({n} split over cluster.num_workers={num_workers})"
+        )
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + worker + 1)
+    while True:
+        order = shard[torch.randperm(len(shard), generator=gen)]
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[start : start + batch_size]
+            yield splits.x_train[idx], splits.y_train[idx]

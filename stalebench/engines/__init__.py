@@ -1,0 +1,1 @@
+"""Engines: the training protocols, as pure state machines driven by a runtime."""

@@ -1,0 +1,121 @@
+"""The parameter-server engine as a pure state machine.
+
+A runtime feeds it "worker i pushed the gradient of its step c, computed on version v" and
+gets back the replies to send now (parameters for the workers the barrier admits). It knows
+no algorithm by name: the barrier decides admission and whether a round's gradients are
+averaged; the update rule applies gradients and chooses what each worker reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stalebench.errors import RunError
+
+if TYPE_CHECKING:
+    import torch
+
+    from stalebench.algorithms.base import Barrier, UpdateRule
+
+
+@dataclasses.dataclass
+class Push:
+    worker: int  # 0-based worker index (rank − 1 in the real runtime)
+    clock: int  # the step this gradient belongs to (= steps the worker completed before)
+    version_read: int  # server version of the parameters it was computed on
+    grad: torch.Tensor
+    loss: float  # the minibatch's training loss
+    compute_s: float  # the step's compute time (real + emulated)
+    rtt_s: float  # worker-side time from its previous push to receiving these parameters
+
+
+@dataclasses.dataclass
+class Reply:
+    worker: int
+    params: torch.Tensor  # valid until the next call into the server: send or copy it first
+    version: int
+
+
+class ParameterServer:
+    def __init__(
+        self,
+        params: torch.Tensor,
+        barrier: Barrier,
+        rule: UpdateRule,
+        num_workers: int,
+        emit: Callable[..., Any],
+    ):
+        self.params = params  # flat θ, updated in place
+        self.barrier, self.rule, self.num_workers = barrier, rule, num_workers
+        self.emit = emit  # emit(kind, t, **fields)
+        self.version = 0
+        self.clocks = [0] * num_workers  # steps completed per worker
+        self.held: dict[int, float] = {}  # worker -> time its push arrived (waiting to start)
+        self.wait_s = [0.0] * num_workers  # barrier wait before the step in progress
+        self.gap = [0] * num_workers  # clock gap when the step in progress was admitted
+        self.rounds: dict[int, dict[int, tuple[Push, dict[str, Any]]]] = {}
+
+    def start(self, now: float) -> list[Reply]:
+        """Step 0: every worker reads θ₀."""
+        self.held = {w: now for w in range(self.num_workers)}
+        return self._release(now)
+
+    def on_push(self, push: Push, now: float) -> list[Reply]:
+        w = push.worker
+        if push.clock != self.clocks[w]:
+            raise RunError(f"worker {w} pushed clock {push.clock}, expected {self.clocks[w]}")
+        record = {
+            "worker": w,
+            "clock": push.clock,
+            "loss": push.loss,
+            "compute_s": push.compute_s,
+            "wait_s": self.wait_s[w],
+            "comm_s": max(0.0, push.rtt_s - self.wait_s[w]),
+            "clock_gap": self.gap[w],
+        }
+        self.clocks[w] += 1
+        if self.barrier.per_round:
+            self._apply_rounds(push, record, now)
+        else:
+            self._apply([push], [record], now)
+        self.barrier.observe_push(w, self.clocks, now)
+        self.held[w] = now
+        return self._release(now)
+
+    def _apply_rounds(self, push: Push, record: dict[str, Any], now: float) -> None:
+        # Rounds complete in clock order: all workers pushing clock c+1 have pushed c.
+        self.rounds.setdefault(push.clock, {})[push.worker] = (push, record)
+        if len(self.rounds[push.clock]) == self.num_workers:
+            entries = self.rounds.pop(push.clock)
+            ordered = [entries[w] for w in range(self.num_workers)]  # fixed summation order
+            self._apply([p for p, _ in ordered], [r for _, r in ordered], now)
+
+    def _apply(self, pushes: list[Push], records: list[dict[str, Any]], now: float) -> None:
+        if len(pushes) == 1:
+            grad, worker = pushes[0].grad, pushes[0].worker
+        else:  # a round: the mean gradient, attributed to no single worker (-1)
+            grad, worker = pushes[0].grad.clone(), -1
+            for p in pushes[1:]:
+                grad.add_(p.grad)
+            grad.div_(len(pushes))
+        lag = max(self.version - p.version_read for p in pushes)
+        self.rule.apply(self.params, grad, worker, lag)
+        self.version += 1
+        for p, record in zip(pushes, records):
+            self.emit("update", now, version=self.version, lag=self.version - 1 - p.version_read,
+                      **record)
+
+    def _release(self, now: float) -> list[Reply]:
+        replies = []
+        for w in list(self.held):
+            if self.barrier.admit(w, self.clocks):
+                self.wait_s[w] = now - self.held.pop(w)
+                self.gap[w] = self.clocks[w] - min(self.clocks)
+                replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
+        if len(self.held) == self.num_workers:
+            raise RunError(
+                f"deadlock: the barrier holds every worker (clocks {self.clocks})"
+            )
+        return replies

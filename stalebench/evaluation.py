@@ -1,0 +1,80 @@
+"""Evaluation off the critical path: the server only copies θ at a fixed cadence; the
+snapshots are evaluated after training, and each result is reported at the wall time the
+snapshot was taken, so evaluation never costs the run any of its clock."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from stalebench.config import EvalConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from stalebench.data import Splits
+
+
+@dataclasses.dataclass
+class Snapshot:
+    t: float
+    version: int
+    params: torch.Tensor
+
+
+class Snapshots:
+    """Takes a copy of θ at version 0, every `every_updates` updates or `every_s` seconds,
+    and once more at the end."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self.taken: list[Snapshot] = []
+        self._next_version = 0
+        self._next_t = 0.0
+
+    def maybe(self, t: float, version: int, params: torch.Tensor) -> None:
+        due_v = self.cfg.every_updates > 0 and version >= self._next_version
+        due_t = self.cfg.every_s > 0 and t >= self._next_t
+        if due_v or due_t or not self.taken:
+            self.take(t, version, params)
+
+    def take(self, t: float, version: int, params: torch.Tensor) -> None:
+        if self.taken and self.taken[-1].version == version:
+            return
+        self.taken.append(Snapshot(t, version, params.detach().clone()))
+        self._next_version = version + max(self.cfg.every_updates, 1)
+        self._next_t = t + self.cfg.every_s
+
+
+def evaluate(model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+             batch_size: int) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of `model` with flat parameters `params` on (x, y)."""
+    import torch
+    from torch.nn.utils import vector_to_parameters
+
+    vector_to_parameters(params, model.parameters())
+    total_loss, correct = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            out = model(x[start : start + batch_size])
+            target = y[start : start + batch_size]
+            total_loss += torch.nn.functional.cross_entropy(out, target, reduction="sum").item()
+            correct += (out.argmax(1) == target).sum().item()
+    return total_loss / len(y), correct / len(y)
+
+
+def evaluate_snapshots(snapshots: list[Snapshot], model: nn.Module, splits: Splits,
+                       cfg: EvalConfig, seed: int, emit) -> None:
+    """Emit test (and a fixed training subset's) loss and accuracy of every snapshot."""
+    import torch
+
+    sets = [("test", splits.x_test, splits.y_test)]
+    if cfg.train_samples:
+        n = min(cfg.train_samples, len(splits.y_train))
+        idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))
+        sets.append(("train", splits.x_train[idx[:n]], splits.y_train[idx[:n]]))
+    for snap in snapshots:
+        for split, x, y in sets:
+            loss, acc = evaluate(model, snap.params, x, y, cfg.batch_size)
+            emit("eval", snap.t, version=snap.version, split=split, loss=loss, accuracy=acc)

@@ -1,0 +1,101 @@
+"""compose → validate → build components → run in a runtime → summary.
+
+Everything a process needs to take part in a run is rebuilt here from the RunConfig, so
+the server and every worker (spawned, or started by torchrun) agree on model, data and
+algorithm without shipping objects between processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.cluster import Profile
+from stalebench.config import RunConfig
+from stalebench.data import DATASETS, Splits
+from stalebench.errors import ConfigError
+from stalebench.models import MODELS
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def meta(cfg: RunConfig) -> dict[str, Any]:
+    """The run's identity, as summary.json reports it."""
+    return {
+        "algorithm": cfg.algorithm.label,
+        "barrier": cfg.algorithm.barrier.name,
+        "update_rule": cfg.algorithm.update.name,
+        "engine": cfg.engine,
+        "runtime": cfg.runtime,
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "cluster": cfg.cluster.preset,
+        "num_workers": cfg.cluster.num_workers,
+        "seed": cfg.seed,
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                 "load_avg": list(os.getloadavg())},
+    }
+
+
+def prepare(cfg: RunConfig) -> None:
+    """Everything that can be wrong with the input, checked before any process starts."""
+    for registry, part in ((BARRIERS, cfg.algorithm.barrier), (UPDATES, cfg.algorithm.update),
+                           (MODELS, cfg.model), (DATASETS, cfg.dataset)):
+        registry.get(part.name)
+    dataset = DATASETS.build(cfg.dataset)
+    dataset.prepare()
+    n_train = len(dataset.load().y_train)
+    smallest_shard = n_train // cfg.cluster.num_workers
+    if smallest_shard < cfg.dataset.batch_size:
+        raise ConfigError(
+            f"dataset.batch_size={cfg.dataset.batch_size} exceeds a worker's shard of "
+            f"{smallest_shard} samples ({n_train} training samples over "
+            f"cluster.num_workers={cfg.cluster.num_workers})"
+        )
+
+
+@dataclasses.dataclass
+class Job:
+    """The pieces every process of a run builds identically from the config."""
+
+    cfg: RunConfig
+    splits: Splits
+    profile: Profile
+
+    @classmethod
+    def build(cls, cfg: RunConfig) -> Job:
+        return cls(cfg, DATASETS.build(cfg.dataset).load(), Profile(cfg.cluster))
+
+    def model(self) -> nn.Module:
+        """The model with its seeded initial parameters θ₀ (the same in every process)."""
+        import torch
+
+        torch.manual_seed(self.cfg.seed)
+        return MODELS.build(self.cfg.model, self.splits.input_shape, self.splits.num_classes)
+
+    def device(self, worker: int) -> torch.device:
+        import torch
+
+        want = self.cfg.device
+        if want == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device=cuda but CUDA is not available")
+        if want in ("cuda", "auto") and torch.cuda.is_available():
+            return torch.device("cuda", worker % torch.cuda.device_count())
+        return torch.device("cpu")
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Run one configured job to its end and return its summary (also in summary.json)."""
+    if not cfg.run_dir:
+        raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    prepare(cfg)
+    from stalebench.runtime import real
+
+    return real.launch(cfg)

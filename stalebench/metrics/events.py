@@ -1,0 +1,68 @@
+"""events.jsonl: append-only, one JSON object per line, flushed as the run goes.
+
+Every event has `kind` and `t` (seconds since the run started). Kinds and their fields:
+- update: worker, clock, version, lag, loss, compute_s, wait_s, comm_s, clock_gap
+- eval:   version, split, loss, accuracy (t is when the snapshot was taken)
+- worker: worker, event (e.g. stop)
+- system: event (start, end, error, ...) and its details
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+KINDS = ("update", "eval", "worker", "system")
+REQUIRED = {
+    "update": ("worker", "clock", "version", "lag", "loss", "compute_s", "wait_s", "comm_s"),
+    "eval": ("version", "split", "loss", "accuracy"),
+    "worker": ("worker", "event"),
+    "system": ("event",),
+}
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/inf: a diverged loss is written as null, never as invalid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class EventLog:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)  # line-buffered: one write per event
+
+    def emit(self, kind: str, t: float, **fields: Any) -> None:
+        event = {"kind": kind, "t": round(t, 6), **{k: _clean(v) for k, v in fields.items()}}
+        self._file.write(json.dumps(event) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """All complete events of a file; a torn last line (a killed writer) is skipped."""
+    events = []
+    p = Path(path)
+    if not p.exists():
+        return events
+    with open(p) as f:
+        for line in f:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def schema_errors(event: dict[str, Any]) -> list[str]:
+    """What is wrong with one event against the schema above (empty when valid)."""
+    kind = event.get("kind")
+    if kind not in KINDS:
+        return [f"unknown kind {kind!r}"]
+    errors = [] if isinstance(event.get("t"), (int, float)) else ["t missing or not a number"]
+    return errors + [f"{kind} event lacks {key!r}" for key in REQUIRED[kind] if key not in event]

@@ -1,0 +1,74 @@
+"""summary.json and metrics.parquet, computed from the events alone."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stalebench.metrics.events import read_events
+
+STATUSES = ("completed", "diverged", "failed", "timeout")
+
+
+def summarize(events: list[dict[str, Any]], meta: dict[str, Any], status: str,
+              error: str | None, target_accuracy: float) -> dict[str, Any]:
+    updates = [e for e in events if e["kind"] == "update"]
+    tests = sorted((e for e in events if e["kind"] == "eval" and e["split"] == "test"),
+                   key=lambda e: (e["t"], e["version"]))
+    end = [e for e in events if e["kind"] == "system" and e["event"] == "end"]
+    wall = end[-1]["t"] if end else max((e["t"] for e in updates), default=0.0)
+    lags = np.array([e["lag"] for e in updates], dtype=float)
+    num_workers = meta["num_workers"]
+    compute = np.zeros(num_workers)
+    for e in updates:
+        compute[e["worker"]] += e["compute_s"]
+    reached = [e["t"] for e in tests if (e["accuracy"] or 0.0) >= target_accuracy]
+    final = tests[-1] if tests else None
+    return {
+        "status": status,
+        "error": error,
+        **meta,
+        "wall_time_s": wall,
+        "updates": max((e["version"] for e in updates), default=0),
+        "gradients": len(updates),
+        "final": {"loss": final["loss"], "accuracy": final["accuracy"]} if final else None,
+        "best_accuracy": max((e["accuracy"] for e in tests if e["accuracy"] is not None),
+                             default=None),
+        "target_accuracy": target_accuracy,
+        "time_to_target_s": reached[0] if reached else None,
+        "lag": {
+            "mean": float(lags.mean()) if lags.size else None,
+            "p50": float(np.percentile(lags, 50)) if lags.size else None,
+            "p99": float(np.percentile(lags, 99)) if lags.size else None,
+            "max": int(lags.max()) if lags.size else None,
+        },
+        "max_clock_gap": max((e.get("clock_gap", 0) for e in updates), default=0),
+        "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
+        "throughput_updates_per_s": (max((e["version"] for e in updates), default=0) / wall
+                                     if wall > 0 else None),
+        "bytes_sent": end[-1].get("bytes_sent") if end else None,
+    }
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic write: a reader never sees half a file."""
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None,
+             target_accuracy: float) -> dict[str, Any]:
+    """Write metrics.parquet and summary.json of a run directory from its events.jsonl."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    events = read_events(run_dir / "events.jsonl")
+    pd.DataFrame(events).to_parquet(run_dir / "metrics.parquet", index=False)
+    summary = summarize(events, meta, status, error, target_accuracy)
+    write_json(run_dir / "summary.json", summary)
+    return summary

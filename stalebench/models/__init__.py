@@ -1,0 +1,69 @@
+"""Small models for 1-D and 2-D classification inputs. A registered model is a builder
+`(cfg, input_shape, num_classes) -> nn.Module`; the networks live in `nets` so that
+configs load without importing torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig, Registry
+
+if TYPE_CHECKING:
+    from torch import nn
+
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model", "model", "model")
+
+
+@dataclasses.dataclass
+class LogRegConfig(ComponentConfig):
+    pass
+
+
+@MODELS.register("logreg", LogRegConfig)
+def logreg(cfg: LogRegConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Multinomial logistic regression on the flattened input."""
+    from stalebench.models.nets import mlp
+
+    return mlp(input_shape, num_classes, hidden=[])
+
+
+@dataclasses.dataclass
+class MLPConfig(ComponentConfig):
+    hidden: list[int] = dataclasses.field(default_factory=lambda: [100, 100])  # layer widths
+
+    def __post_init__(self) -> None:
+        if any(h < 1 for h in self.hidden):
+            raise ConfigError(f"model.hidden widths must be >= 1, got {list(self.hidden)}")
+
+
+@MODELS.register("mlp", MLPConfig)
+def mlp(cfg: MLPConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Fully connected ReLU network on the flattened input."""
+    from stalebench.models.nets import mlp
+
+    return mlp(input_shape, num_classes, hidden=list(cfg.hidden))
+
+
+@dataclasses.dataclass
+class CNNConfig(ComponentConfig):
+    channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32])  # per conv layer
+    kernel_size: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.channels or any(c < 1 for c in self.channels):
+            raise ConfigError(f"model.channels must be non-empty, all >= 1, got {self.channels}")
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise ConfigError(f"model.kernel_size must be odd and >= 1, got {self.kernel_size}")
+
+
+@MODELS.register("cnn", CNNConfig)
+def cnn(cfg: CNNConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Strided conv stack, Conv1d for (L,) inputs and Conv2d for (H, W), then linear."""
+    if len(input_shape) not in (1, 2):
+        raise ConfigError(f"model=cnn needs 1-D or 2-D inputs, got shape {input_shape}")
+    from stalebench.models.nets import CNN
+
+    return CNN(input_shape, num_classes, list(cfg.channels), cfg.kernel_size)

@@ -1,0 +1,1 @@
+"""Runtimes feed the engines' state machines: real processes (and, later, simulation)."""

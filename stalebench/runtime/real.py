@@ -1,0 +1,397 @@
+"""The real runtime: one OS process per role over torch.distributed (gloo, CPU tensors).
+
+Rank 0 serves (the ParameterServer state machine), ranks 1..N are workers. `launch` starts
+them with torch.multiprocessing on this machine and supervises them; under `torchrun` each
+rank enters through `run_rank` with RANK/WORLD_SIZE from the environment.
+
+Wire format: one float32 tensor per message, HEADER slots then a model-sized payload.
+Integer header slots are written through an int32 view, so clocks and versions are exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.config import RunConfig
+from stalebench.data import shard_batches
+from stalebench.engines.ps import ParameterServer, Push
+from stalebench.errors import RunError
+from stalebench.evaluation import Snapshots, evaluate_snapshots
+from stalebench.experiment import Job, meta
+from stalebench.metrics.events import EventLog
+from stalebench.metrics.summary import finalize
+
+log = logging.getLogger("stalebench")
+
+HEADER = 8
+# int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push)
+# float slots: 3 loss, 4 compute_s, 5 rtt_s
+PUSH, PARAMS, STOP = 1, 2, 3
+
+
+class Transport:
+    """Point-to-point messages over the default process group; every receive has a timeout
+    (after one, the group is unusable: the run ends, as PITFALLS.md says)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout = timedelta(seconds=timeout_s)
+        self.bytes_sent = 0
+
+    def send(self, buf: torch.Tensor, dst: int) -> None:
+        dist.send(buf, dst)
+        self.bytes_sent += buf.numel() * buf.element_size()
+
+    def recv(self, buf: torch.Tensor, src: int) -> None:
+        dist.irecv(buf, src).wait(self.timeout)
+
+
+def _ints(buf: torch.Tensor) -> torch.Tensor:
+    return buf[:HEADER].view(torch.int32)
+
+
+class Receiver(threading.Thread):
+    """Gloo completes a posted receive only through wait(), so the server waits on each
+    worker in a thread of its own. It posts the next receive only once armed (after the
+    server replied), so its timeout measures the worker's silence, not barrier holds."""
+
+    def __init__(self, transport: Transport, worker: int, size: int, inbox: queue.Queue):
+        super().__init__(daemon=True, name=f"recv-worker-{worker}")
+        self.transport, self.worker, self.size, self.inbox = transport, worker, size, inbox
+        self.armed = threading.Event()
+        self.closed = False
+
+    def arm(self) -> None:
+        self.armed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.armed.set()
+
+    def run(self) -> None:
+        while True:
+            self.armed.wait()
+            self.armed.clear()
+            if self.closed:
+                return
+            buf = torch.empty(self.size)
+            try:
+                self.transport.recv(buf, self.worker + 1)
+            except Exception as exc:  # a dead or silent peer: the server ends the run
+                self.inbox.put((self.worker, exc))
+                return
+            self.inbox.put((self.worker, buf))
+
+
+class Server:
+    """Rank 0: feeds arriving pushes to the ParameterServer, sends its replies, keeps the
+    budget, snapshots θ for evaluation, and writes the run directory."""
+
+    def __init__(self, job: Job, run_dir: Path, transport: Transport):
+        cfg = job.cfg
+        self.job, self.cfg, self.run_dir, self.transport = job, cfg, run_dir, transport
+        self.n = cfg.cluster.num_workers
+        self.model = job.model()
+        self.events = EventLog(run_dir / "events.jsonl")
+        params = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.size = HEADER + params.numel()
+        self.ps = ParameterServer(
+            params,
+            BARRIERS.build(cfg.algorithm.barrier, self.n, cfg.seed),
+            UPDATES.build(cfg.algorithm.update, params, self.n),
+            self.n,
+            self.events.emit,
+        )
+        self.snapshots = Snapshots(cfg.eval)
+        self.inbox: queue.Queue = queue.Queue()
+        self.receivers = [Receiver(transport, w, self.size, self.inbox) for w in range(self.n)]
+        self.out = torch.empty(self.size)
+        self.active = set(range(self.n))  # workers not yet sent STOP
+        self.stopping = False
+
+    def serve(self) -> dict[str, Any]:
+        status, error = "completed", None
+        self.t0 = time.perf_counter()
+        self.events.emit("system", 0.0, event="start", unix_time=time.time(), **meta(self.cfg))
+        try:
+            status = self._loop()
+        except Exception as exc:
+            status, error = "failed", str(exc)
+            log.error("server: %s\n%s", exc, traceback.format_exc())
+            self.events.emit("system", self.now(), event="error", error=error)
+            self._stop(set(self.ps.held))
+        return self._finish(status, error)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _loop(self) -> str:
+        budget, ps = self.cfg.budget, self.ps
+        for r in self.receivers:
+            r.start()
+        self.snapshots.maybe(0.0, 0, ps.params)
+        self._send(ps.start(0.0))
+        status = "completed"
+        while self.active:
+            item = self._next(0.0 if self.stopping else budget.max_wall_s)
+            if item is None:  # the wall budget ran out while no push arrived
+                self._stop(set(ps.held))
+                continue
+            w, buf = item
+            if self.stopping:  # a push that crossed our decision to stop: discard it
+                self._stop({w})
+                continue
+            push = self._decode(w, buf)
+            replies = ps.on_push(push, self.now())
+            t = self.now()
+            self.snapshots.maybe(t, ps.version, ps.params)
+            if not math.isfinite(push.loss) or not torch.isfinite(ps.params).all():
+                status = "diverged"
+            spent = (budget.max_updates and ps.version >= budget.max_updates) or (
+                budget.max_wall_s and t >= budget.max_wall_s
+            )
+            if status == "diverged" or spent:
+                self._stop(set(ps.held) | {r.worker for r in replies})
+            else:
+                self._send(replies)
+        return status
+
+    def _next(self, max_wall_s: float):
+        """The next (worker, push buffer), or None when the wall budget ran out first."""
+        while True:
+            wait = self.cfg.timeout_s
+            if max_wall_s:
+                wait = min(wait, max(max_wall_s - self.now(), 0.0) + 1e-3)
+            try:
+                w, item = self.inbox.get(timeout=wait)
+            except queue.Empty:
+                if max_wall_s and self.now() >= max_wall_s:
+                    return None
+                raise RunError(
+                    f"no message from any worker in {self.cfg.timeout_s:.0f} s (timeout_s); "
+                    f"clocks {self.ps.clocks}, held {sorted(self.ps.held)}"
+                ) from None
+            if isinstance(item, Exception):
+                if w not in self.active:
+                    continue  # it had been told to stop: its exit is not a failure
+                raise RunError(f"worker {w} (rank {w + 1}) lost: {item}")
+            return w, item
+
+    def _decode(self, w: int, buf: torch.Tensor) -> Push:
+        ints = _ints(buf)
+        if int(ints[0]) != PUSH:
+            raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
+        return Push(worker=w, clock=int(ints[1]), version_read=int(ints[2]),
+                    grad=buf[HEADER:], loss=float(buf[3]), compute_s=float(buf[4]),
+                    rtt_s=float(buf[5]))
+
+    def _send(self, replies) -> None:
+        for r in replies:
+            _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, 0], dtype=torch.int32)
+            self.out[HEADER:] = r.params
+            self.transport.send(self.out, r.worker + 1)
+            self.receivers[r.worker].arm()
+
+    def _stop(self, waiting: set[int]) -> None:
+        """Tell the workers waiting for a reply to stop; the others (still computing) are
+        told at their next push."""
+        self.stopping = True
+        _ints(self.out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
+        for w in sorted(waiting & self.active):
+            self.active.discard(w)
+            self.receivers[w].close()
+            try:
+                self.transport.send(self.out, w + 1)
+                self.events.emit("worker", self.now(), worker=w, event="stop")
+            except Exception as exc:  # best effort on the failure path
+                log.warning("could not stop worker %d: %s", w, exc)
+
+    def _finish(self, status: str, error: str | None) -> dict[str, Any]:
+        t_end = self.now()
+        self.snapshots.take(t_end, self.ps.version, self.ps.params)
+        self.events.emit("system", t_end, event="end", status=status,
+                         bytes_sent=self.transport.bytes_sent, updates=self.ps.version)
+        evaluate_snapshots(self.snapshots.taken, self.model, self.job.splits, self.cfg.eval,
+                           self.cfg.seed, self.events.emit)
+        vector_to_parameters(self.ps.params, self.model.parameters())
+        torch.save(self.model.state_dict(), self.run_dir / "model.pt")
+        self.events.close()
+        return finalize(self.run_dir, meta(self.cfg), status, error,
+                        self.cfg.budget.target_accuracy)
+
+
+def work(job: Job, worker: int, transport: Transport) -> None:
+    """Rank worker+1: read θ, compute a gradient on the next minibatch of its shard, pad the
+    step to the profile's compute time, push it with the version read; until told to stop."""
+    cfg = job.cfg
+    device = job.device(worker)
+    model = job.model().to(device)
+    params = list(model.parameters())
+    size = HEADER + sum(p.numel() for p in params)
+    inbox, out = torch.empty(size), torch.empty(size)
+    batches = shard_batches(job.splits, worker, cfg.cluster.num_workers,
+                            cfg.dataset.batch_size, cfg.seed)
+    target_s = job.profile.compute_target_s(worker)
+    # One throwaway step before t = 0, so first-call set-up is not timed as compute.
+    x, y = job.splits.x_train[: cfg.dataset.batch_size], job.splits.y_train[: cfg.dataset.batch_size]
+    torch.autograd.grad(torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)), params)
+    clock, pushed_at = 0, None
+    while True:
+        transport.recv(inbox, 0)
+        rtt = time.perf_counter() - pushed_at if pushed_at is not None else 0.0
+        kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
+        if kind == STOP:
+            return
+        start = time.perf_counter()
+        vector_to_parameters(inbox[HEADER:].to(device), params)
+        x, y = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+        grads = torch.autograd.grad(loss, params)
+        out[HEADER:] = torch.cat([g.reshape(-1) for g in grads]).cpu()
+        loss_value = loss.item()
+        elapsed = time.perf_counter() - start
+        if target_s > elapsed:  # the profile's slowness, on top of the real compute
+            time.sleep(target_s - elapsed)
+        compute = time.perf_counter() - start
+        _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)
+        out[3:6] = torch.tensor([loss_value, compute, rtt])
+        pushed_at = time.perf_counter()
+        transport.send(out, 0)
+        clock += 1
+
+
+def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+
+
+def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | None) -> int:
+    """One process's part in a run; returns its exit code. With `store` None the process
+    group forms from the environment (torchrun); rank 0 then tells the others the run dir."""
+    torch.set_num_threads(cfg.num_threads)
+    n = cfg.cluster.num_workers
+    if world_size != n + 1:
+        raise RunError(f"world size {world_size} != cluster.num_workers + 1 = {n + 1}")
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+    if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
+        shared = [cfg.run_dir]
+        dist.broadcast_object_list(shared, src=0)
+        cfg.run_dir = shared[0]
+    run_dir = Path(cfg.run_dir)
+    _setup_logging(run_dir, rank, "INFO")
+    log.info("rank %d of %d: process group ready", rank, world_size)
+    transport = Transport(cfg.timeout_s)
+    job = Job.build(cfg)
+    try:
+        if rank == 0:
+            summary = Server(job, run_dir, transport).serve()
+            log.info("server done: %s", summary["status"])
+        else:
+            work(job, rank - 1, transport)
+            log.info("worker %d done", rank - 1)
+    except Exception as exc:
+        log.error("rank %d: %s\n%s", rank, exc, traceback.format_exc())
+        return 1
+    if rank == 0 and summary["status"] != "completed":
+        return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
+    dist.destroy_process_group()
+    return 0
+
+
+def _child(cfg: RunConfig, rank: int, world_size: int, host: str, port: int) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: stay on loopback
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
+    code = run_rank(cfg, rank, world_size, store)
+    logging.shutdown()
+    os._exit(code)  # no interpreter teardown: gloo threads must not delay or hang the exit
+
+
+def launch(cfg: RunConfig) -> dict[str, Any]:
+    """Start the server and the workers as spawned processes on this machine, supervise
+    them, and make sure summary.json exists and no process outlives the run."""
+    import torch.multiprocessing as mp
+
+    run_dir = Path(cfg.run_dir)
+    n = cfg.cluster.num_workers
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=cfg.timeout_s))  # port 0: never collides
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=(cfg, r, n + 1, "127.0.0.1", store.port),
+                         daemon=True, name=f"stalebench-rank-{r}") for r in range(n + 1)]
+    # Longest a healthy run can take: start-up, the budget, a stop, the evaluation.
+    allowed_s = cfg.budget.max_wall_s + 2 * cfg.timeout_s + 120 if cfg.budget.max_wall_s else None
+    deadline = time.monotonic() + allowed_s if allowed_s else None
+    status, error = None, None
+    try:
+        for p in procs:
+            p.start()
+        failed_at = None
+        while procs[0].exitcode is None:
+            time.sleep(0.05)
+            dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
+            if dead and failed_at is None:
+                r = dead[0]
+                error = f"worker {r - 1} (rank {r}, pid {procs[r].pid}) exited with " + _exit(
+                    procs[r].exitcode)
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > min(cfg.timeout_s, 15):
+                status = "failed"  # the server did not wind down in time: stop it ourselves
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                status, error = "timeout", f"the run did not end within {allowed_s:.0f} s"
+                break
+        if procs[0].exitcode not in (None, 0) and status is None:
+            status = "failed"
+            error = f"server (rank 0) exited with {_exit(procs[0].exitcode)}" + (
+                f"; {error}" if error else "")
+    except KeyboardInterrupt:
+        status, error = "failed", "interrupted"
+        raise
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if status is not None:
+            finalize(run_dir, meta(cfg), status, error, cfg.budget.target_accuracy)
+    return _read_summary(run_dir, cfg, error)
+
+
+def _exit(code: int | None) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"code {code}"
+
+
+def _read_summary(run_dir: Path, cfg: RunConfig, error: str | None) -> dict[str, Any]:
+    import json
+
+    path = run_dir / "summary.json"
+    if not path.exists():  # the server died before writing it: say so from the events
+        return finalize(run_dir, meta(cfg), "failed", error or "server ended without a summary",
+                        cfg.budget.target_accuracy)
+    return json.loads(path.read_text())
