@@ -4,7 +4,9 @@ naming the config key and value, before any process starts."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -40,6 +42,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
 
         summary = experiment.run(cfg)
     except ConfigError as exc:
+        _remove_if_unused(Path(hc.runtime.output_dir))
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)
     if cfg.logger.name != "none":
@@ -54,14 +57,82 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     return (summary["final"] or {}).get("accuracy")
 
 
+GROUPS = (
+    "algorithm",
+    "algorithm/barrier",
+    "algorithm/update",
+    "model",
+    "dataset",
+    "cluster",
+    "logger",
+)
+
+
+def options(group: str) -> set[str]:
+    """Names selectable in a config group: registered schemas and YAML presets."""
+    from importlib.resources import files
+
+    from hydra.core.config_store import ConfigStore
+
+    stored = ConfigStore.instance().list(group) if group in _store_groups() else []
+    names = {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
+    folder = files("stalebench.conf").joinpath(group)
+    if folder.is_dir():
+        names |= {
+            f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")
+        }
+    return names
+
+
+def _store_groups() -> set[str]:
+    from hydra.core.config_store import ConfigStore
+
+    groups, stack = set(), [("", ConfigStore.instance().repo)]
+    while stack:
+        prefix, node = stack.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                groups.add(prefix + key)
+                stack.append((prefix + key + "/", value))
+    return groups
+
+
+def check_choices(argv: list[str]) -> None:
+    """Unknown names in group overrides (`algorithm=foo`, also inside -m sweeps), as one line
+    each, before Hydra composes anything."""
+    for arg in argv:
+        group, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or group not in GROUPS or value.startswith(("glob(", "choice(", "range(")):
+            continue
+        known = options(group)
+        for name in (v.strip().strip("'\"") for v in value.split(",")):
+            if name and name not in known:
+                raise ConfigError(f"{group}: unknown {name!r}; known: {', '.join(sorted(known))}")
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    """A run rejected before it started leaves no directory that looks like a run."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "cli.log"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def main() -> None:
     register_configs()
     load_plugins()
+    try:
+        check_choices(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"stalebench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
     if os.environ.get("RANK", "0") != "0":
         # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);
         # Hydra must not make a directory of its own, which ${now:} would name per process.
-        sys.argv += ["hydra.output_subdir=null", "hydra.run.dir=.",
-                     "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        sys.argv += [
+            "hydra.output_subdir=null",
+            "hydra.run.dir=.",
+            "hydra/job_logging=none",
+            "hydra/hydra_logging=none",
+        ]
     _hydra_main()
 
 

@@ -35,7 +35,9 @@ class ClusterConfig(ComponentConfig):
                 f"(cluster.num_workers={self.num_workers}), got {list(self.slowdown)}"
             )
         if any(m < 1.0 for m in self.slowdown):
-            raise ConfigError(f"cluster.slowdown multipliers must be >= 1, got {list(self.slowdown)}")
+            raise ConfigError(
+                f"cluster.slowdown multipliers must be >= 1, got {list(self.slowdown)}"
+            )
         if not 0.0 <= self.slow_fraction <= 1.0:
             raise ConfigError(f"cluster.slow_fraction must be in [0, 1], got {self.slow_fraction}")
         if self.slow_factor < 1.0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 

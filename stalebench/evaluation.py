@@ -47,8 +47,9 @@ class Snapshots:
         self._next_t = t + self.cfg.every_s
 
 
-def evaluate(model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-             batch_size: int) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of `model` with flat parameters `params` on (x, y)."""
     import torch
     from torch.nn.utils import vector_to_parameters
@@ -64,8 +65,9 @@ def evaluate(model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.T
     return total_loss / len(y), correct / len(y)
 
 
-def evaluate_snapshots(snapshots: list[Snapshot], model: nn.Module, splits: Splits,
-                       cfg: EvalConfig, seed: int, emit) -> None:
+def evaluate_snapshots(
+    snapshots: list[Snapshot], model: nn.Module, splits: Splits, cfg: EvalConfig, seed: int, emit
+) -> None:
     """Emit test (and a fixed training subset's) loss and accuracy of every snapshot."""
     import torch
 

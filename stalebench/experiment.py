@@ -38,15 +38,22 @@ def meta(cfg: RunConfig) -> dict[str, Any]:
         "cluster": cfg.cluster.preset,
         "num_workers": cfg.cluster.num_workers,
         "seed": cfg.seed,
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "load_avg": list(os.getloadavg())},
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg": list(os.getloadavg()),
+        },
     }
 
 
 def prepare(cfg: RunConfig) -> None:
     """Everything that can be wrong with the input, checked before any process starts."""
-    for registry, part in ((BARRIERS, cfg.algorithm.barrier), (UPDATES, cfg.algorithm.update),
-                           (MODELS, cfg.model), (DATASETS, cfg.dataset)):
+    for registry, part in (
+        (BARRIERS, cfg.algorithm.barrier),
+        (UPDATES, cfg.algorithm.update),
+        (MODELS, cfg.model),
+        (DATASETS, cfg.dataset),
+    ):
         registry.get(part.name)
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
@@ -94,8 +101,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     """Run one configured job to its end and return its summary (also in summary.json)."""
     if not cfg.run_dir:
         raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     prepare(cfg)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     from stalebench.runtime import real
 
     return real.launch(cfg)

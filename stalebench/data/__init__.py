@@ -170,12 +170,20 @@ class MNISTConfig(DatasetConfig):
 def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (LeCun's format: magic 0x0000 0x08 ndim, big-endian dims, uint8)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+        zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+        dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    except (OSError, EOFError, struct.error) as exc:
+        raise ConfigError(f"dataset.root: cannot read IDX file {path}: {exc}") from exc
     if zero != 0 or dtype != 0x08:
         raise ConfigError(f"dataset.root: {path} is not an unsigned-byte IDX file")
-    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    expected = 4 + 4 * ndim + int(np.prod(dims))
+    if len(data) != expected:
+        raise ConfigError(
+            f"dataset.root: {path} holds {len(data)} bytes, its header says {expected}"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
@@ -210,6 +218,12 @@ class MNIST(Dataset):
 
     def load(self) -> Splits:
         arrays = {k: read_idx(p) for k, p in self.files().items()}
+        for split in ("train", "test"):
+            if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
+                raise ConfigError(
+                    f"dataset.root: {split} split has {len(arrays[f'x_{split}'])} images but "
+                    f"{len(arrays[f'y_{split}'])} labels"
+                )
         scale = lambda a: (a.astype(np.float32) / 255.0 - 0.1307) / 0.3081  # noqa: E731
         return _splits(
             scale(arrays["x_train"]), arrays["y_train"], scale(arrays["x_test"]), arrays["y_test"]

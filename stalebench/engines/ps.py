@@ -103,9 +103,10 @@ class ParameterServer:
         lag = max(self.version - p.version_read for p in pushes)
         self.rule.apply(self.params, grad, worker, lag)
         self.version += 1
-        for p, record in zip(pushes, records):
-            self.emit("update", now, version=self.version, lag=self.version - 1 - p.version_read,
-                      **record)
+        for p, record in zip(pushes, records, strict=True):
+            self.emit(
+                "update", now, version=self.version, lag=self.version - 1 - p.version_read, **record
+            )
 
     def _release(self, now: float) -> list[Reply]:
         replies = []
@@ -115,7 +116,5 @@ class ParameterServer:
                 self.gap[w] = self.clocks[w] - min(self.clocks)
                 replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
         if len(self.held) == self.num_workers:
-            raise RunError(
-                f"deadlock: the barrier holds every worker (clocks {self.clocks})"
-            )
+            raise RunError(f"deadlock: the barrier holds every worker (clocks {self.clocks})")
         return replies

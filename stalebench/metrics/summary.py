@@ -14,11 +14,18 @@ from stalebench.metrics.events import read_events
 STATUSES = ("completed", "diverged", "failed", "timeout")
 
 
-def summarize(events: list[dict[str, Any]], meta: dict[str, Any], status: str,
-              error: str | None, target_accuracy: float) -> dict[str, Any]:
+def summarize(
+    events: list[dict[str, Any]],
+    meta: dict[str, Any],
+    status: str,
+    error: str | None,
+    target_accuracy: float,
+) -> dict[str, Any]:
     updates = [e for e in events if e["kind"] == "update"]
-    tests = sorted((e for e in events if e["kind"] == "eval" and e["split"] == "test"),
-                   key=lambda e: (e["t"], e["version"]))
+    tests = sorted(
+        (e for e in events if e["kind"] == "eval" and e["split"] == "test"),
+        key=lambda e: (e["t"], e["version"]),
+    )
     end = [e for e in events if e["kind"] == "system" and e["event"] == "end"]
     wall = end[-1]["t"] if end else max((e["t"] for e in updates), default=0.0)
     lags = np.array([e["lag"] for e in updates], dtype=float)
@@ -26,7 +33,9 @@ def summarize(events: list[dict[str, Any]], meta: dict[str, Any], status: str,
     compute = np.zeros(num_workers)
     for e in updates:
         compute[e["worker"]] += e["compute_s"]
-    reached = [e["t"] for e in tests if (e["accuracy"] or 0.0) >= target_accuracy]
+    reached = [
+        e["t"] for e in tests if e["accuracy"] is not None and e["accuracy"] >= target_accuracy
+    ]
     final = tests[-1] if tests else None
     return {
         "status": status,
@@ -36,8 +45,9 @@ def summarize(events: list[dict[str, Any]], meta: dict[str, Any], status: str,
         "updates": max((e["version"] for e in updates), default=0),
         "gradients": len(updates),
         "final": {"loss": final["loss"], "accuracy": final["accuracy"]} if final else None,
-        "best_accuracy": max((e["accuracy"] for e in tests if e["accuracy"] is not None),
-                             default=None),
+        "best_accuracy": max(
+            (e["accuracy"] for e in tests if e["accuracy"] is not None), default=None
+        ),
         "target_accuracy": target_accuracy,
         "time_to_target_s": reached[0] if reached else None,
         "lag": {
@@ -48,8 +58,9 @@ def summarize(events: list[dict[str, Any]], meta: dict[str, Any], status: str,
         },
         "max_clock_gap": max((e.get("clock_gap", 0) for e in updates), default=0),
         "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
-        "throughput_updates_per_s": (max((e["version"] for e in updates), default=0) / wall
-                                     if wall > 0 else None),
+        "throughput_updates_per_s": (
+            max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
+        ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
     }
 
@@ -61,8 +72,9 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def finalize(run_dir: Path, meta: dict[str, Any], status: str, error: str | None,
-             target_accuracy: float) -> dict[str, Any]:
+def finalize(
+    run_dir: Path, meta: dict[str, Any], status: str, error: str | None, target_accuracy: float
+) -> dict[str, Any]:
     """Write metrics.parquet and summary.json of a run directory from its events.jsonl."""
     import pandas as pd
 

@@ -33,7 +33,7 @@ from stalebench.errors import RunError
 from stalebench.evaluation import Snapshots, evaluate_snapshots
 from stalebench.experiment import Job, meta
 from stalebench.metrics.events import EventLog
-from stalebench.metrics.summary import finalize
+from stalebench.metrics.summary import finalize, write_json
 
 log = logging.getLogger("stalebench")
 
@@ -52,11 +52,27 @@ class Transport:
         self.bytes_sent = 0
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
-        dist.send(buf, dst)
+        try:
+            dist.send(buf, dst)
+        except Exception as exc:
+            raise RunError(f"{_peer(dst)} lost: {_brief(exc)}") from exc
         self.bytes_sent += buf.numel() * buf.element_size()
 
-    def recv(self, buf: torch.Tensor, src: int) -> None:
-        dist.irecv(buf, src).wait(self.timeout)
+    def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
+        try:
+            dist.irecv(buf, src).wait(timeout or self.timeout)
+        except Exception as exc:
+            raise RunError(f"{_peer(src)} lost: {_brief(exc)}") from exc
+
+
+def _peer(rank: int) -> str:
+    return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
+
+
+def _brief(exc: Exception) -> str:
+    """gloo's message without its source location and advice: '[file:line] What. Advice.'"""
+    text = str(exc).split("] ", 1)[-1]
+    return text.split(". ", 1)[0].strip()
 
 
 def _ints(buf: torch.Tensor) -> torch.Tensor:
@@ -72,9 +88,11 @@ class Receiver(threading.Thread):
         super().__init__(daemon=True, name=f"recv-worker-{worker}")
         self.transport, self.worker, self.size, self.inbox = transport, worker, size, inbox
         self.armed = threading.Event()
+        self.armed_at: float | None = None  # server time of the reply it waits to follow
         self.closed = False
 
-    def arm(self) -> None:
+    def arm(self, now: float) -> None:
+        self.armed_at = now
         self.armed.set()
 
     def close(self) -> None:
@@ -88,8 +106,9 @@ class Receiver(threading.Thread):
             if self.closed:
                 return
             buf = torch.empty(self.size)
-            try:
-                self.transport.recv(buf, self.worker + 1)
+            try:  # the server judges silence itself (it knows whom it waits for): no
+                # gloo timeout here, which would also break the other workers' receives
+                self.transport.recv(buf, self.worker + 1, timedelta(days=1))
             except Exception as exc:  # a dead or silent peer: the server ends the run
                 self.inbox.put((self.worker, exc))
                 return
@@ -170,40 +189,57 @@ class Server:
         return status
 
     def _next(self, max_wall_s: float):
-        """The next (worker, push buffer), or None when the wall budget ran out first."""
+        """The next (worker, push buffer); None when the wall budget ran out first; a
+        RunError naming the worker when one stays silent longer than timeout_s."""
+        timeout = self.cfg.timeout_s
         while True:
-            wait = self.cfg.timeout_s
+            awaited = [
+                r for r in self.receivers if r.worker in self.active and r.armed_at is not None
+            ]
+            first = min(awaited, key=lambda r: r.armed_at, default=None)
+            now = self.now()
+            wait = first.armed_at + timeout - now if first else timeout
             if max_wall_s:
-                wait = min(wait, max(max_wall_s - self.now(), 0.0) + 1e-3)
+                wait = min(wait, max_wall_s - now)
             try:
-                w, item = self.inbox.get(timeout=wait)
+                w, item = self.inbox.get(timeout=max(wait, 0.0) + 1e-3)
             except queue.Empty:
-                if max_wall_s and self.now() >= max_wall_s:
+                now = self.now()
+                if max_wall_s and now >= max_wall_s:
                     return None
-                raise RunError(
-                    f"no message from any worker in {self.cfg.timeout_s:.0f} s (timeout_s); "
-                    f"clocks {self.ps.clocks}, held {sorted(self.ps.held)}"
-                ) from None
+                if first and now - first.armed_at >= timeout:
+                    raise RunError(
+                        f"worker {first.worker} (rank {first.worker + 1}) silent for "
+                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}"
+                    ) from None
+                continue
+            self.receivers[w].armed_at = None
             if isinstance(item, Exception):
                 if w not in self.active:
                     continue  # it had been told to stop: its exit is not a failure
-                raise RunError(f"worker {w} (rank {w + 1}) lost: {item}")
+                raise item
             return w, item
 
     def _decode(self, w: int, buf: torch.Tensor) -> Push:
         ints = _ints(buf)
         if int(ints[0]) != PUSH:
             raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
-        return Push(worker=w, clock=int(ints[1]), version_read=int(ints[2]),
-                    grad=buf[HEADER:], loss=float(buf[3]), compute_s=float(buf[4]),
-                    rtt_s=float(buf[5]))
+        return Push(
+            worker=w,
+            clock=int(ints[1]),
+            version_read=int(ints[2]),
+            grad=buf[HEADER:],
+            loss=float(buf[3]),
+            compute_s=float(buf[4]),
+            rtt_s=float(buf[5]),
+        )
 
     def _send(self, replies) -> None:
         for r in replies:
             _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, 0], dtype=torch.int32)
             self.out[HEADER:] = r.params
             self.transport.send(self.out, r.worker + 1)
-            self.receivers[r.worker].arm()
+            self.receivers[r.worker].arm(self.now())
 
     def _stop(self, waiting: set[int]) -> None:
         """Tell the workers waiting for a reply to stop; the others (still computing) are
@@ -222,15 +258,28 @@ class Server:
     def _finish(self, status: str, error: str | None) -> dict[str, Any]:
         t_end = self.now()
         self.snapshots.take(t_end, self.ps.version, self.ps.params)
-        self.events.emit("system", t_end, event="end", status=status,
-                         bytes_sent=self.transport.bytes_sent, updates=self.ps.version)
-        evaluate_snapshots(self.snapshots.taken, self.model, self.job.splits, self.cfg.eval,
-                           self.cfg.seed, self.events.emit)
+        self.events.emit(
+            "system",
+            t_end,
+            event="end",
+            status=status,
+            bytes_sent=self.transport.bytes_sent,
+            updates=self.ps.version,
+        )
+        evaluate_snapshots(
+            self.snapshots.taken,
+            self.model,
+            self.job.splits,
+            self.cfg.eval,
+            self.cfg.seed,
+            self.events.emit,
+        )
         vector_to_parameters(self.ps.params, self.model.parameters())
         torch.save(self.model.state_dict(), self.run_dir / "model.pt")
         self.events.close()
-        return finalize(self.run_dir, meta(self.cfg), status, error,
-                        self.cfg.budget.target_accuracy)
+        return finalize(
+            self.run_dir, meta(self.cfg), status, error, self.cfg.budget.target_accuracy
+        )
 
 
 def work(job: Job, worker: int, transport: Transport) -> None:
@@ -242,12 +291,13 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     params = list(model.parameters())
     size = HEADER + sum(p.numel() for p in params)
     inbox, out = torch.empty(size), torch.empty(size)
-    batches = shard_batches(job.splits, worker, cfg.cluster.num_workers,
-                            cfg.dataset.batch_size, cfg.seed)
+    batches = shard_batches(
+        job.splits, worker, cfg.cluster.num_workers, cfg.dataset.batch_size, cfg.seed
+    )
     target_s = job.profile.compute_target_s(worker)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
-    x, y = job.splits.x_train[: cfg.dataset.batch_size], job.splits.y_train[: cfg.dataset.batch_size]
-    torch.autograd.grad(torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)), params)
+    warmup = slice(0, cfg.dataset.batch_size)
+    _gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
     clock, pushed_at = 0, None
     while True:
         transport.recv(inbox, 0)
@@ -257,11 +307,8 @@ def work(job: Job, worker: int, transport: Transport) -> None:
             return
         start = time.perf_counter()
         vector_to_parameters(inbox[HEADER:].to(device), params)
-        x, y = next(batches)
-        loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-        grads = torch.autograd.grad(loss, params)
-        out[HEADER:] = torch.cat([g.reshape(-1) for g in grads]).cpu()
-        loss_value = loss.item()
+        grad, loss_value = _gradient(model, params, next(batches), device)
+        out[HEADER:] = grad
         elapsed = time.perf_counter() - start
         if target_s > elapsed:  # the profile's slowness, on top of the real compute
             time.sleep(target_s - elapsed)
@@ -271,6 +318,14 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         pushed_at = time.perf_counter()
         transport.send(out, 0)
         clock += 1
+
+
+def _gradient(model, params, batch, device) -> tuple[torch.Tensor, float]:
+    """Flat CPU gradient of the mean cross-entropy on one minibatch, and the loss."""
+    x, y = batch
+    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    grads = torch.autograd.grad(loss, params)
+    return torch.cat([g.reshape(-1) for g in grads]).cpu(), loss.item()
 
 
 def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
@@ -289,15 +344,14 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
     if world_size != n + 1:
         raise RunError(f"world size {world_size} != cluster.num_workers + 1 = {n + 1}")
     timeout = timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
         shared = [cfg.run_dir]
         dist.broadcast_object_list(shared, src=0)
         cfg.run_dir = shared[0]
     run_dir = Path(cfg.run_dir)
     _setup_logging(run_dir, rank, "INFO")
-    log.info("rank %d of %d: process group ready", rank, world_size)
+    log.info("rank %d of %d (pid %d): process group ready", rank, world_size, os.getpid())
     transport = Transport(cfg.timeout_s)
     job = Job.build(cfg)
     try:
@@ -331,11 +385,23 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
 
     run_dir = Path(cfg.run_dir)
     n = cfg.cluster.num_workers
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=cfg.timeout_s))  # port 0: never collides
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.timeout_s),
+    )  # port 0: never collides
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(cfg, r, n + 1, "127.0.0.1", store.port),
-                         daemon=True, name=f"stalebench-rank-{r}") for r in range(n + 1)]
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(cfg, r, n + 1, "127.0.0.1", store.port),
+            daemon=True,
+            name=f"stalebench-rank-{r}",
+        )
+        for r in range(n + 1)
+    ]
     # Longest a healthy run can take: start-up, the budget, a stop, the evaluation.
     allowed_s = cfg.budget.max_wall_s + 2 * cfg.timeout_s + 120 if cfg.budget.max_wall_s else None
     deadline = time.monotonic() + allowed_s if allowed_s else None
@@ -350,7 +416,8 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             if dead and failed_at is None:
                 r = dead[0]
                 error = f"worker {r - 1} (rank {r}, pid {procs[r].pid}) exited with " + _exit(
-                    procs[r].exitcode)
+                    procs[r].exitcode
+                )
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > min(cfg.timeout_s, 15):
                 status = "failed"  # the server did not wind down in time: stop it ourselves
@@ -361,7 +428,8 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
         if procs[0].exitcode not in (None, 0) and status is None:
             status = "failed"
             error = f"server (rank 0) exited with {_exit(procs[0].exitcode)}" + (
-                f"; {error}" if error else "")
+                f"; {error}" if error else ""
+            )
     except KeyboardInterrupt:
         status, error = "failed", "interrupted"
         raise
@@ -376,7 +444,11 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
                 p.join()
         if status is not None:
             finalize(run_dir, meta(cfg), status, error, cfg.budget.target_accuracy)
-    return _read_summary(run_dir, cfg, error)
+    summary = _read_summary(run_dir, cfg, error)
+    if error and summary["status"] == "failed" and error not in (summary["error"] or ""):
+        summary["error"] = f"{summary['error']}; {error}"  # what the supervisor saw too
+        write_json(run_dir / "summary.json", summary)
+    return summary
 
 
 def _exit(code: int | None) -> str:
@@ -392,6 +464,11 @@ def _read_summary(run_dir: Path, cfg: RunConfig, error: str | None) -> dict[str,
 
     path = run_dir / "summary.json"
     if not path.exists():  # the server died before writing it: say so from the events
-        return finalize(run_dir, meta(cfg), "failed", error or "server ended without a summary",
-                        cfg.budget.target_accuracy)
+        return finalize(
+            run_dir,
+            meta(cfg),
+            "failed",
+            error or "server ended without a summary",
+            cfg.budget.target_accuracy,
+        )
     return json.loads(path.read_text())

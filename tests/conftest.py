@@ -1,0 +1,71 @@
+"""Shared fixtures: an isolated data cache, config composition that restores Hydra's
+global state, and a helper that runs a real job into a temporary run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+os.environ.setdefault("STALEBENCH_CACHE", str(Path(__file__).parent / ".cache"))
+
+# Small, fast real runs: synthetic data, tiny MLP, a few ms of emulated compute per step.
+FAST = [
+    "dataset=synthetic",
+    "model=mlp",
+    "model.hidden=[32]",
+    "cluster=homogeneous",
+    "cluster.compute_ms=5",
+    "budget.max_wall_s=0",
+    "eval.every_s=0",
+    "eval.every_updates=20",
+    "timeout_s=30",
+]
+
+
+def compose(overrides: list[str]):
+    """The validated RunConfig for CLI-style overrides (Hydra's global state restored)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from stalebench.cli import to_run_config
+    from stalebench.config import register_configs
+    from stalebench.registry import load_plugins
+
+    register_configs()
+    load_plugins()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("stalebench.conf", version_base=None):
+            return to_run_config(hydra_compose("config", overrides=overrides), overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class Result(NamedTuple):
+    summary: dict
+    events: list[dict]
+    dir: Path
+
+
+def run_job(run_dir: Path, overrides: list[str]) -> Result:
+    """Run one real job (server + worker processes) into run_dir."""
+    from stalebench import experiment
+    from stalebench.metrics.events import read_events
+
+    cfg = compose(FAST + overrides)
+    cfg.run_dir = str(run_dir)
+    summary = experiment.run(cfg)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    return Result(summary, read_events(run_dir / "events.jsonl"), run_dir)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """job(*overrides) runs a real job into a fresh directory under tmp_path."""
+    count = iter(range(1000))
+    return lambda *overrides: run_job(tmp_path / f"run{next(count)}", list(overrides))

@@ -1,0 +1,202 @@
+"""Real processes over gloo on CPU: semantics read back from events.jsonl, invariants of
+ALGORITHMS.md §12 on final parameters, and failure handling. Every test has a timeout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stalebench.metrics.events import schema_errors
+
+pytestmark = pytest.mark.slow
+
+SUMMARY_FIELDS = {
+    "status",
+    "error",
+    "algorithm",
+    "barrier",
+    "update_rule",
+    "engine",
+    "runtime",
+    "model",
+    "dataset",
+    "cluster",
+    "num_workers",
+    "seed",
+    "wall_time_s",
+    "updates",
+    "final",
+    "best_accuracy",
+    "time_to_target_s",
+    "lag",
+    "max_clock_gap",
+    "compute_fraction",
+    "throughput_updates_per_s",
+    "bytes_sent",
+}
+
+
+def updates_of(events):
+    return [e for e in events if e["kind"] == "update"]
+
+
+def clock_spreads(events, n):
+    """For each update (in log order): (its worker's step c, completed steps of every worker
+    before it was logged)."""
+    done = [0] * n
+    for e in updates_of(events):
+        yield e, list(done)
+        done[e["worker"]] += 1
+
+
+@pytest.mark.timeout(120)
+def test_ssp_run_writes_the_run_directory(job):
+    summary, events, run_dir = job("algorithm=ssp", "budget.max_updates=60")
+    assert summary["status"] == "completed", summary["error"]
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["updates"] == 60 and summary["num_workers"] == 4
+    assert summary["algorithm"] == "ssp" and summary["cluster"] == "homogeneous"
+    assert summary["bytes_sent"] > 0 and 0 < summary["compute_fraction"] <= 1
+    assert all(not schema_errors(e) for e in events)
+    assert {"events.jsonl", "metrics.parquet", "summary.json", "model.pt"} <= {
+        p.name for p in run_dir.iterdir()
+    }
+    import pandas as pd
+
+    assert len(pd.read_parquet(run_dir / "metrics.parquet")) == len(events)
+
+
+@pytest.mark.timeout(120)
+def test_bsp_every_lag_is_zero_and_clocks_differ_by_at_most_one(job):
+    summary, events, _ = job(
+        "algorithm=bsp",
+        "cluster.num_workers=3",
+        "budget.max_updates=30",
+        "cluster.slowdown=[1,2,3]",
+    )
+    assert summary["status"] == "completed", summary["error"]
+    ups = updates_of(events)
+    assert len(ups) == 90 and summary["updates"] == 30  # a round = one update of 3 gradients
+    assert {e["lag"] for e in ups} == {0}
+    for _, done in clock_spreads(events, 3):
+        assert max(done) - min(done) <= 1
+    assert summary["max_clock_gap"] == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("s", [0, 1, 3])
+def test_ssp_clock_gap_never_exceeds_staleness(job, s):
+    # worker 2 is 4x slower, so the fast ones press against the bound all the time
+    summary, events, _ = job(
+        "algorithm=ssp",
+        f"algorithm.barrier.staleness={s}",
+        "cluster.num_workers=3",
+        "cluster.slowdown=[1,1,4]",
+        "budget.max_updates=60",
+    )
+    assert summary["status"] == "completed", summary["error"]
+    for e, done in clock_spreads(events, 3):
+        # step c was admitted before this push: every worker had completed >= c − s then
+        assert e["clock"] - min(done) <= s, (e, done)
+    assert summary["max_clock_gap"] == s  # the bound is reached, never passed
+
+
+@pytest.mark.timeout(120)
+def test_asp_mean_lag_is_close_to_n_minus_one(job):
+    summary, _, _ = job(
+        "algorithm=asp", "cluster.num_workers=4", "cluster.compute_ms=10", "budget.max_updates=200"
+    )
+    assert summary["status"] == "completed", summary["error"]
+    assert abs(summary["lag"]["mean"] - 3) < 0.35, summary["lag"]
+    assert summary["max_clock_gap"] > 0
+
+
+def final_params(job_dir):
+    return torch.load(job_dir / "model.pt")
+
+
+@pytest.mark.timeout(150)
+def test_ssp_zero_per_round_equals_bsp(job):
+    common = [
+        "cluster.num_workers=3",
+        "cluster.slowdown=[1,1,3]",
+        "budget.max_updates=15",
+        "algorithm/update=momentum",
+        "seed=3",
+    ]
+    bsp, _, bsp_dir = job("algorithm=bsp", *common)
+    bsp_params = final_params(bsp_dir)
+    ssp, _, ssp_dir = job(
+        "algorithm=ssp",
+        "algorithm.barrier.staleness=0",
+        "algorithm.barrier.apply=per_round",
+        *common,
+    )
+    ssp_params = final_params(ssp_dir)
+    assert bsp["status"] == ssp["status"] == "completed"
+    assert bsp["updates"] == ssp["updates"] == 15
+    for key in bsp_params:
+        assert torch.equal(bsp_params[key], ssp_params[key]), key
+    # and it is a real trajectory, not a fixed point
+    from stalebench.experiment import Job
+    from tests.conftest import compose
+
+    init = (
+        Job.build(compose(["dataset=synthetic", "model=mlp", "model.hidden=[32]", "seed=3"]))
+        .model()
+        .state_dict()
+    )
+    assert not torch.equal(init["1.weight"], bsp_params["1.weight"])
+
+
+@pytest.mark.timeout(120)
+def test_one_worker_asp_equals_sequential_sgd(job):
+    from stalebench.data import shard_batches
+    from stalebench.experiment import Job
+    from tests.conftest import FAST, compose
+
+    overrides = [
+        "algorithm=asp",
+        "cluster.num_workers=1",
+        "budget.max_updates=25",
+        "seed=7",
+        "algorithm.update.lr=0.2",
+    ]
+    summary, _, run_dir = job(*overrides)
+    assert summary["status"] == "completed" and summary["lag"]["max"] == 0
+    cfg = compose(FAST + overrides)
+    reference = Job.build(cfg)
+    model = reference.model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    batches = shard_batches(reference.splits, 0, 1, cfg.dataset.batch_size, cfg.seed)
+    for _ in range(25):
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    got = final_params(run_dir)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_divergence_is_reported_with_a_summary(job):
+    summary, events, _ = job("algorithm=asp", "algorithm.update.lr=1e12", "budget.max_updates=200")
+    assert summary["status"] == "diverged"
+    assert summary["updates"] < 200
+    assert any(e["kind"] == "system" and e["event"] == "end" for e in events)
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_worker_fails_the_run_within_the_timeout(job):
+    # worker 1 takes 6 s per step while the run tolerates 2 s of silence
+    summary, _, _ = job(
+        "algorithm=asp",
+        "cluster.num_workers=2",
+        "cluster.compute_ms=1000",
+        "cluster.slowdown=[1,6]",
+        "timeout_s=2",
+        "budget.max_updates=100",
+    )
+    assert summary["status"] == "failed"
+    assert "worker 1 (rank 2)" in summary["error"], summary["error"]

@@ -1,0 +1,327 @@
+"""summary.json from hand-made events (expectations computed by hand), events.jsonl
+round trip and schema, and finalize() writing summary.json and metrics.parquet."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from stalebench.metrics.events import EventLog, read_events, schema_errors
+from stalebench.metrics.summary import finalize, summarize
+
+META = {
+    "algorithm": "ssp",
+    "barrier": "ssp",
+    "update_rule": "sgd",
+    "engine": "ps",
+    "runtime": "real",
+    "model": "mlp",
+    "dataset": "synthetic",
+    "cluster": "custom",
+    "num_workers": 2,
+    "seed": 3,
+}
+
+
+def update(t, worker, clock, version, lag, compute_s, clock_gap, loss=1.0):
+    return {
+        "kind": "update",
+        "t": t,
+        "worker": worker,
+        "clock": clock,
+        "version": version,
+        "lag": lag,
+        "loss": loss,
+        "compute_s": compute_s,
+        "wait_s": 0.1,
+        "comm_s": 0.01,
+        "clock_gap": clock_gap,
+    }
+
+
+def evaluation(t, version, split, accuracy, loss):
+    return {
+        "kind": "eval",
+        "t": t,
+        "version": version,
+        "split": split,
+        "loss": loss,
+        "accuracy": accuracy,
+    }
+
+
+def make_events() -> list[dict]:
+    return [
+        {"kind": "system", "t": 0.0, "event": "start"},
+        evaluation(0.5, 0, "train", 0.95, 0.1),  # train evals never count as test results
+        update(1.0, 0, 1, 1, lag=0, compute_s=0.5, clock_gap=0, loss=2.0),
+        update(1.5, 1, 1, 2, lag=1, compute_s=1.0, clock_gap=1),
+        evaluation(1.0, 1, "test", 0.3, 1.5),
+        update(2.0, 0, 2, 3, lag=1, compute_s=0.5, clock_gap=2),
+        update(3.0, 1, 2, 4, lag=2, compute_s=1.0, clock_gap=1),
+        update(3.5, 0, 3, 5, lag=4, compute_s=0.5, clock_gap=0),
+        # listed out of time order: the summary orders test evals by t
+        evaluation(4.0, 5, "test", 0.75, 0.6),
+        evaluation(3.0, 4, "test", 0.8, 0.55),
+        evaluation(2.0, 3, "test", 0.65, 0.9),
+        evaluation(4.5, 5, "train", 0.99, 0.05),
+        {"kind": "worker", "t": 4.2, "worker": 0, "event": "stop"},
+        {"kind": "system", "t": 5.0, "event": "end", "bytes_sent": 12345},
+    ]
+
+
+def test_summarize_hand_computed():
+    s = summarize(make_events(), META, "completed", None, target_accuracy=0.6)
+
+    assert s["status"] == "completed" and s["error"] is None
+    for key, value in META.items():
+        assert s[key] == value
+    assert s["wall_time_s"] == 5.0  # t of the system end event
+    assert s["updates"] == 5  # the highest version
+    assert s["gradients"] == 5
+    # lags 0, 1, 1, 2, 4
+    assert s["lag"]["mean"] == pytest.approx(1.6)
+    assert s["lag"]["p50"] == pytest.approx(1.0)
+    assert s["lag"]["p99"] == pytest.approx(2 + 0.96 * 2)  # linear interpolation
+    assert s["lag"]["max"] == 4
+    assert s["max_clock_gap"] == 2
+    # worker 0 computes 1.5 s, worker 1 2.0 s, of 5 s: (0.3 + 0.4) / 2
+    assert s["compute_fraction"] == pytest.approx(0.35)
+    assert s["time_to_target_s"] == 2.0  # first test eval with accuracy >= 0.6
+    assert s["final"] == {"loss": 0.6, "accuracy": 0.75}  # the last test eval
+    assert s["best_accuracy"] == 0.8  # test split only
+    assert s["target_accuracy"] == 0.6
+    assert s["throughput_updates_per_s"] == pytest.approx(1.0)
+    assert s["bytes_sent"] == 12345
+    json.dumps(s, allow_nan=False)  # the summary is plain JSON
+
+
+def test_summarize_has_every_contract_field():
+    s = summarize(make_events(), META, "completed", None, 0.6)
+    fields = {
+        "status",
+        "error",
+        "algorithm",
+        "barrier",
+        "update_rule",
+        "engine",
+        "runtime",
+        "model",
+        "dataset",
+        "cluster",
+        "num_workers",
+        "seed",
+        "wall_time_s",
+        "updates",
+        "final",
+        "best_accuracy",
+        "time_to_target_s",
+        "lag",
+        "max_clock_gap",
+        "compute_fraction",
+        "throughput_updates_per_s",
+        "bytes_sent",
+    }
+    assert fields <= s.keys()
+    assert set(s["lag"]) == {"mean", "p50", "p99", "max"}
+
+
+def test_summarize_target_exactly_reached_and_never_reached():
+    events = make_events()
+    assert summarize(events, META, "completed", None, 0.8)["time_to_target_s"] == 3.0
+    assert summarize(events, META, "completed", None, 0.81)["time_to_target_s"] is None
+
+
+def test_summarize_without_end_event_uses_last_update_time():
+    events = [e for e in make_events() if e.get("event") != "end"]
+    s = summarize(events, META, "failed", "worker 1 (rank 2) lost", 0.6)
+    assert s["status"] == "failed" and s["error"] == "worker 1 (rank 2) lost"
+    assert s["wall_time_s"] == 3.5
+    assert s["compute_fraction"] == pytest.approx((1.5 / 3.5 + 2.0 / 3.5) / 2)
+    assert s["throughput_updates_per_s"] == pytest.approx(5 / 3.5)
+    assert s["bytes_sent"] is None
+
+
+def test_summarize_diverged_loss_and_accuracy_null():
+    events = make_events()[:-1] + [
+        evaluation(4.8, 6, "test", None, None),
+        {"kind": "system", "t": 5.0, "event": "end", "bytes_sent": 1},
+    ]
+    s = summarize(events, META, "diverged", "loss is nan", 0.6)
+    assert s["final"] == {"loss": None, "accuracy": None}
+    assert s["best_accuracy"] == 0.8
+    assert s["time_to_target_s"] == 2.0
+
+
+def test_summarize_no_events():
+    s = summarize([], META, "failed", "boom", 0.6)
+    assert s["updates"] == 0 and s["gradients"] == 0
+    assert s["final"] is None and s["best_accuracy"] is None
+    assert s["time_to_target_s"] is None
+    assert s["lag"] == {"mean": None, "p50": None, "p99": None, "max": None}
+    assert s["compute_fraction"] is None and s["throughput_updates_per_s"] is None
+
+
+# --------------------------------------------------------------------------- events.jsonl
+
+
+def test_event_log_round_trip(tmp_path):
+    path = tmp_path / "sub" / "events.jsonl"  # the parent is created
+    log = EventLog(path)
+    log.emit("system", 0.0, event="start")
+    log.emit(
+        "update",
+        0.1234567891,
+        worker=1,
+        clock=2,
+        version=3,
+        lag=1,
+        loss=0.5,
+        compute_s=0.01,
+        wait_s=0.0,
+        comm_s=0.002,
+        clock_gap=1,
+    )
+    log.emit("eval", 1.5, version=3, split="test", loss=0.4, accuracy=0.9)
+    log.close()
+    events = read_events(path)
+    assert events == [
+        {"kind": "system", "t": 0.0, "event": "start"},
+        {
+            "kind": "update",
+            "t": 0.123457,
+            "worker": 1,
+            "clock": 2,
+            "version": 3,
+            "lag": 1,
+            "loss": 0.5,
+            "compute_s": 0.01,
+            "wait_s": 0.0,
+            "comm_s": 0.002,
+            "clock_gap": 1,
+        },
+        {"kind": "eval", "t": 1.5, "version": 3, "split": "test", "loss": 0.4, "accuracy": 0.9},
+    ]
+    assert all(schema_errors(e) == [] for e in events)
+    assert len(path.read_text().splitlines()) == 3
+
+
+def test_event_log_appends(tmp_path):
+    path = tmp_path / "events.jsonl"
+    for i in range(2):
+        log = EventLog(path)
+        log.emit("system", float(i), event=f"e{i}")
+        log.close()
+    assert [e["event"] for e in read_events(path)] == ["e0", "e1"]
+
+
+def test_event_log_writes_nan_and_inf_as_null(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.emit("eval", 2.0, version=7, split="test", loss=float("nan"), accuracy=0.1)
+    log.emit(
+        "update",
+        2.5,
+        worker=0,
+        clock=1,
+        version=8,
+        lag=0,
+        loss=float("inf"),
+        compute_s=0.1,
+        wait_s=0.0,
+        comm_s=0.0,
+        clock_gap=0,
+    )
+    log.close()
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    for line in text.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+    events = read_events(path)
+    assert events[0]["loss"] is None and events[0]["accuracy"] == 0.1
+    assert events[1]["loss"] is None
+
+
+def test_read_events_skips_torn_last_line(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.emit("system", 0.0, event="start")
+    log.emit("worker", 1.0, worker=0, event="stop")
+    log.close()
+    with open(path, "a") as f:
+        f.write('{"kind": "update", "t": 1.2, "wor')  # a writer killed mid-line
+    assert read_events(path) == [
+        {"kind": "system", "t": 0.0, "event": "start"},
+        {"kind": "worker", "t": 1.0, "worker": 0, "event": "stop"},
+    ]
+
+
+def test_read_events_missing_file(tmp_path):
+    assert read_events(tmp_path / "absent.jsonl") == []
+
+
+def test_schema_errors():
+    good = update(1.0, 0, 1, 1, lag=0, compute_s=0.1, clock_gap=0)
+    assert schema_errors(good) == []
+    for e in make_events():
+        assert schema_errors(e) == [], e
+
+    missing = {k: v for k, v in good.items() if k != "lag"}
+    errors = schema_errors(missing)
+    assert len(errors) == 1 and "'lag'" in errors[0] and "update" in errors[0]
+
+    no_t = {k: v for k, v in good.items() if k != "t"}
+    assert any("t missing" in e for e in schema_errors(no_t))
+    assert schema_errors({**good, "t": "soon"}) != []
+
+    eval_errors = schema_errors({"kind": "eval", "t": 1.0, "version": 1, "split": "test"})
+    assert sorted(eval_errors) == sorted(["eval event lacks 'loss'", "eval event lacks 'accuracy'"])
+
+    assert schema_errors({"kind": "bogus", "t": 0.0}) == ["unknown kind 'bogus'"]
+    assert schema_errors({"t": 0.0}) != []
+
+
+# --------------------------------------------------------------------------- finalize
+
+
+def test_finalize_writes_summary_and_parquet(tmp_path):
+    events = make_events()
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    summary = finalize(tmp_path, META, "completed", None, 0.6)
+
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary == summarize(events, META, "completed", None, 0.6)
+    assert on_disk["updates"] == 5 and on_disk["time_to_target_s"] == 2.0
+    assert not list(tmp_path.glob("*.tmp"))  # the atomic write left nothing behind
+
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert len(df) == len(events)
+    assert {"kind", "t", "worker", "version", "lag", "split", "accuracy", "event"} <= set(
+        df.columns
+    )
+    assert df["kind"].tolist() == [e["kind"] for e in events]
+    assert df["t"].tolist() == pytest.approx([e["t"] for e in events])
+    ups = df[df["kind"] == "update"]
+    assert ups["lag"].tolist() == [0, 1, 1, 2, 4]
+    tests = df[(df["kind"] == "eval") & (df["split"] == "test")]
+    assert sorted(tests["accuracy"].tolist()) == [0.3, 0.65, 0.75, 0.8]
+    end = df[df["event"] == "end"]
+    assert end["bytes_sent"].tolist() == [12345]
+
+
+def test_finalize_with_torn_line_and_nulls(tmp_path):
+    events = make_events()[:-1] + [evaluation(4.9, 6, "test", None, None)]
+    text = "".join(json.dumps(e) + "\n" for e in events) + '{"kind": "sys'
+    (tmp_path / "events.jsonl").write_text(text)
+    summary = finalize(tmp_path, META, "diverged", "loss is nan", 0.6)
+    assert summary["status"] == "diverged" and summary["error"] == "loss is nan"
+    assert summary["final"] == {"loss": None, "accuracy": None}
+    assert summary["wall_time_s"] == 3.5  # no end event: the last update's t
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert len(df) == len(events)
+    assert math.isnan(df["accuracy"].iloc[-1])
