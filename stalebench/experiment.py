@@ -55,6 +55,11 @@ def prepare(cfg: RunConfig) -> None:
         (DATASETS, cfg.dataset),
     ):
         registry.get(part.name)
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     n_train = len(dataset.load().y_train)
@@ -89,10 +94,7 @@ class Job:
     def device(self, worker: int) -> torch.device:
         import torch
 
-        want = self.cfg.device
-        if want == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device=cuda but CUDA is not available")
-        if want in ("cuda", "auto") and torch.cuda.is_available():
+        if self.cfg.device != "cpu" and torch.cuda.is_available():
             return torch.device("cuda", worker % torch.cuda.device_count())
         return torch.device("cpu")
 

@@ -1,0 +1,222 @@
+"""The `stalebench` command end to end, in subprocesses: the default job, a Hydra
+multirun, torchrun, a worker killed mid-run, and an out-of-tree plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stalebench.metrics.events import read_events
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = [
+    "dataset=synthetic",
+    "model=mlp",
+    "model.hidden=[32]",
+    "cluster.compute_ms=5",
+    "eval.every_s=0",
+    "eval.every_updates=20",
+    "budget.max_wall_s=0",
+]
+
+
+def stalebench(args, cwd, timeout, env=None, runner=("-m", "stalebench.cli")):
+    return subprocess.run(
+        [sys.executable, *runner, *args],
+        cwd=cwd,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def summaries(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(root.rglob("summary.json"))]
+
+
+@pytest.mark.timeout(120)
+def test_no_arguments_runs_the_default_ssp_job(tmp_path):
+    done = stalebench([], tmp_path, timeout=110)
+    assert done.returncode == 0, done.stderr
+    (summary,) = summaries(tmp_path / "outputs")
+    assert summary["status"] == "completed"
+    assert (summary["algorithm"], summary["runtime"], summary["num_workers"]) == ("ssp", "real", 4)
+    assert summary["cluster"] == "heterogeneous"
+    run_dir = next((tmp_path / "outputs").rglob("summary.json")).parent
+    config = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "slow_factor: 2.5" in config and "staleness: 3" in config
+    assert summary["final"]["accuracy"] > 0.3
+    assert "[completed] ssp" in done.stdout
+
+
+@pytest.mark.timeout(240)
+def test_multirun_gives_each_job_its_directory_and_every_algorithm_learns(tmp_path):
+    args = [
+        "-m",
+        "algorithm=bsp,asp,ssp",
+        "seed=0,1",
+        "dataset=mnist1d",
+        "model=mlp",
+        "budget.max_wall_s=0",
+        "budget.max_updates=150",
+        "eval.every_s=0",
+        "eval.every_updates=50",
+        "cluster=homogeneous",
+        "cluster.compute_ms=2",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = stalebench(args, tmp_path, timeout=230)
+    assert done.returncode == 0, done.stderr
+    dirs = sorted(p.parent for p in (tmp_path / "sweep").rglob("summary.json"))
+    assert len(dirs) == 6 and len({d.name for d in dirs}) == 6
+    seen = set()
+    for d in dirs:
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["status"] == "completed", summary["error"]
+        seen.add((summary["algorithm"], summary["seed"]))
+        tests = [
+            e
+            for e in read_events(d / "events.jsonl")
+            if e["kind"] == "eval" and e["split"] == "test"
+        ]
+        first, last = min(tests, key=lambda e: e["version"]), max(tests, key=lambda e: e["version"])
+        assert last["loss"] < first["loss"] - 0.1, (summary["algorithm"], first, last)
+        assert last["accuracy"] > first["accuracy"] + 0.1, (summary["algorithm"], first, last)
+    assert seen == {(a, s) for a in ("bsp", "asp", "ssp") for s in (0, 1)}
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_ranks_share_one_run_directory(tmp_path):
+    args = [
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "-m",
+        "stalebench.cli",
+        "cluster.num_workers=2",
+        "budget.max_updates=30",
+        *FAST,
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        cwd=tmp_path,
+        timeout=110,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary,) = summaries(tmp_path)
+    assert summary["status"] == "completed" and summary["updates"] == 30
+    run_dirs = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_dir() and p.name != ".hydra" and (p / ".hydra").exists()
+    ]
+    assert len(run_dirs) == 1  # ranks > 0 made no Hydra directory of their own
+    logs = sorted(p.name for p in (run_dirs[0] / "logs").iterdir())
+    assert logs == ["rank-0.log", "rank-1.log", "rank-2.log"]
+
+
+def _pids(run_dir: Path) -> dict[int, int]:
+    pids = {}
+    for log in (run_dir / "logs").glob("rank-*.log"):
+        for line in log.read_text().splitlines():
+            if "process group ready" in line:
+                pids[int(log.stem.split("-")[1])] = int(line.split("(pid ")[1].split(")")[0])
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not a process left behind
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        "algorithm=ssp",
+        "budget.max_wall_s=60",
+        "timeout_s=10",
+        f"hydra.run.dir={run_dir}",
+        *FAST[:-1],
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stalebench.cli", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until all ranks run and updates flow
+            pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
+            updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
+            if len(pids) == 5 and len(updates) > 20:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run did not start")
+        killed_at = time.monotonic()
+        os.kill(pids[2], signal.SIGKILL)  # rank 2 = worker 1
+        out, err = proc.communicate(timeout=60)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "worker 1 (rank 2)" in summary["error"]
+    assert ended_after < 30, ended_after  # within the 10 s timeout plus shutdown
+    assert not [r for r, pid in pids.items() if _alive(pid)]
+    assert read_events(run_dir / "events.jsonl")[-1]["kind"] in ("eval", "system")
+
+
+@pytest.mark.timeout(120)
+def test_out_of_tree_plugin_is_found_through_entry_points(tmp_path):
+    # Make examples/plugin importable as an installed distribution: a dist-info directory
+    # with its entry point, on PYTHONPATH (what `pip install` would write).
+    site = tmp_path / "site"
+    info = site / "stalebench_signsgd-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: stalebench-signsgd\nVersion: 0.1.0\n"
+    )
+    (info / "entry_points.txt").write_text("[stalebench.plugins]\nsignsgd = stalebench_signsgd\n")
+    pythonpath = os.pathsep.join([str(site), str(ROOT / "examples" / "plugin")])
+    args = [
+        "algorithm=asp",
+        "algorithm/update=signsgd",
+        "algorithm.update.lr=0.01",
+        "cluster.num_workers=2",
+        "budget.max_updates=40",
+        "hydra.run.dir=run",
+        *FAST,
+    ]
+    done = stalebench(args, tmp_path, timeout=110, env={"PYTHONPATH": pythonpath})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert (summary["update_rule"], summary["algorithm"]) == ("signsgd", "asp+signsgd")
+    tests = [
+        e
+        for e in read_events(tmp_path / "run" / "events.jsonl")
+        if e["kind"] == "eval" and e["split"] == "train"
+    ]
+    assert tests[-1]["loss"] < tests[0]["loss"]
