@@ -7,8 +7,8 @@ tensors out; they know nothing of processes, sockets or time sources.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
@@ -34,6 +34,9 @@ class BarrierConfig(ComponentConfig):
 class UpdateConfig(ComponentConfig):
     lr: float = 0.1  # learning rate η
     weight_decay: float = 0.0  # L2 coefficient, added to the gradient at the server's θ
+    # linear warm-up of the learning rate from η/N to η over this many server updates
+    # (the DANA/GA simulators' schedule, ALGORITHMS.md §3.1); 0 = constant η
+    warmup_updates: int = 0
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -42,6 +45,14 @@ class UpdateConfig(ComponentConfig):
             raise ConfigError(
                 f"algorithm.update.weight_decay must be >= 0, got {self.weight_decay}"
             )
+        if self.warmup_updates < 0:
+            raise ConfigError(
+                f"algorithm.update.warmup_updates must be >= 0, got {self.warmup_updates}"
+            )
+
+
+def _no_emit(kind: str, t: float, **fields: Any) -> None:
+    pass
 
 
 class Barrier:
@@ -51,28 +62,60 @@ class Barrier:
         self.cfg = cfg
         self.num_workers = num_workers
         self.per_round = cfg.apply == "per_round"
+        # emit(kind, t, **fields): the engine points this at the run's event log, so a
+        # barrier can record its decisions (kind "barrier", with `worker` and `event`)
+        self.emit: Callable[..., None] = _no_emit
 
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
         """Called after a push from `worker` has been counted (clocks already advanced)."""
 
     def admit(self, worker: int, clocks: Sequence[int]) -> bool:
-        """May `worker` start step `clocks[worker]` now?"""
+        """May `worker` start step `clocks[worker]` now? Asked right after its push and
+        again after every later push while it waits."""
         raise NotImplementedError
 
 
 class UpdateRule:
-    """How a gradient with its lag changes θ (in place), and which parameters a worker reads."""
+    """How a gradient with its lag changes θ (in place), and which parameters a worker reads.
+
+    The engine calls `step` for every gradient (or a round's mean gradient, with worker −1);
+    rules implement `apply` and read the scheduled learning rate from `self.lr`."""
+
+    # True when the rule keeps per-worker state (momentum, read parameters): it cannot take
+    # a round's averaged gradient (`apply=per_round`), which belongs to no single worker.
+    per_worker: ClassVar[bool] = False
 
     def __init__(self, cfg: UpdateConfig, params: torch.Tensor, num_workers: int):
         self.cfg = cfg
         self.num_workers = num_workers
+        self.updates = 0  # gradients applied so far
+
+    @property
+    def lr(self) -> float:
+        """η, or the warm-up from η/N to η over `warmup_updates` updates."""
+        warm = self.cfg.warmup_updates
+        if not warm or self.updates >= warm:
+            return self.cfg.lr
+        start = self.cfg.lr / self.num_workers
+        return start + (self.cfg.lr - start) * self.updates / warm
+
+    def step(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
+        self.apply(params, grad, worker, lag)
+        self.updates += 1
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         raise NotImplementedError
 
     def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
-        """The parameters sent to `worker` for its next gradient (default: θ itself)."""
+        """The parameters sent to `worker` for its next gradient (default: θ itself). Called
+        when the worker is admitted; the result is sent before θ changes again."""
         return params
+
+    @classmethod
+    def worker_message(cls, cfg: UpdateConfig, grad: torch.Tensor, state: dict) -> torch.Tensor:
+        """Runs on the worker: what it sends for gradient `grad` (default: the gradient).
+        `state` is the worker's own dict, kept across its steps (e.g. DANA-Slim's momentum)."""
+        return grad
 
 
 BARRIERS: Registry[Barrier] = Registry("barrier", "algorithm/barrier", "algorithm.barrier")

@@ -23,7 +23,7 @@ class SGD(UpdateRule):
     """θ ← θ − η (g + wd·θ), whatever the gradient's lag (ASGD, ALGORITHMS.md §3.1)."""
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
-        params.add_(self.direction(params, grad), alpha=-self.cfg.lr)
+        params.add_(self.direction(params, grad), alpha=-self.lr)
 
     def direction(self, params: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if self.cfg.weight_decay:
@@ -55,4 +55,4 @@ class Momentum(SGD):
         g = self.direction(params, grad)
         self.buf.mul_(self.cfg.momentum).add_(g)
         step = g.add(self.buf, alpha=self.cfg.momentum) if self.cfg.nesterov else self.buf
-        params.add_(step, alpha=-self.cfg.lr)
+        params.add_(step, alpha=-self.lr)

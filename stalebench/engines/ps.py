@@ -50,6 +50,7 @@ class ParameterServer:
         self.params = params  # flat θ, updated in place
         self.barrier, self.rule, self.num_workers = barrier, rule, num_workers
         self.emit = emit  # emit(kind, t, **fields)
+        barrier.emit = emit
         self.version = 0
         self.clocks = [0] * num_workers  # steps completed per worker
         self.held: dict[int, float] = {}  # worker -> time its push arrived (waiting to start)
@@ -101,7 +102,7 @@ class ParameterServer:
                 grad.add_(p.grad)
             grad.div_(len(pushes))
         lag = max(self.version - p.version_read for p in pushes)
-        self.rule.apply(self.params, grad, worker, lag)
+        self.rule.step(self.params, grad, worker, lag)
         self.version += 1
         for p, record in zip(pushes, records, strict=True):
             self.emit(

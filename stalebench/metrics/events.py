@@ -5,6 +5,7 @@ Every event has `kind` and `t` (seconds since the run started). Kinds and their 
 - eval:   version, split, loss, accuracy (t is when the snapshot was taken)
 - worker: worker, event (e.g. stop)
 - system: event (start, end, error, ...) and its details
+- barrier: worker, event (a barrier's decision, e.g. DSSP's grant) and its details
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-KINDS = ("update", "eval", "worker", "system")
+KINDS = ("update", "eval", "worker", "system", "barrier")
 REQUIRED = {
     "update": ("worker", "clock", "version", "lag", "loss", "compute_s", "wait_s", "comm_s"),
     "eval": ("version", "split", "loss", "accuracy"),
     "worker": ("worker", "event"),
     "system": ("event",),
+    "barrier": ("worker", "event"),
 }
 
 
