@@ -294,6 +294,8 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     batches = shard_batches(
         job.splits, worker, cfg.cluster.num_workers, cfg.dataset.batch_size, cfg.seed
     )
+    rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
+    rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
     target_s = job.profile.compute_target_s(worker)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
     warmup = slice(0, cfg.dataset.batch_size)
@@ -308,7 +310,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         start = time.perf_counter()
         vector_to_parameters(inbox[HEADER:].to(device), params)
         grad, loss_value = _gradient(model, params, next(batches), device)
-        out[HEADER:] = grad
+        out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
         elapsed = time.perf_counter() - start
         if target_s > elapsed:  # the profile's slowness, on top of the real compute
             time.sleep(target_s - elapsed)
