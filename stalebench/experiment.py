@@ -55,6 +55,13 @@ def prepare(cfg: RunConfig) -> None:
         (DATASETS, cfg.dataset),
     ):
         registry.get(part.name)
+    rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
+    if cfg.algorithm.barrier.apply == "per_round" and rule_cls.per_worker:
+        raise ConfigError(
+            f"algorithm.update={cfg.algorithm.update.name} keeps per-worker state and cannot "
+            "take a round's averaged gradient (algorithm.barrier.apply=per_round); use a "
+            "barrier that applies per arrival"
+        )
     if cfg.device == "cuda":
         import torch
 
