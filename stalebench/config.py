@@ -13,8 +13,8 @@ from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig
 
-RUNTIMES = ("real",)
-ENGINES = ("ps",)
+RUNTIMES = ("real", "sim")
+ENGINES = ("ps", "allreduce")
 LOGGERS = ("none", "local")
 
 
@@ -84,8 +84,10 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
-    runtime: str = "real"  # real: one OS process per role over torch.distributed
-    engine: str = "ps"  # ps: parameter server (rank 0) and workers (ranks 1..N)
+    # real: one OS process per role over torch.distributed; sim: discrete-event, virtual time
+    runtime: str = "real"
+    # ps: parameter server (rank 0) and workers (ranks 1..N); allreduce: N replicas, DDP-style
+    engine: str = "ps"
     device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)
     seed: int = 0
     num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
@@ -97,6 +99,8 @@ class RunConfig:
             raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine: unknown {self.engine!r}; known: {', '.join(ENGINES)}")
+        if self.runtime == "sim" and self.engine != "ps":
+            raise ConfigError(f"runtime=sim runs engine=ps only, got engine={self.engine}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.num_threads < 1:

@@ -62,6 +62,16 @@ def prepare(cfg: RunConfig) -> None:
             "take a round's averaged gradient (algorithm.barrier.apply=per_round); use a "
             "barrier that applies per arrival"
         )
+    if cfg.engine == "allreduce" and not BARRIERS.get(cfg.algorithm.barrier.name)[0].synchronous:
+        sync = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].synchronous]
+        raise ConfigError(
+            f"engine=allreduce is synchronous: algorithm.barrier must be one of "
+            f"{', '.join(sync)}, got {cfg.algorithm.barrier.name!r}"
+        )
+    if cfg.runtime == "sim" and cfg.cluster.compute_ms <= 0:
+        raise ConfigError(
+            "runtime=sim needs a step time: set cluster.compute_ms > 0 (virtual ms per step)"
+        )
     if cfg.device == "cuda":
         import torch
 
@@ -112,6 +122,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
     prepare(cfg)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    if cfg.runtime == "sim":
+        from stalebench.runtime import sim
+
+        return sim.launch(cfg)
     from stalebench.runtime import real
 
     return real.launch(cfg)

@@ -50,6 +50,8 @@ class BSP(SSP):
     """Bulk Synchronous Parallel (Valiant 1990; synchronous SGD): every worker waits for the
     round to finish, and the round's gradients are averaged into one update."""
 
+    synchronous = True
+
     def __init__(self, cfg: BSPConfig, num_workers: int, seed: int = 0):
         Barrier.__init__(self, cfg, num_workers, seed)
         self.staleness = 0

@@ -58,6 +58,10 @@ def _no_emit(kind: str, t: float, **fields: Any) -> None:
 class Barrier:
     """When may a worker start its next step. `clocks[i]` = steps worker i has completed."""
 
+    # True when every worker waits for the whole round and the round is one update (BSP):
+    # only such a barrier can run on the allreduce engine, where the all-reduce is the barrier
+    synchronous: ClassVar[bool] = False
+
     def __init__(self, cfg: BarrierConfig, num_workers: int, seed: int = 0):
         self.cfg = cfg
         self.num_workers = num_workers

@@ -11,7 +11,6 @@ Integer header slots are written through an int32 view, so clocks and versions a
 from __future__ import annotations
 
 import logging
-import math
 import os
 import queue
 import threading
@@ -23,17 +22,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import vector_to_parameters
 
-from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.base import UPDATES
 from stalebench.config import RunConfig
 from stalebench.data import shard_batches
-from stalebench.engines.ps import ParameterServer, Push
+from stalebench.engines.ps import Push
 from stalebench.errors import RunError
-from stalebench.evaluation import Snapshots, evaluate_snapshots
 from stalebench.experiment import Job, meta
-from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize, write_json
+from stalebench.runtime.allreduce import replica
+from stalebench.runtime.common import RunRecord, diverged, gradient, parameter_server, spent
 
 log = logging.getLogger("stalebench")
 
@@ -121,20 +120,12 @@ class Server:
 
     def __init__(self, job: Job, run_dir: Path, transport: Transport):
         cfg = job.cfg
-        self.job, self.cfg, self.run_dir, self.transport = job, cfg, run_dir, transport
+        self.job, self.cfg, self.transport = job, cfg, transport
         self.n = cfg.cluster.num_workers
-        self.model = job.model()
-        self.events = EventLog(run_dir / "events.jsonl")
-        params = parameters_to_vector(self.model.parameters()).detach().clone()
-        self.size = HEADER + params.numel()
-        self.ps = ParameterServer(
-            params,
-            BARRIERS.build(cfg.algorithm.barrier, self.n, cfg.seed),
-            UPDATES.build(cfg.algorithm.update, params, self.n),
-            self.n,
-            self.events.emit,
-        )
-        self.snapshots = Snapshots(cfg.eval)
+        self.record = RunRecord(job, run_dir)
+        self.model, self.ps = parameter_server(job, self.record.events.emit)
+        self.snapshots = self.record.snapshots
+        self.size = HEADER + self.ps.params.numel()
         self.inbox: queue.Queue = queue.Queue()
         self.receivers = [Receiver(transport, w, self.size, self.inbox) for w in range(self.n)]
         self.out = torch.empty(self.size)
@@ -144,15 +135,21 @@ class Server:
     def serve(self) -> dict[str, Any]:
         status, error = "completed", None
         self.t0 = time.perf_counter()
-        self.events.emit("system", 0.0, event="start", unix_time=time.time(), **meta(self.cfg))
         try:
             status = self._loop()
         except Exception as exc:
             status, error = "failed", str(exc)
             log.error("server: %s\n%s", exc, traceback.format_exc())
-            self.events.emit("system", self.now(), event="error", error=error)
             self._stop(set(self.ps.held))
-        return self._finish(status, error)
+        return self.record.finish(
+            self.model,
+            self.ps.params,
+            self.ps.version,
+            self.now(),
+            status,
+            error,
+            bytes_sent=self.transport.bytes_sent,
+        )
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -177,12 +174,9 @@ class Server:
             replies = ps.on_push(push, self.now())
             t = self.now()
             self.snapshots.maybe(t, ps.version, ps.params)
-            if not math.isfinite(push.loss) or not torch.isfinite(ps.params).all():
+            if diverged(push.loss, ps.params):
                 status = "diverged"
-            spent = (budget.max_updates and ps.version >= budget.max_updates) or (
-                budget.max_wall_s and t >= budget.max_wall_s
-            )
-            if status == "diverged" or spent:
+            if status == "diverged" or spent(budget, ps.version, t):
                 self._stop(set(ps.held) | {r.worker for r in replies})
             else:
                 self._send(replies)
@@ -255,32 +249,6 @@ class Server:
             except Exception as exc:  # best effort on the failure path
                 log.warning("could not stop worker %d: %s", w, exc)
 
-    def _finish(self, status: str, error: str | None) -> dict[str, Any]:
-        t_end = self.now()
-        self.snapshots.take(t_end, self.ps.version, self.ps.params)
-        self.events.emit(
-            "system",
-            t_end,
-            event="end",
-            status=status,
-            bytes_sent=self.transport.bytes_sent,
-            updates=self.ps.version,
-        )
-        evaluate_snapshots(
-            self.snapshots.taken,
-            self.model,
-            self.job.splits,
-            self.cfg.eval,
-            self.cfg.seed,
-            self.events.emit,
-        )
-        vector_to_parameters(self.ps.params, self.model.parameters())
-        torch.save(self.model.state_dict(), self.run_dir / "model.pt")
-        self.events.close()
-        return finalize(
-            self.run_dir, meta(self.cfg), status, error, self.cfg.budget.target_accuracy
-        )
-
 
 def work(job: Job, worker: int, transport: Transport) -> None:
     """Rank worker+1: read θ, compute a gradient on the next minibatch of its shard, pad the
@@ -299,7 +267,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     target_s = job.profile.compute_target_s(worker)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
     warmup = slice(0, cfg.dataset.batch_size)
-    _gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
+    gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
     clock, pushed_at = 0, None
     while True:
         transport.recv(inbox, 0)
@@ -309,7 +277,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
             return
         start = time.perf_counter()
         vector_to_parameters(inbox[HEADER:].to(device), params)
-        grad, loss_value = _gradient(model, params, next(batches), device)
+        grad, loss_value = gradient(model, params, next(batches), device)
         out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
         elapsed = time.perf_counter() - start
         if target_s > elapsed:  # the profile's slowness, on top of the real compute
@@ -320,14 +288,6 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         pushed_at = time.perf_counter()
         transport.send(out, 0)
         clock += 1
-
-
-def _gradient(model, params, batch, device) -> tuple[torch.Tensor, float]:
-    """Flat CPU gradient of the mean cross-entropy on one minibatch, and the loss."""
-    x, y = batch
-    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-    grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.reshape(-1) for g in grads]).cpu(), loss.item()
 
 
 def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
@@ -342,9 +302,11 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
     """One process's part in a run; returns its exit code. With `store` None the process
     group forms from the environment (torchrun); rank 0 then tells the others the run dir."""
     torch.set_num_threads(cfg.num_threads)
-    n = cfg.cluster.num_workers
-    if world_size != n + 1:
-        raise RunError(f"world size {world_size} != cluster.num_workers + 1 = {n + 1}")
+    if world_size != world_size_of(cfg):
+        raise RunError(
+            f"world size {world_size} != {world_size_of(cfg)}, what engine="
+            f"{cfg.engine} needs for cluster.num_workers={cfg.cluster.num_workers}"
+        )
     timeout = timedelta(seconds=cfg.timeout_s)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
@@ -356,20 +318,33 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
     log.info("rank %d of %d (pid %d): process group ready", rank, world_size, os.getpid())
     transport = Transport(cfg.timeout_s)
     job = Job.build(cfg)
+    summary = None
     try:
-        if rank == 0:
+        if cfg.engine == "allreduce":
+            summary = replica(job, rank, run_dir)
+        elif rank == 0:
             summary = Server(job, run_dir, transport).serve()
-            log.info("server done: %s", summary["status"])
         else:
             work(job, rank - 1, transport)
-            log.info("worker %d done", rank - 1)
+        log.info("%s done%s", rank_name(cfg, rank), f": {summary['status']}" if summary else "")
     except Exception as exc:
-        log.error("rank %d: %s\n%s", rank, exc, traceback.format_exc())
+        log.error("%s: %s\n%s", rank_name(cfg, rank), exc, traceback.format_exc())
         return 1
-    if rank == 0 and summary["status"] != "completed":
+    if summary and summary["status"] != "completed":
         return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
     dist.destroy_process_group()
     return 0
+
+
+def world_size_of(cfg: RunConfig) -> int:
+    n = cfg.cluster.num_workers
+    return n if cfg.engine == "allreduce" else n + 1
+
+
+def rank_name(cfg: RunConfig, rank: int) -> str:
+    if cfg.engine == "allreduce":
+        return f"worker {rank} (rank {rank})"
+    return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
 
 def _child(cfg: RunConfig, rank: int, world_size: int, host: str, port: int) -> None:
@@ -386,7 +361,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     run_dir = Path(cfg.run_dir)
-    n = cfg.cluster.num_workers
+    world = world_size_of(cfg)
     store = dist.TCPStore(
         "127.0.0.1",
         0,
@@ -398,11 +373,11 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     procs = [
         ctx.Process(
             target=_child,
-            args=(cfg, r, n + 1, "127.0.0.1", store.port),
+            args=(cfg, r, world, "127.0.0.1", store.port),
             daemon=True,
             name=f"stalebench-rank-{r}",
         )
-        for r in range(n + 1)
+        for r in range(world)
     ]
     # Longest a healthy run can take: start-up, the budget, a stop, the evaluation.
     allowed_s = cfg.budget.max_wall_s + 2 * cfg.timeout_s + 120 if cfg.budget.max_wall_s else None
@@ -417,7 +392,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
             if dead and failed_at is None:
                 r = dead[0]
-                error = f"worker {r - 1} (rank {r}, pid {procs[r].pid}) exited with " + _exit(
+                error = f"{rank_name(cfg, r)} (pid {procs[r].pid}) exited with " + _exit(
                     procs[r].exitcode
                 )
                 failed_at = time.monotonic()
@@ -429,7 +404,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
                 break
         if procs[0].exitcode not in (None, 0) and status is None:
             status = "failed"
-            error = f"server (rank 0) exited with {_exit(procs[0].exitcode)}" + (
+            error = f"{rank_name(cfg, 0)} exited with {_exit(procs[0].exitcode)}" + (
                 f"; {error}" if error else ""
             )
     except KeyboardInterrupt:

@@ -1,0 +1,144 @@
+"""Momentum for asynchronous workers: one server buffer per worker (Multi-ASGD) and DANA's
+look-ahead, which sends each worker where θ will be once every worker's momentum has
+applied once more (ALGORITHMS.md §3.2, §9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from stalebench.algorithms.base import UPDATES, UpdateConfig
+from stalebench.algorithms.staleness import per_worker_copies, worker_slot
+from stalebench.algorithms.updates import SGD
+from stalebench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _check_momentum(momentum: float) -> None:
+    if not 0.0 <= momentum < 1.0:
+        raise ConfigError(f"algorithm.update.momentum must be in [0, 1), got {momentum}")
+
+
+@dataclasses.dataclass
+class MultiMomentumConfig(UpdateConfig):
+    momentum: float = 0.9  # γ of each worker's own buffer at the server
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum)
+
+
+@UPDATES.register("multi_momentum", MultiMomentumConfig)
+class MultiMomentum(SGD):
+    """Multi-ASGD: the server keeps one heavy-ball buffer per worker, v_i ← γv_i + (g + wd·θ);
+    θ ← θ − ηv_i (the DANA paper's baseline, ALGORITHMS.md §3.2; DANA-Zero without its
+    look-ahead)."""
+
+    per_worker = True
+
+    def __init__(self, cfg: MultiMomentumConfig, params: torch.Tensor, num_workers: int):
+        super().__init__(cfg, params, num_workers)
+        self.bufs = params.new_zeros((num_workers, *params.shape))  # v_i, one row per worker
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
+        v = self.bufs[worker_slot(self, worker, self.num_workers)]
+        v.mul_(self.cfg.momentum).add_(self.direction(params, grad))
+        params.add_(v, alpha=-self.lr)
+
+
+DANA_VARIANTS = ("zero", "slim", "dc")
+
+
+@dataclasses.dataclass
+class DanaConfig(UpdateConfig):
+    momentum: float = 0.9  # γ of every worker's momentum
+    # zero: per-worker buffers at the server; slim: buffers on the workers, the server keeps
+    # only the look-ahead Φ; dc: zero plus delay compensation of each gradient
+    variant: str = "zero"
+    dc_lambda: float = 2.0  # λ of variant dc, unnormalised as in the DANA code (A-DANA-2)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_momentum(self.momentum)
+        if self.variant not in DANA_VARIANTS:
+            raise ConfigError(
+                f"algorithm.update.variant must be one of {', '.join(DANA_VARIANTS)}, "
+                f"got {self.variant!r}"
+            )
+        if not (self.dc_lambda >= 0 and math.isfinite(self.dc_lambda)):
+            raise ConfigError(
+                f"algorithm.update.dc_lambda must be finite and >= 0, got {self.dc_lambda}"
+            )
+
+
+@UPDATES.register("dana", DanaConfig)
+class Dana(SGD):
+    """DANA: each worker computes its gradient at the look-ahead θ − ηγ·Σ_j v_j, where θ will be
+    after every worker's momentum applies once more, Hakimi et al., arXiv 1907.11612
+    (ALGORITHMS.md §9).
+
+    zero (§9.2): per-worker buffers v_i ← γv_i + (g + wd·θ), θ ← θ − ηv_i, running sum S of
+    the v_i; `params_for` sends θ − ηγS with the current η (small during warm-up).
+    dc (§9.4): zero, with g ← g + λ·g⊙g⊙(θ − θ̂_i) before weight decay and momentum, θ̂_i the
+    look-ahead last sent to worker i (θ₀ until then).
+    slim (§9.3): the workers keep their buffers (`worker_message` sends m = γv_i + g, v_i
+    already updated); the server keeps only Φ, applies Φ ← Φ − η(m + wd·Φ) and sends Φ.
+    It equals zero's look-ahead exactly only for constant η and wd = 0 (weight decay and a
+    changing η act on Φ, not on θ); it keeps no per-worker server state, but `per_worker`
+    is a class attribute and stays True: its messages belong to one worker's momentum, so a
+    round's average of them is not DANA either."""
+
+    per_worker = True
+
+    def __init__(self, cfg: DanaConfig, params: torch.Tensor, num_workers: int):
+        super().__init__(cfg, params, num_workers)
+        self.slim = cfg.variant == "slim"
+        if not self.slim:
+            self.bufs = params.new_zeros((num_workers, *params.shape))  # v_i, one row each
+            self.buf_sum = params.new_zeros(params.shape)  # S = Σ_i v_i
+        # θ̂_i for delay compensation: the look-ahead sent to worker i
+        self.sent = per_worker_copies(params, num_workers) if cfg.variant == "dc" else None
+        if not self.slim and self.sent is None:
+            self.ahead = params.new_zeros(params.shape)  # what `params_for` returns
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
+        i = worker_slot(self, worker, self.num_workers)  # slim too: m is one worker's momentum
+        if self.slim:
+            params.add_(self.direction(params, grad), alpha=-self.lr)
+            return
+        if self.sent is not None:
+            correction = params.sub(self.sent[i]).mul_(grad).mul_(grad)
+            grad = grad.add(correction, alpha=self.cfg.dc_lambda)
+        g = self.direction(params, grad)
+        v = self.bufs[i]
+        self.buf_sum.sub_(v)  # S ← S − v_old + v_new
+        v.mul_(self.cfg.momentum).add_(g)
+        self.buf_sum.add_(v)
+        params.add_(v, alpha=-self.lr)
+
+    def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
+        if self.slim:
+            return params  # Φ is already the look-ahead
+        if self.sent is None:
+            # One buffer for every admitted worker: θ and S do not change until the replies
+            # are sent, so workers admitted together are sent the same look-ahead.
+            ahead = self.ahead
+        else:
+            ahead = self.sent[worker_slot(self, worker, self.num_workers)]
+        ahead.copy_(params).add_(self.buf_sum, alpha=-self.lr * self.cfg.momentum)
+        return ahead
+
+    @classmethod
+    def worker_message(cls, cfg: DanaConfig, grad: torch.Tensor, state: dict) -> torch.Tensor:
+        """slim: v ← γv + g (v kept in `state`, zeros at first); send γv + g. Else: g."""
+        if cfg.variant != "slim":
+            return grad
+        v = state.get("v")
+        if v is None:
+            v = state["v"] = grad.new_zeros(grad.shape)
+        v.mul_(cfg.momentum).add_(grad)
+        return grad.add(v, alpha=cfg.momentum)

@@ -1,0 +1,143 @@
+"""DSSP: a staleness threshold that moves inside [s_low, s_high] (ALGORITHMS.md §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from stalebench.algorithms.base import BARRIERS, Barrier, BarrierConfig
+from stalebench.errors import ConfigError
+
+CONTROLLERS = ("next_push", "multi")
+
+
+@dataclasses.dataclass
+class DSSPConfig(BarrierConfig):
+    s_low: int = 3  # s_L: every worker may run this many steps ahead of the slowest
+    s_high: int = 15  # s_U: never more than this many (r_max = s_high − s_low extra steps)
+    # A-DSSP-1: does the OK sent with a grant of r* extra steps use up one of them?
+    # False = the paper's "OK now, then decrement on each later push" (r* + 1 steps in all)
+    grant_consumes_ok: bool = False
+    # A-DSSP-2: next_push = aim at the slowest worker's next push (the paper);
+    # multi = aim at the nearest of its next r_max + 1 pushes (third-party TF code)
+    controller: str = "next_push"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.s_low < 0:
+            raise ConfigError(f"algorithm.barrier.s_low must be >= 0, got {self.s_low}")
+        if self.s_high < self.s_low:
+            raise ConfigError(
+                f"algorithm.barrier.s_high must be >= algorithm.barrier.s_low ({self.s_low}), "
+                f"got {self.s_high}"
+            )
+        if self.controller not in CONTROLLERS:
+            raise ConfigError(
+                "algorithm.barrier.controller must be 'next_push' or 'multi', "
+                f"got {self.controller!r}"
+            )
+
+
+def sync_controller(
+    last_p: float,
+    interval_p: float,
+    last_q: float,
+    interval_q: float,
+    r_max: int,
+    multi: bool = False,
+) -> tuple[int, float]:
+    """The paper's SyncController: the number of extra steps r* ∈ [0, r_max] after which the
+    fastest worker p would push closest in time to a push of the slowest worker q, and that
+    predicted idle time |T_p(r*) − T_q|. T_p(k) = last_p + k·I_p; T_q = last_q + I_q, or with
+    `multi` the nearest of last_q + j·I_q, j = 1..r_max + 1. Ties go to the smaller k."""
+    targets = [last_q + j * interval_q for j in range(1, (r_max + 1 if multi else 1) + 1)]
+    best_k, best_wait = 0, float("inf")
+    for k in range(r_max + 1):
+        t_p = last_p + k * interval_p
+        wait = min(abs(t_p - t_q) for t_q in targets)
+        if wait < best_wait:  # strict: the smallest k wins a tie
+            best_k, best_wait = k, wait
+    return best_k, best_wait
+
+
+@BARRIERS.register("dssp", DSSPConfig)
+class DSSP(Barrier):
+    """Dynamic Stale Synchronous Parallel (Zhao et al., ICDCS 2019): a worker runs at most
+    s_low steps ahead of the slowest, except that the fastest one may be granted r* ≤ r_max
+    extra steps, chosen from recent push intervals so that it next pushes when the slowest does.
+
+    Decisions are taken at each push of p (`observe_push`, §5.2): use up a remaining grant
+    (r[p] > 0), else proceed within s_low, else — for the fastest worker only — ask the
+    controller for r* and proceed now if r* > 0; otherwise wait until the gap is ≤ s_low.
+
+    Hard bound: `admit` never lets a worker start a step more than s_high ahead of the slowest,
+    so the effective threshold stays in [s_low, s_high]. The paper's rule alone does not ensure
+    it: its non-consuming OK (`grant_consumes_ok=False`) lets a grant of r_max run r_max + 1
+    steps past s_low, and once a grant is used up the controller may grant again to a worker
+    already at s_high. Such a step keeps its OK but waits until the gap is ≤ s_high again.
+    """
+
+    def __init__(self, cfg: DSSPConfig, num_workers: int, seed: int = 0):
+        super().__init__(cfg, num_workers, seed)
+        self.s_low, self.s_high = cfg.s_low, cfg.s_high
+        self.r_max = cfg.s_high - cfg.s_low
+        self.multi = cfg.controller == "multi"
+        self.consumes_ok = cfg.grant_consumes_ok
+        # the last two push times of each worker (server clock, seconds), newest last
+        self.push_times: list[list[float]] = [[] for _ in range(num_workers)]
+        self.remaining = [0] * num_workers  # r[i]: extra steps still granted to worker i
+        # the step each worker was told it may start beyond s_low (−1: none); the grant holds
+        # for that step only, so admission re-checks can't leak it into a later step
+        self.ok_step = [-1] * num_workers
+        self.grants = 0  # controller decisions with r* > 0
+        self.bound_holds = 0  # pushes whose OK the s_high bound deferred
+
+    def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
+        times = self.push_times[worker]
+        times.append(now)
+        del times[:-2]
+        gap = clocks[worker] - min(clocks)
+        if self.remaining[worker] > 0:
+            self.remaining[worker] -= 1
+            self._ok(worker, clocks)
+        elif gap <= self.s_low:
+            pass  # admit's own s_low test lets it through
+        elif clocks[worker] == max(clocks):
+            extra = self._decide(worker, clocks, gap, now)
+            if extra > 0:
+                self.grants += 1
+                self.remaining[worker] = extra - 1 if self.consumes_ok else extra
+                self._ok(worker, clocks)
+        # else: a worker that is not the fastest waits until the gap is ≤ s_low
+
+    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
+        gap = clocks[worker] - min(clocks)
+        if self.ok_step[worker] == clocks[worker]:
+            return gap <= self.s_high
+        return gap <= self.s_low
+
+    def _ok(self, worker: int, clocks: Sequence[int]) -> None:
+        self.ok_step[worker] = clocks[worker]
+        if clocks[worker] - min(clocks) > self.s_high:
+            self.bound_holds += 1
+
+    def _decide(self, p: int, clocks: Sequence[int], gap: int, now: float) -> int:
+        slowest = min(clocks)
+        q = next(i for i, c in enumerate(clocks) if c == slowest)  # ties: lowest index
+        tp, tq = self.push_times[p], self.push_times[q]
+        if len(tp) < 2 or len(tq) < 2:  # no interval to predict from yet
+            extra, wait = 0, None
+        else:
+            extra, wait = sync_controller(
+                tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], self.r_max, self.multi
+            )
+        self.emit(
+            "barrier",
+            now,
+            worker=p,
+            event="dssp_grant",
+            extra=extra,
+            predicted_wait_s=wait,
+            clock_gap=gap,
+        )
+        return extra

@@ -1,0 +1,88 @@
+"""What every runtime does the same way: build the run's pieces, judge the budget and
+divergence, compute a worker's gradient, and close the run directory."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.config import BudgetConfig
+from stalebench.engines.ps import ParameterServer
+from stalebench.evaluation import Snapshots, evaluate_snapshots
+from stalebench.experiment import Job, meta
+from stalebench.metrics.events import EventLog
+from stalebench.metrics.summary import finalize
+
+
+class RunRecord:
+    """The run directory being written: events, θ snapshots, and the final files."""
+
+    def __init__(self, job: Job, run_dir: Path):
+        self.job, self.run_dir = job, Path(run_dir)
+        self.events = EventLog(self.run_dir / "events.jsonl")
+        self.snapshots = Snapshots(job.cfg.eval)
+        # the host's load goes to summary.json only: events stay a function of config and
+        # seed (byte-identical in the sim runtime)
+        labels = {k: v for k, v in meta(job.cfg).items() if k != "host"}
+        self.events.emit("system", 0.0, event="start", **labels)
+
+    def finish(
+        self,
+        model: torch.nn.Module,
+        params: torch.Tensor,
+        version: int,
+        t_end: float,
+        status: str,
+        error: str | None,
+        **end_fields: Any,
+    ) -> dict[str, Any]:
+        """Final snapshot, the end event, the evaluations (off the clock), model.pt, and
+        summary.json / metrics.parquet."""
+        cfg = self.job.cfg
+        if error:
+            self.events.emit("system", t_end, event="error", error=error)
+        self.snapshots.take(t_end, version, params)
+        self.events.emit("system", t_end, event="end", status=status, updates=version, **end_fields)
+        evaluate_snapshots(
+            self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, self.events.emit
+        )
+        vector_to_parameters(params, model.parameters())
+        torch.save(model.state_dict(), self.run_dir / "model.pt")
+        self.events.close()
+        return finalize(self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy)
+
+
+def parameter_server(job: Job, emit) -> tuple[torch.nn.Module, ParameterServer]:
+    """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
+    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    model = job.model()
+    params = parameters_to_vector(model.parameters()).detach().clone()
+    barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
+    rule = UPDATES.build(cfg.algorithm.update, params, n)
+    return model, ParameterServer(params, barrier, rule, n, emit)
+
+
+def spent(budget: BudgetConfig, version: int, t: float) -> bool:
+    return bool(
+        (budget.max_updates and version >= budget.max_updates)
+        or (budget.max_wall_s and t >= budget.max_wall_s)
+    )
+
+
+def diverged(loss: float, params: torch.Tensor) -> bool:
+    return not math.isfinite(loss) or not bool(torch.isfinite(params).all())
+
+
+def gradient(
+    model: torch.nn.Module, params: list[torch.Tensor], batch, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    """Flat CPU gradient of the mean cross-entropy on one minibatch, and the loss."""
+    x, y = batch
+    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    grads = torch.autograd.grad(loss, params)
+    return torch.cat([g.reshape(-1) for g in grads]).cpu(), loss.item()
