@@ -70,11 +70,11 @@ class DSSP(Barrier):
     (r[p] > 0), else proceed within s_low, else — for the fastest worker only — ask the
     controller for r* and proceed now if r* > 0; otherwise wait until the gap is ≤ s_low.
 
-    Hard bound: `admit` never lets a worker start a step more than s_high ahead of the slowest,
-    so the effective threshold stays in [s_low, s_high]. The paper's rule alone does not ensure
-    it: its non-consuming OK (`grant_consumes_ok=False`) lets a grant of r_max run r_max + 1
-    steps past s_low, and once a grant is used up the controller may grant again to a worker
-    already at s_high. Such a step keeps its OK but waits until the gap is ≤ s_high again.
+    Bound: the effective threshold stays in [s_low, s_high]. The paper's rule alone does not
+    ensure it (a grant of r_max with the non-consuming OK runs r_max + 1 steps past s_low, and
+    once a grant is used up the controller may grant again without limit), so the controller
+    searches only k ≤ min(r_max, s_high − gap), the room left below s_high; `admit` also
+    refuses any step past s_high as a safety net (`bound_holds` counts it, and stays 0).
     """
 
     def __init__(self, cfg: DSSPConfig, num_workers: int, seed: int = 0):
@@ -128,8 +128,12 @@ class DSSP(Barrier):
         if len(tp) < 2 or len(tq) < 2:  # no interval to predict from yet
             extra, wait = 0, None
         else:
+            # Grant only what keeps the step within s_high: the effective threshold stays in
+            # [s_low, s_high] by construction (the paper's r_max alone would let a fastest
+            # worker be re-granted after each grant ran out, without bound).
+            room = min(self.r_max, self.cfg.s_high - gap)
             extra, wait = sync_controller(
-                tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], self.r_max, self.multi
+                tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], max(room, 0), self.multi
             )
         self.emit(
             "barrier",
