@@ -1,6 +1,13 @@
 """Barriers and update rules; importing this package registers the built-ins."""
 
-from stalebench.algorithms import barriers, dssp, psp, updates  # noqa: F401
+from stalebench.algorithms import (  # noqa: F401
+    barriers,
+    dana,
+    dssp,
+    psp,
+    staleness,
+    updates,
+)
 from stalebench.algorithms.base import (  # noqa: F401
     BARRIERS,
     UPDATES,

@@ -1,0 +1,73 @@
+"""Every registered barrier and update rule, and every preset, in both runtimes: a few
+steps with a server and 3 workers on CPU; loss falls; no deadlock within the timeout;
+events match the schema; summary.json complete. New registrations are picked up here
+without a new test."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import pytest
+
+from stalebench.algorithms import BARRIERS, UPDATES
+from stalebench.metrics.events import schema_errors
+from stalebench.registry import load_plugins
+from tests.conftest import run_job
+from tests.integration.test_real_runtime import SUMMARY_FIELDS
+
+load_plugins()
+PRESETS = sorted(
+    f.name.removesuffix(".yaml")
+    for f in files("stalebench.conf").joinpath("algorithm").iterdir()
+    if f.name.endswith(".yaml")
+)
+# Each barrier with plain SGD; each update rule behind ASP; each preset as shipped.
+CASES = (
+    [
+        pytest.param([f"algorithm/barrier={b}", "algorithm/update=sgd"], id=f"barrier-{b}")
+        for b in BARRIERS.names()
+    ]
+    + [
+        pytest.param(["algorithm/barrier=asp", f"algorithm/update={u}"], id=f"update-{u}")
+        for u in UPDATES.names()
+    ]
+    + [pytest.param([f"algorithm={p}"], id=f"preset-{p}") for p in PRESETS]
+)
+COMMON = [
+    "cluster.num_workers=3",
+    "cluster.slowdown=[1,1.5,2]",
+    "budget.max_updates=60",
+    "algorithm.update.lr=0.05",
+]
+
+
+def check(summary, events):
+    assert summary["status"] == "completed", summary["error"]
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["updates"] == 60
+    bad = [(e, schema_errors(e)) for e in events if schema_errors(e)]
+    assert not bad, bad[:3]
+    train = sorted(
+        (e for e in events if e["kind"] == "eval" and e["split"] == "train"),
+        key=lambda e: e["version"],
+    )
+    assert train[-1]["loss"] < train[0]["loss"], (train[0], train[-1])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("overrides", CASES)
+def test_sim_runtime(tmp_path, overrides):
+    check(*run_job(tmp_path, ["runtime=sim", *COMMON, *overrides])[:2])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides", CASES)
+def test_real_runtime(tmp_path, overrides):
+    check(*run_job(tmp_path, [*COMMON, *overrides])[:2])
+
+
+def test_the_test_only_plugin_is_in_the_suite():
+    ids = [case.id for case in CASES]
+    assert "barrier-test_mean_lead" in ids
+    assert {f"preset-{p}" for p in ("bsp", "asp", "ssp")} <= set(ids)
