@@ -163,3 +163,30 @@ def test_allreduce_bsp_reaches_the_parameters_of_ps_bsp(tmp_path):
     pa, pb = torch.load(ps.dir / "model.pt"), torch.load(ar.dir / "model.pt")
     for k in pa:  # the same up to the all-reduce's summation order
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_any_barrier_composes_with_any_update_rule(tmp_path):
+    run = sim(
+        tmp_path,
+        "ssp_ga",
+        "algorithm/barrier=ssp",
+        "algorithm/update=gap_aware",
+        "algorithm.update.momentum=0.9",
+        "algorithm.update.lr=0.05",
+    )
+    assert run.summary["status"] == "completed"
+    assert (run.summary["algorithm"], run.summary["barrier"], run.summary["update_rule"]) == (
+        "ssp+gap_aware",
+        "ssp",
+        "gap_aware",
+    )
+    assert run.summary["max_clock_gap"] <= 3
+
+
+@pytest.mark.timeout(60)
+def test_per_worker_rules_refuse_a_rounds_average(tmp_path):
+    from stalebench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.update=dana .*per_round"):
+        sim(tmp_path, "bsp_dana", "algorithm=bsp", "algorithm/update=dana")
