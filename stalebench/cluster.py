@@ -1,64 +1,181 @@
-"""Cluster profiles: how many workers and how slow each one is.
+"""Cluster profiles, one schema for both runtimes: how many workers, how long each one's
+steps take (a compute-time model × a per-worker speed multiplier × transient stragglers),
+how slow the network is per message and direction, and scheduled faults.
 
-A worker's emulated compute time per step is `compute_ms × slowdown[i]`; the real runtime
-measures the real compute time and sleeps the difference, so a profile slows compute only
-(never faster than the hardware). With `compute_ms = 0` only real compute counts.
+Every draw comes from a stream of the worker's own, seeded by (seed, worker): step k of
+worker w takes the same time in the real and the sim runtime, and one seed gives one
+straggler pattern. The real runtime measures its real compute and sleeps up to the drawn
+time (a profile can slow compute, never speed it up); the sim runtime advances its virtual
+clock by the drawn time.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
+from pathlib import Path
+
+import numpy as np
 
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
+
+COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
+FAULT_ACTIONS = ("pause", "die")
+
+
+@dataclasses.dataclass
+class FaultConfig:
+    worker: int = 0
+    at_s: float = 0.0  # run time (s, real or virtual) after which the fault strikes
+    action: str = "pause"  # pause: the worker goes silent for duration_s; die: it exits
+    duration_s: float = 0.0  # pause length (s)
 
 
 @dataclasses.dataclass
 class ClusterConfig(ComponentConfig):
     preset: str = "custom"  # the profile's name in reports (set by conf/cluster presets)
     num_workers: int = 4
-    compute_ms: float = 0.0  # emulated compute time of one step on a speed-1 worker (ms)
-    # per-worker slowdown multipliers; empty = derive from slow_fraction and slow_factor
+    # compute time of one step on a speed-1 worker: constant, gamma, lognormal or trace
+    compute: str = "constant"
+    compute_ms: float = 0.0  # its mean (ms); 0 = real compute only (real runtime)
+    gamma_shape: float = 100.0  # k of Gamma(k, compute_ms / k): coefficient of variation 1/√k
+    lognormal_sigma: float = 0.5  # σ of the log; the mean stays compute_ms
+    trace_file: str = ""  # CSV with columns worker,ms: each worker's step times, replayed
+    # per-worker speed multipliers (≥ 1 = slower); empty = from slow_fraction and slow_factor
     slowdown: list[float] = dataclasses.field(default_factory=list)
     slow_fraction: float = 0.0  # fraction of workers (the last ones) that are slow
-    slow_factor: float = 1.0  # how many times slower those workers are
+    slow_factor: float = 1.0  # how many times slower the first slow worker is
+    slow_factor_max: float = 0.0  # the last slow one (spread linearly); 0 = slow_factor
+    straggler_prob: float = 0.0  # chance that one step is a transient straggler
+    straggler_factor: float = 5.0  # how many times longer a straggling step takes
+    # network, per message: latency + bytes / bandwidth (bandwidth 0 = unlimited)
+    push_latency_ms: float = 0.0  # worker -> server
+    pull_latency_ms: float = 0.0  # server -> worker
+    push_bandwidth_gbps: float = 0.0
+    pull_bandwidth_gbps: float = 0.0
+    faults: list[FaultConfig] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        def bad(key: str, value: object, valid: str) -> ConfigError:
+            return ConfigError(f"cluster.{key} must be {valid}, got {value!r}")
+
         if self.num_workers < 1:
-            raise ConfigError(f"cluster.num_workers must be >= 1, got {self.num_workers}")
-        if self.compute_ms < 0:
-            raise ConfigError(f"cluster.compute_ms must be >= 0, got {self.compute_ms}")
+            raise bad("num_workers", self.num_workers, ">= 1")
+        if self.compute not in COMPUTE_MODELS:
+            raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
+        for key in (
+            "compute_ms",
+            "push_latency_ms",
+            "pull_latency_ms",
+            "push_bandwidth_gbps",
+            "pull_bandwidth_gbps",
+        ):
+            if getattr(self, key) < 0:
+                raise bad(key, getattr(self, key), ">= 0")
+        if self.compute in ("gamma", "lognormal") and self.compute_ms <= 0:
+            raise bad("compute_ms", self.compute_ms, f"> 0 for compute={self.compute}")
+        if self.gamma_shape <= 0:
+            raise bad("gamma_shape", self.gamma_shape, "> 0")
+        if self.lognormal_sigma < 0:
+            raise bad("lognormal_sigma", self.lognormal_sigma, ">= 0")
+        if self.compute == "trace" and not self.trace_file:
+            raise bad("trace_file", self.trace_file, "a CSV path for compute=trace")
         if self.slowdown and len(self.slowdown) != self.num_workers:
-            raise ConfigError(
-                f"cluster.slowdown must list one multiplier per worker "
-                f"(cluster.num_workers={self.num_workers}), got {list(self.slowdown)}"
+            raise bad(
+                "slowdown",
+                list(self.slowdown),
+                f"one multiplier per worker (cluster.num_workers={self.num_workers})",
             )
         if any(m < 1.0 for m in self.slowdown):
-            raise ConfigError(
-                f"cluster.slowdown multipliers must be >= 1, got {list(self.slowdown)}"
-            )
+            raise bad("slowdown", list(self.slowdown), "multipliers >= 1")
         if not 0.0 <= self.slow_fraction <= 1.0:
-            raise ConfigError(f"cluster.slow_fraction must be in [0, 1], got {self.slow_fraction}")
+            raise bad("slow_fraction", self.slow_fraction, "in [0, 1]")
         if self.slow_factor < 1.0:
-            raise ConfigError(f"cluster.slow_factor must be >= 1, got {self.slow_factor}")
+            raise bad("slow_factor", self.slow_factor, ">= 1")
+        if self.slow_factor_max and self.slow_factor_max < self.slow_factor:
+            raise bad("slow_factor_max", self.slow_factor_max, ">= cluster.slow_factor (or 0)")
+        if not 0.0 <= self.straggler_prob <= 1.0:
+            raise bad("straggler_prob", self.straggler_prob, "in [0, 1]")
+        if self.straggler_factor < 1.0:
+            raise bad("straggler_factor", self.straggler_factor, ">= 1")
+        for i, f in enumerate(self.faults):
+            if not 0 <= f.worker < self.num_workers:
+                raise bad(f"faults[{i}].worker", f.worker, f"in [0, {self.num_workers})")
+            if f.action not in FAULT_ACTIONS:
+                raise bad(f"faults[{i}].action", f.action, f"one of {', '.join(FAULT_ACTIONS)}")
+            if f.at_s < 0 or f.duration_s < 0:
+                raise bad(f"faults[{i}]", f, "at_s >= 0 and duration_s >= 0")
+
+
+def read_trace(path: str) -> list[np.ndarray]:
+    """Per-worker step times (ms) from a CSV with columns worker,ms, in row order."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"cluster.trace_file: {str(p)!r} does not exist (CSV: worker,ms)")
+    times: dict[int, list[float]] = {}
+    with open(p, newline="") as f:
+        rows = csv.DictReader(f)
+        if not rows.fieldnames or not {"worker", "ms"} <= set(rows.fieldnames):
+            raise ConfigError(f"cluster.trace_file: {str(p)!r} needs the columns worker,ms")
+        for row in rows:
+            times.setdefault(int(row["worker"]), []).append(float(row["ms"]))
+    if not times or any(t < 0 for ts in times.values() for t in ts):
+        raise ConfigError(f"cluster.trace_file: {str(p)!r} has no rows or negative times")
+    return [np.asarray(times[w]) for w in sorted(times)]
 
 
 class Profile:
-    """Per-worker step-time targets derived from a ClusterConfig."""
+    """Draws each worker's step times and the network's message delays (seconds)."""
 
-    def __init__(self, cfg: ClusterConfig):
+    def __init__(self, cfg: ClusterConfig, seed: int = 0):
         self.cfg = cfg
+        n = cfg.num_workers
         if cfg.slowdown:
             self.slowdown = [float(m) for m in cfg.slowdown]
         else:
-            n_slow = math.ceil(cfg.slow_fraction * cfg.num_workers)
-            fast = cfg.num_workers - n_slow
-            self.slowdown = [1.0] * fast + [cfg.slow_factor] * n_slow
+            n_slow = math.ceil(cfg.slow_fraction * n)
+            top = cfg.slow_factor_max or cfg.slow_factor
+            slow = np.linspace(cfg.slow_factor, top, n_slow) if n_slow else []
+            self.slowdown = [1.0] * (n - n_slow) + [float(m) for m in slow]
+        self.trace = read_trace(cfg.trace_file) if cfg.compute == "trace" else None
+        self.streams = [np.random.default_rng([seed, w, 0x5B]) for w in range(n)]
+        self.steps = [0] * n  # draws taken per worker (the trace position)
 
-    def compute_target_s(self, worker: int) -> float:
-        """Seconds one step of `worker` must take (its compute is padded up to this)."""
-        return self.cfg.compute_ms * self.slowdown[worker] / 1000.0
+    def step_s(self, worker: int) -> float:
+        """Seconds the next step of `worker` takes (it is padded up to this)."""
+        c, rng = self.cfg, self.streams[worker]
+        k = self.steps[worker]
+        self.steps[worker] += 1
+        if c.compute == "constant":
+            base = c.compute_ms
+        elif c.compute == "gamma":
+            base = rng.gamma(c.gamma_shape, c.compute_ms / c.gamma_shape)
+        elif c.compute == "lognormal":  # mean compute_ms: μ = ln(mean) − σ²/2
+            base = rng.lognormal(
+                math.log(c.compute_ms) - c.lognormal_sigma**2 / 2, c.lognormal_sigma
+            )
+        else:
+            series = self.trace[worker % len(self.trace)]
+            base = series[k % len(series)]
+        if c.straggler_prob and rng.random() < c.straggler_prob:
+            base *= c.straggler_factor
+        return float(base) * self.slowdown[worker] / 1000.0
+
+    def push_s(self, nbytes: int) -> float:
+        return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes)
+
+    def pull_s(self, nbytes: int) -> float:
+        return _delay(self.cfg.pull_latency_ms, self.cfg.pull_bandwidth_gbps, nbytes)
+
+    def faults(self, worker: int) -> list[FaultConfig]:
+        return sorted((f for f in self.cfg.faults if f.worker == worker), key=lambda f: f.at_s)
+
+
+def _delay(latency_ms: float, bandwidth_gbps: float, nbytes: int) -> float:
+    transfer = nbytes * 8 / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
+    return latency_ms / 1000.0 + transfer
 
 
 CLUSTERS: Registry[Profile] = Registry("cluster profile", "cluster", "cluster")

@@ -56,13 +56,36 @@ def evaluate(
 
     vector_to_parameters(params, model.parameters())
     total_loss, correct = 0.0, 0
+    model.eval()
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
             out = model(x[start : start + batch_size])
             target = y[start : start + batch_size]
             total_loss += torch.nn.functional.cross_entropy(out, target, reduction="sum").item()
             correct += (out.argmax(1) == target).sum().item()
+    model.train()
     return total_loss / len(y), correct / len(y)
+
+
+def recalibrate_batch_norm(
+    model: nn.Module, params: torch.Tensor, x: torch.Tensor, batch_size: int
+) -> None:
+    """Set BatchNorm running statistics for `params` from training data (the server never
+    sees the workers' own statistics): reset them, then average over forward passes."""
+    import torch
+    from torch.nn.utils import vector_to_parameters
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    vector_to_parameters(params, model.parameters())
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over the passes below
+    model.train()
+    with torch.no_grad():
+        for start in range(0, len(x), batch_size):
+            model(x[start : start + batch_size])
 
 
 def evaluate_snapshots(
@@ -77,6 +100,8 @@ def evaluate_snapshots(
         idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))
         sets.append(("train", splits.x_train[idx[:n]], splits.y_train[idx[:n]]))
     for snap in snapshots:
+        if cfg.train_samples:
+            recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)
         for split, x, y in sets:
             loss, acc = evaluate(model, snap.params, x, y, cfg.batch_size)
             emit("eval", snap.t, version=snap.version, split=split, loss=loss, accuracy=acc)

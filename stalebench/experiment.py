@@ -99,7 +99,7 @@ class Job:
 
     @classmethod
     def build(cls, cfg: RunConfig) -> Job:
-        return cls(cfg, DATASETS.build(cfg.dataset).load(), Profile(cfg.cluster))
+        return cls(cfg, DATASETS.build(cfg.dataset).load(), Profile(cfg.cluster, cfg.seed))
 
     def model(self) -> nn.Module:
         """The model with its seeded initial parameters θ₀ (the same in every process)."""

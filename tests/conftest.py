@@ -12,6 +12,32 @@ import pytest
 
 os.environ.setdefault("STALEBENCH_CACHE", str(Path(__file__).parent / ".cache"))
 
+# summary.json's fields as DESIGN.md's run-directory contract lists them
+SUMMARY_FIELDS = {
+    "status",
+    "error",
+    "algorithm",
+    "barrier",
+    "update_rule",
+    "engine",
+    "runtime",
+    "model",
+    "dataset",
+    "cluster",
+    "num_workers",
+    "seed",
+    "wall_time_s",
+    "updates",
+    "final",
+    "best_accuracy",
+    "time_to_target_s",
+    "lag",
+    "max_clock_gap",
+    "compute_fraction",
+    "throughput_updates_per_s",
+    "bytes_sent",
+}
+
 # Small, fast real runs: synthetic data, tiny MLP, a few ms of emulated compute per step.
 FAST = [
     "dataset=synthetic",

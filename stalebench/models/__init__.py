@@ -51,6 +51,7 @@ def mlp(cfg: MLPConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
 class CNNConfig(ComponentConfig):
     channels: list[int] = dataclasses.field(default_factory=lambda: [16, 32])  # per conv layer
     kernel_size: int = 3
+    batch_norm: bool = False  # BatchNorm after each convolution
 
     def __post_init__(self) -> None:
         if not self.channels or any(c < 1 for c in self.channels):
@@ -66,4 +67,4 @@ def cnn(cfg: CNNConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
         raise ConfigError(f"model=cnn needs 1-D or 2-D inputs, got shape {input_shape}")
     from stalebench.models.nets import CNN
 
-    return CNN(input_shape, num_classes, list(cfg.channels), cfg.kernel_size)
+    return CNN(input_shape, num_classes, list(cfg.channels), cfg.kernel_size, cfg.batch_norm)

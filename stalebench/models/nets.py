@@ -21,14 +21,22 @@ class CNN(nn.Module):
     """Strided conv stack (Conv1d for inputs of shape (L,), Conv2d for (H, W)), then linear."""
 
     def __init__(
-        self, input_shape: tuple[int, ...], num_classes: int, channels: list[int], kernel_size: int
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        channels: list[int],
+        kernel_size: int,
+        batch_norm: bool = False,
     ):
         super().__init__()
         conv = nn.Conv1d if len(input_shape) == 1 else nn.Conv2d
+        norm = nn.BatchNorm1d if len(input_shape) == 1 else nn.BatchNorm2d
         layers: list[nn.Module] = []
         in_ch = 1
         for ch in channels:
-            layers += [conv(in_ch, ch, kernel_size, stride=2, padding=kernel_size // 2), nn.ReLU()]
+            layers.append(conv(in_ch, ch, kernel_size, stride=2, padding=kernel_size // 2))
+            layers += [norm(ch)] if batch_norm else []
+            layers.append(nn.ReLU())
             in_ch = ch
         self.features = nn.Sequential(*layers)
         with torch.no_grad():

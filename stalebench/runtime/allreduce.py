@@ -34,7 +34,7 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
     d = params.numel()
     buf = torch.zeros(d + 3 * n + 1)
     batches = shard_batches(job.splits, rank, n, cfg.dataset.batch_size, cfg.seed)
-    target_s = job.profile.compute_target_s(rank)
+    profile = job.profile
     record = RunRecord(job, run_dir) if rank == 0 else None
     status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
     gradient(net, net_params, next(shard_batches(job.splits, rank, n, 1, 0)), device)  # warm-up
@@ -45,9 +45,12 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
             start = time.perf_counter()
             vector_to_parameters(params.to(device), net_params)
             grad, loss = gradient(net, net_params, next(batches), device)
+            target_s = profile.step_s(rank)
             if target_s > time.perf_counter() - start:
                 time.sleep(target_s - (time.perf_counter() - start))
             compute = time.perf_counter() - start
+            # the network model, as one push and one pull of the gradient per round
+            time.sleep(profile.push_s(4 * d) + profile.pull_s(4 * d))
             buf.zero_()
             buf[:d] = grad
             buf[d + 3 * rank : d + 3 * rank + 2] = torch.tensor([compute, loss])

@@ -18,6 +18,13 @@ from stalebench.experiment import Job, meta
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
 
+HEADER = 8  # float32 slots before the payload of every parameter-server message
+
+
+def message_bytes(num_params: int) -> int:
+    """Size of one push or pull on the wire."""
+    return 4 * (HEADER + num_params)
+
 
 class RunRecord:
     """The run directory being written: events, θ snapshots, and the final files."""

@@ -32,13 +32,19 @@ from stalebench.errors import RunError
 from stalebench.experiment import Job, meta
 from stalebench.metrics.summary import finalize, write_json
 from stalebench.runtime.allreduce import replica
-from stalebench.runtime.common import RunRecord, diverged, gradient, parameter_server, spent
+from stalebench.runtime.common import (
+    HEADER,
+    RunRecord,
+    diverged,
+    gradient,
+    parameter_server,
+    spent,
+)
 
 log = logging.getLogger("stalebench")
 
-HEADER = 8
 # int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push)
-# float slots: 3 loss, 4 compute_s, 5 rtt_s
+# float slots: 3 loss, 4 compute_s, 5 rtt_s, 6 paused_s
 PUSH, PARAMS, STOP = 1, 2, 3
 
 
@@ -171,6 +177,10 @@ class Server:
                 self._stop({w})
                 continue
             push = self._decode(w, buf)
+            if float(buf[6]) > 0:
+                self.record.events.emit(
+                    "worker", self.now(), worker=w, event="pause", duration_s=float(buf[6])
+                )
             replies = ps.on_push(push, self.now())
             t = self.now()
             self.snapshots.maybe(t, ps.version, ps.params)
@@ -264,30 +274,54 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     )
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
-    target_s = job.profile.compute_target_s(worker)
+    profile, nbytes = job.profile, 4 * size
+    faults = profile.faults(worker)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
     warmup = slice(0, cfg.dataset.batch_size)
     gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
-    clock, pushed_at = 0, None
+    clock, pushed_at, t0 = 0, None, None
     while True:
         transport.recv(inbox, 0)
-        rtt = time.perf_counter() - pushed_at if pushed_at is not None else 0.0
+        time.sleep(profile.pull_s(nbytes))  # the network model's pull delay
+        received = time.perf_counter()
+        t0 = received if t0 is None else t0
         kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
         if kind == STOP:
             return
+        paused = _strike(faults, received - t0, worker)
         start = time.perf_counter()
         vector_to_parameters(inbox[HEADER:].to(device), params)
         grad, loss_value = gradient(model, params, next(batches), device)
         out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
-        elapsed = time.perf_counter() - start
-        if target_s > elapsed:  # the profile's slowness, on top of the real compute
-            time.sleep(target_s - elapsed)
+        target_s = profile.step_s(worker)
+        if target_s > time.perf_counter() - start:  # the profile's slowness, beyond real compute
+            time.sleep(target_s - (time.perf_counter() - start))
         compute = time.perf_counter() - start
+        rtt = received - pushed_at if pushed_at is not None else 0.0
         _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)
-        out[3:6] = torch.tensor([loss_value, compute, rtt])
+        out[3:7] = torch.tensor([loss_value, compute, rtt, paused])
         pushed_at = time.perf_counter()
+        time.sleep(profile.push_s(nbytes))  # the network model's push delay
         transport.send(out, 0)
         clock += 1
+
+
+FAULT_EXIT = 3  # exit code of a worker that an injected fault killed
+
+
+def _strike(faults: list, now: float, worker: int) -> float:
+    """Apply the faults due by `now` (run seconds): pause (sleep) or die (exit); returns the
+    seconds paused."""
+    paused = 0.0
+    while faults and faults[0].at_s <= now:
+        fault = faults.pop(0)
+        log.warning("worker %d: injected fault %s at %.3f s", worker, fault.action, now)
+        if fault.action == "die":
+            logging.shutdown()
+            os._exit(FAULT_EXIT)
+        time.sleep(fault.duration_s)
+        paused += fault.duration_s
+    return paused
 
 
 def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
@@ -433,6 +467,8 @@ def _exit(code: int | None) -> str:
 
     if code is not None and code < 0:
         return f"signal {signal.Signals(-code).name}"
+    if code == FAULT_EXIT:
+        return f"code {code} (a fault injected by cluster.faults)"
     return f"code {code}"
 
 

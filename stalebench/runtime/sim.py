@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +25,28 @@ from stalebench.data import shard_batches
 from stalebench.engines.ps import Push, Reply
 from stalebench.errors import RunError
 from stalebench.experiment import Job
-from stalebench.runtime.common import RunRecord, diverged, gradient, parameter_server, spent
+from stalebench.runtime.common import (
+    RunRecord,
+    diverged,
+    gradient,
+    message_bytes,
+    parameter_server,
+    spent,
+)
 
 
 @dataclasses.dataclass
 class SimWorker:
     params: torch.Tensor  # what it was last sent
     batches: Any
-    step_s: float  # virtual seconds per step
+    buffers: list[torch.Tensor]  # its own BatchNorm statistics, never shared
+    faults: list  # its scheduled faults, earliest first
     state: dict = dataclasses.field(default_factory=dict)  # the update rule's worker side
     version: int = 0
     clock: int = 0
-    received_at: float = 0.0
-    pushed_at: float = 0.0
+    received_at: float = 0.0  # when the parameters of its current step reached it
+    pushed_at: float = 0.0  # when it sent its previous push
+    step_s: float = 0.0  # the current step's compute time
 
 
 def launch(cfg: RunConfig) -> dict[str, Any]:
@@ -47,26 +55,43 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     record = RunRecord(job, Path(cfg.run_dir))
     model, ps = parameter_server(job, record.events.emit)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
-    n, budget = cfg.cluster.num_workers, cfg.budget
+    n, budget, profile = cfg.cluster.num_workers, cfg.budget, job.profile
     workers = [
         SimWorker(
             torch.empty_like(ps.params),
             shard_batches(job.splits, w, n, cfg.dataset.batch_size, cfg.seed),
-            job.profile.compute_target_s(w),
+            [b.detach().clone() for b in model.buffers()],
+            profile.faults(w),
         )
         for w in range(n)
     ]
     params = list(model.parameters())
-    device = torch.device("cpu")
-    queue: list[tuple[float, int, int]] = []  # (finish time, tie-break, worker)
+    nbytes = message_bytes(ps.params.numel())
+    queue: list[tuple[float, int, int]] = []  # (push arrives at the server, tie-break, worker)
     order = itertools.count()
 
     def dispatch(replies: list[Reply], t: float) -> None:
+        """Each admitted worker: parameters arrive, maybe a fault strikes, it computes for
+        its drawn step time, and its push travels back."""
         for r in replies:
             wk = workers[r.worker]
             wk.params.copy_(r.params)
-            wk.version, wk.received_at = r.version, t
-            heapq.heappush(queue, (t + wk.step_s, next(order), r.worker))
+            wk.version, wk.received_at = r.version, t + profile.pull_s(nbytes)
+            start = wk.received_at
+            while wk.faults and wk.faults[0].at_s <= start:
+                fault = wk.faults.pop(0)
+                if fault.action == "die":
+                    raise RunError(
+                        f"worker {r.worker} died at {start:.3f} s "
+                        f"(a fault injected by cluster.faults)"
+                    )
+                record.events.emit(
+                    "worker", start, worker=r.worker, event="pause", duration_s=fault.duration_s
+                )
+                start += fault.duration_s
+            wk.step_s = profile.step_s(r.worker)
+            arrival = start + wk.step_s + profile.push_s(nbytes)
+            heapq.heappush(queue, (arrival, next(order), r.worker))
 
     status, error, t = "completed", None, 0.0
     try:
@@ -75,16 +100,15 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
         while queue:
             t, _, w = heapq.heappop(queue)
             if budget.max_wall_s and t > budget.max_wall_s:
-                t = budget.max_wall_s  # the budget ends before this step does
+                t = budget.max_wall_s  # the budget ends before this push arrives
                 break
             wk = workers[w]
-            vector_to_parameters(wk.params, params)
-            grad, loss = gradient(model, params, next(wk.batches), device)
+            grad, loss = _step(model, params, wk)
             message = rule_cls.worker_message(cfg.algorithm.update, grad, wk.state)
             push = Push(
                 w, wk.clock, wk.version, message, loss, wk.step_s, wk.received_at - wk.pushed_at
             )
-            wk.clock, wk.pushed_at = wk.clock + 1, t
+            wk.clock, wk.pushed_at = wk.clock + 1, t - profile.push_s(nbytes)
             replies = ps.on_push(push, t)
             record.snapshots.maybe(t, ps.version, ps.params)
             if diverged(loss, ps.params):
@@ -95,7 +119,20 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             dispatch(replies, t)
     except RunError as exc:
         status, error = "failed", str(exc)
-        traceback.print_exc()
     return record.finish(
         model, ps.params, ps.version, t, status, error, bytes_sent=0, virtual_time=True
     )
+
+
+def _step(model: torch.nn.Module, params: list[torch.Tensor], wk: SimWorker):
+    """The worker's gradient on its own parameters and BatchNorm statistics."""
+    vector_to_parameters(wk.params, params)
+    for mine, shared in zip(wk.buffers, model.buffers(), strict=True):
+        shared.copy_(mine)
+    out = gradient(model, params, next(wk.batches), CPU)
+    for mine, shared in zip(wk.buffers, model.buffers(), strict=True):
+        mine.copy_(shared)
+    return out
+
+
+CPU = torch.device("cpu")

@@ -12,8 +12,7 @@ import pytest
 from stalebench.algorithms import BARRIERS, UPDATES
 from stalebench.metrics.events import schema_errors
 from stalebench.registry import load_plugins
-from tests.conftest import run_job
-from tests.integration.test_real_runtime import SUMMARY_FIELDS
+from tests.conftest import SUMMARY_FIELDS, run_job
 
 load_plugins()
 PRESETS = sorted(

@@ -54,7 +54,7 @@ def test_no_arguments_runs_the_default_ssp_job(tmp_path):
     assert summary["cluster"] == "heterogeneous"
     run_dir = next((tmp_path / "outputs").rglob("summary.json")).parent
     config = (run_dir / ".hydra" / "config.yaml").read_text()
-    assert "slow_factor: 2.5" in config and "staleness: 3" in config
+    assert "slow_factor_max: 3" in config and "staleness: 3" in config
     assert summary["final"]["accuracy"] > 0.3
     assert "[completed] ssp" in done.stdout
 

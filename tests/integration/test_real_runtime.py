@@ -7,33 +7,9 @@ import pytest
 import torch
 
 from stalebench.metrics.events import schema_errors
+from tests.conftest import SUMMARY_FIELDS
 
 pytestmark = pytest.mark.slow
-
-SUMMARY_FIELDS = {
-    "status",
-    "error",
-    "algorithm",
-    "barrier",
-    "update_rule",
-    "engine",
-    "runtime",
-    "model",
-    "dataset",
-    "cluster",
-    "num_workers",
-    "seed",
-    "wall_time_s",
-    "updates",
-    "final",
-    "best_accuracy",
-    "time_to_target_s",
-    "lag",
-    "max_clock_gap",
-    "compute_fraction",
-    "throughput_updates_per_s",
-    "bytes_sent",
-}
 
 
 def updates_of(events):

@@ -11,6 +11,7 @@ import pytest
 
 from stalebench.metrics.events import EventLog, read_events, schema_errors
 from stalebench.metrics.summary import finalize, summarize
+from tests.conftest import SUMMARY_FIELDS
 
 META = {
     "algorithm": "ssp",
@@ -101,31 +102,7 @@ def test_summarize_hand_computed():
 
 def test_summarize_has_every_contract_field():
     s = summarize(make_events(), META, "completed", None, 0.6)
-    fields = {
-        "status",
-        "error",
-        "algorithm",
-        "barrier",
-        "update_rule",
-        "engine",
-        "runtime",
-        "model",
-        "dataset",
-        "cluster",
-        "num_workers",
-        "seed",
-        "wall_time_s",
-        "updates",
-        "final",
-        "best_accuracy",
-        "time_to_target_s",
-        "lag",
-        "max_clock_gap",
-        "compute_fraction",
-        "throughput_updates_per_s",
-        "bytes_sent",
-    }
-    assert fields <= s.keys()
+    assert SUMMARY_FIELDS <= s.keys()
     assert set(s["lag"]) == {"mean", "p50", "p99", "max"}
 
 
