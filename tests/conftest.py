@@ -52,6 +52,18 @@ FAST = [
 ]
 
 
+def fast_with(overrides: list[str]) -> list[str]:
+    """FAST then `overrides`; a group the overrides swap (model=cnn) drops FAST's settings
+    inside that group (model.hidden), which would not fit the new choice."""
+    swapped = {o.partition("=")[0] for o in overrides if "." not in o.partition("=")[0]}
+    kept = [
+        o
+        for o in FAST
+        if "." not in (key := o.partition("=")[0]) or key.split(".")[0] not in swapped
+    ]
+    return kept + overrides
+
+
 def compose(overrides: list[str]):
     """The validated RunConfig for CLI-style overrides (Hydra's global state restored)."""
     from hydra import compose as hydra_compose
@@ -83,7 +95,7 @@ def run_job(run_dir: Path, overrides: list[str]) -> Result:
     from stalebench import experiment
     from stalebench.metrics.events import read_events
 
-    cfg = compose(FAST + overrides)
+    cfg = compose(fast_with(overrides))
     cfg.run_dir = str(run_dir)
     summary = experiment.run(cfg)
     assert json.loads((run_dir / "summary.json").read_text()) == summary

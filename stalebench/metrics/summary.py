@@ -73,7 +73,12 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def finalize(
-    run_dir: Path, meta: dict[str, Any], status: str, error: str | None, target_accuracy: float
+    run_dir: Path,
+    meta: dict[str, Any],
+    status: str,
+    error: str | None,
+    target_accuracy: float,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write metrics.parquet and summary.json of a run directory from its events.jsonl."""
     import pandas as pd
@@ -81,6 +86,6 @@ def finalize(
     run_dir = Path(run_dir)
     events = read_events(run_dir / "events.jsonl")
     pd.DataFrame(events).to_parquet(run_dir / "metrics.parquet", index=False)
-    summary = summarize(events, meta, status, error, target_accuracy)
+    summary = {**summarize(events, meta, status, error, target_accuracy), **(extra or {})}
     write_json(run_dir / "summary.json", summary)
     return summary

@@ -20,7 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from stalebench.algorithms.base import UPDATES
 from stalebench.data import shard_batches
 from stalebench.experiment import Job
-from stalebench.runtime.common import RunRecord, diverged, gradient, spent
+from stalebench.runtime.common import RunRecord, diverged, gradient, pad_to, spent
 
 
 def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
@@ -46,8 +46,7 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
             vector_to_parameters(params.to(device), net_params)
             grad, loss = gradient(net, net_params, next(batches), device)
             target_s = profile.step_s(rank)
-            if target_s > time.perf_counter() - start:
-                time.sleep(target_s - (time.perf_counter() - start))
+            pad_to(start, target_s)
             compute = time.perf_counter() - start
             # the network model, as one push and one pull of the gradient per round
             time.sleep(profile.push_s(4 * d) + profile.pull_s(4 * d))

@@ -4,6 +4,7 @@ divergence, compute a worker's gradient, and close the run directory."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,12 @@ class RunRecord:
         t_end: float,
         status: str,
         error: str | None,
+        summary_extra: dict[str, Any] | None = None,
         **end_fields: Any,
     ) -> dict[str, Any]:
-        """Final snapshot, the end event, the evaluations (off the clock), model.pt, and
-        summary.json / metrics.parquet."""
+        """Final snapshot, the end event (with `end_fields`), the evaluations (off the clock),
+        model.pt, and summary.json / metrics.parquet (with `summary_extra`: measurements that
+        must not enter the events, such as the simulator's own real time)."""
         cfg = self.job.cfg
         if error:
             self.events.emit("system", t_end, event="error", error=error)
@@ -61,7 +64,9 @@ class RunRecord:
         vector_to_parameters(params, model.parameters())
         torch.save(model.state_dict(), self.run_dir / "model.pt")
         self.events.close()
-        return finalize(self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy)
+        return finalize(
+            self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy, summary_extra
+        )
 
 
 def parameter_server(job: Job, emit) -> tuple[torch.nn.Module, ParameterServer]:
@@ -83,6 +88,13 @@ def spent(budget: BudgetConfig, version: int, t: float) -> bool:
 
 def diverged(loss: float, params: torch.Tensor) -> bool:
     return not math.isfinite(loss) or not bool(torch.isfinite(params).all())
+
+
+def pad_to(start: float, target_s: float) -> None:
+    """Sleep until `target_s` seconds have passed since `start` (perf_counter), if not yet."""
+    remaining = target_s - (time.perf_counter() - start)
+    if remaining > 0:
+        time.sleep(remaining)
 
 
 def gradient(

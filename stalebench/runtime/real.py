@@ -37,6 +37,7 @@ from stalebench.runtime.common import (
     RunRecord,
     diverged,
     gradient,
+    pad_to,
     parameter_server,
     spent,
 )
@@ -255,7 +256,7 @@ class Server:
             self.receivers[w].close()
             try:
                 self.transport.send(self.out, w + 1)
-                self.events.emit("worker", self.now(), worker=w, event="stop")
+                self.record.events.emit("worker", self.now(), worker=w, event="stop")
             except Exception as exc:  # best effort on the failure path
                 log.warning("could not stop worker %d: %s", w, exc)
 
@@ -294,8 +295,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         grad, loss_value = gradient(model, params, next(batches), device)
         out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
         target_s = profile.step_s(worker)
-        if target_s > time.perf_counter() - start:  # the profile's slowness, beyond real compute
-            time.sleep(target_s - (time.perf_counter() - start))
+        pad_to(start, target_s)  # the profile's slowness, beyond the real compute
         compute = time.perf_counter() - start
         rtt = received - pushed_at if pushed_at is not None else 0.0
         _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)

@@ -101,7 +101,9 @@ def test_dana_slim_computes_every_gradient_where_dana_zero_does(tmp_path):
 @pytest.mark.timeout(60)
 def test_dana_without_momentum_is_asgd(tmp_path):
     asgd = sim(tmp_path, "asgd", "algorithm=asp")
-    dana = sim(tmp_path, "dana", "algorithm=dana", "algorithm.update.momentum=0")
+    dana = sim(
+        tmp_path, "dana", "algorithm=dana", "algorithm.update.momentum=0", "algorithm.update.lr=0.1"
+    )
     pa, pb = torch.load(asgd.dir / "model.pt"), torch.load(dana.dir / "model.pt")
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=0, atol=1e-6)

@@ -165,17 +165,21 @@ def test_divergence_is_reported_with_a_summary(job):
 
 @pytest.mark.timeout(120)
 def test_a_silent_worker_fails_the_run_within_the_timeout(job):
-    # worker 1 takes 6 s per step while the run tolerates 2 s of silence
-    summary, _, _ = job(
-        "algorithm=asp",
+    # BSP: worker 1 takes 6 s per step while the run tolerates 2 s of silence; worker 0,
+    # held by the barrier meanwhile, is told to stop when the run fails
+    summary, events, run_dir = job(
+        "algorithm=bsp",
         "cluster.num_workers=2",
-        "cluster.compute_ms=1000",
-        "cluster.slowdown=[1,6]",
+        "cluster.compute_ms=300",
+        "cluster.slowdown=[1,20]",
         "timeout_s=2",
         "budget.max_updates=100",
     )
     assert summary["status"] == "failed"
-    assert "worker 1 (rank 2)" in summary["error"], summary["error"]
+    assert "worker 1 (rank 2) silent" in summary["error"], summary["error"]
+    stops = [e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "stop"]
+    assert stops == [0]
+    assert "worker 0 (rank 1) done" in (run_dir / "logs" / "rank-1.log").read_text()
 
 
 @pytest.mark.gpu

@@ -1,0 +1,118 @@
+"""The sim runtime's speed against a bare single-process gradient loop on the same model
+and batch, and its cost per event as the number of simulated workers grows.
+
+    python benchmarks/sim_throughput.py            # writes benchmarks/results/sim_throughput.json
+
+Targets (issue 4): simulated updates/s with 1,000 workers ≥ 0.9 × the bare loop's steps/s
+(the simulator's own bookkeeping negligible); cost per event flat from 10 to 1,000 workers.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stalebench import experiment  # noqa: E402
+from stalebench.data import shard_batches  # noqa: E402
+from stalebench.experiment import Job  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+MODEL = [
+    "model=mlp",
+    "model.hidden=[64]",
+    "dataset=synthetic",
+    "dataset.num_features=40",
+    "dataset.num_classes=10",
+    "dataset.num_train=40000",
+    "dataset.batch_size=32",
+]
+UPDATES = 4000
+
+
+def bare_loop(steps: int) -> float:
+    """Steps/s of the plainest training loop: forward, backward, SGD step, one process."""
+    torch.set_num_threads(1)
+    job = Job.build(compose([*MODEL, "cluster.num_workers=1"]))
+    model = job.model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    batches = shard_batches(job.splits, 0, 1, 32, 0)
+    for _ in range(50):  # warm-up
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return steps / (time.perf_counter() - start)
+
+
+def sim(workers: int, updates: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose(
+            [
+                *MODEL,
+                "runtime=sim",
+                "algorithm=asp",
+                "cluster=gamma",
+                f"cluster.num_workers={workers}",
+                "budget.max_wall_s=0",
+                f"budget.max_updates={updates}",
+                "eval.every_s=0",
+                "eval.train_samples=0",
+                "logger=none",
+            ]
+        )
+        cfg.run_dir = tmp
+        summary = experiment.run(cfg)
+    events = summary["gradients"]
+    return {
+        "workers": workers,
+        "events": events,
+        "loop_s": summary["sim_loop_s"],
+        "events_per_s": events / summary["sim_loop_s"],
+        "us_per_event": 1e6 * summary["sim_loop_s"] / events,
+        "mean_lag": summary["lag"]["mean"],
+    }
+
+
+def main() -> None:
+    bare = [bare_loop(UPDATES) for _ in range(3)]
+    rows = [sim(n, UPDATES) for n in (10, 100, 1000)]
+    bare_best = max(bare)
+    result = {
+        "machine": {
+            "cpus": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "model": MODEL,
+        "bare_steps_per_s": bare,
+        "sim": rows,
+        "ratio_1000_workers": rows[-1]["events_per_s"] / bare_best,
+    }
+    out = ROOT / "benchmarks" / "results" / "sim_throughput.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"bare loop: {bare_best:.0f} steps/s (best of {len(bare)})")
+    for r in rows:
+        print(
+            f"sim N={r['workers']:5d}: {r['events_per_s']:.0f} events/s, "
+            f"{r['us_per_event']:.0f} µs/event, mean lag {r['mean_lag']:.1f}"
+        )
+    print(f"ratio at 1,000 workers: {result['ratio_1000_workers']:.2f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Cluster profiles at work in both runtimes: the same draws, network delays, faults,
+per-worker BatchNorm in the simulator, determinism, and sim-vs-real fidelity."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.conftest import run_job
+
+
+def ups(run):
+    return [e for e in run.events if e["kind"] == "update"]
+
+
+@pytest.mark.timeout(60)
+def test_sim_events_are_byte_identical_for_a_seed(tmp_path):
+    overrides = [
+        "runtime=sim",
+        "cluster=stragglers",
+        "cluster.compute=gamma",
+        "cluster.gamma_shape=4",
+        "cluster.compute_ms=5",
+        "algorithm=psp",
+        "budget.max_updates=150",
+        "cluster.pull_latency_ms=1",
+    ]
+    a = run_job(tmp_path / "a", overrides)
+    b = run_job(tmp_path / "b", overrides)
+    c = run_job(tmp_path / "c", [*overrides, "seed=1"])
+    assert (a.dir / "events.jsonl").read_bytes() == (b.dir / "events.jsonl").read_bytes()
+    assert (a.dir / "events.jsonl").read_bytes() != (c.dir / "events.jsonl").read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_sim_compute_times_are_the_profiles_draws(tmp_path):
+    from stalebench.cluster import Profile
+    from tests.conftest import FAST, compose
+
+    overrides = [
+        "runtime=sim",
+        "cluster.compute=gamma",
+        "cluster.gamma_shape=3",
+        "cluster.compute_ms=10",
+        "cluster.slowdown=[1,2,1,1]",
+        "budget.max_updates=60",
+    ]
+    run = run_job(tmp_path, overrides)
+    cfg = compose(FAST + overrides)
+    profile = Profile(cfg.cluster, cfg.seed)
+    for w in range(4):
+        mine = [e["compute_s"] for e in ups(run) if e["worker"] == w]
+        assert mine == pytest.approx([profile.step_s(w) for _ in mine], rel=1e-9)
+
+
+@pytest.mark.timeout(60)
+def test_sim_network_delays_appear_as_comm_time(tmp_path):
+    run = run_job(
+        tmp_path, ["runtime=sim", "algorithm=asp", "cluster=slow_network", "budget.max_updates=40"]
+    )
+    later = [e for e in ups(run) if e["clock"] > 0]
+    # latency 5 ms each way plus the message size over 100 Mbit/s each way
+    size_s = (
+        2 * run.summary["bytes_per_message"] * 8 / 1e8
+        if "bytes_per_message" in (run.summary)
+        else None
+    )
+    comm = statistics.mean(e["comm_s"] for e in later)
+    assert comm >= 0.010 and (size_s is None or comm == pytest.approx(0.010 + size_s))
+
+
+@pytest.mark.timeout(60)
+def test_sim_fault_pause_and_die(tmp_path):
+    paused = run_job(
+        tmp_path / "p",
+        [
+            "runtime=sim",
+            "algorithm=asp",
+            "budget.max_updates=60",
+            "cluster.faults=[{worker:1,at_s:0.05,duration_s:0.2}]",
+        ],
+    )
+    assert paused.summary["status"] == "completed"
+    (pause,) = [e for e in paused.events if e["kind"] == "worker" and e["event"] == "pause"]
+    assert pause["worker"] == 1 and pause["duration_s"] == 0.2
+    died = run_job(
+        tmp_path / "d",
+        [
+            "runtime=sim",
+            "algorithm=asp",
+            "budget.max_updates=60",
+            "cluster.faults=[{worker:2,at_s:0.05,action:die}]",
+        ],
+    )
+    assert died.summary["status"] == "failed"
+    assert "worker 2 died" in died.summary["error"] and "cluster.faults" in died.summary["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_fault_die_fails_the_run_and_names_the_fault(tmp_path):
+    run = run_job(
+        tmp_path,
+        [
+            "algorithm=asp",
+            "budget.max_updates=400",
+            "timeout_s=10",
+            "cluster.faults=[{worker:1,at_s:0.3,action:die}]",
+        ],
+    )
+    assert run.summary["status"] == "failed"
+    assert "worker 1 (rank 2)" in run.summary["error"]
+    assert "fault injected by cluster.faults" in run.summary["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_fault_pause_and_network_delay(tmp_path):
+    run = run_job(
+        tmp_path,
+        [
+            "algorithm=asp",
+            "budget.max_updates=80",
+            "cluster.num_workers=2",
+            "cluster.push_latency_ms=4",
+            "cluster.pull_latency_ms=4",
+            "cluster.faults=[{worker:0,at_s:0.1,duration_s:0.3}]",
+        ],
+    )
+    assert run.summary["status"] == "completed"
+    assert [e["worker"] for e in run.events if e["kind"] == "worker" and e["event"] == "pause"] == [
+        0
+    ]
+    later = [e for e in ups(run) if e["clock"] > 0]
+    assert statistics.median(e["comm_s"] for e in later) >= 0.008  # both latencies, each step
+
+
+@pytest.mark.timeout(60)
+def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
+    import torch
+    from torch.nn.utils import parameters_to_vector
+
+    from stalebench.experiment import Job
+    from stalebench.runtime.sim import SimWorker, _step
+    from tests.conftest import compose, fast_with
+
+    cfg = compose(
+        fast_with(["model=cnn", "model.batch_norm=true", "dataset=mnist1d", "budget.max_updates=1"])
+    )
+    job = Job.build(cfg)
+    model = job.model()
+    params = list(model.parameters())
+    theta = parameters_to_vector(params).detach()
+    init = [b.clone() for b in model.buffers()]
+    x = job.splits.x_train
+    a = SimWorker(
+        theta.clone(),
+        iter([(x[:32] * 3 + 1, job.splits.y_train[:32])] * 2),
+        [b.clone() for b in init],
+        [],
+    )
+    b = SimWorker(
+        theta.clone(),
+        iter([(x[32:64], job.splits.y_train[32:64])] * 2),
+        [b.clone() for b in init],
+        [],
+    )
+    _step(model, params, a)
+    assert all(torch.equal(mine, first) for mine, first in zip(b.buffers, init, strict=True))
+    _step(model, params, b)
+    means = (
+        [m for m in a.buffers if m.dtype.is_floating_point][0],
+        [m for m in b.buffers if m.dtype.is_floating_point][0],
+    )
+    assert not torch.allclose(*means)  # each worker's statistics come from its own data
+    run = run_job(
+        tmp_path,
+        [
+            "runtime=sim",
+            "model=cnn",
+            "model.batch_norm=true",
+            "dataset=mnist1d",
+            "budget.max_updates=200",
+            "algorithm=asp",
+        ],
+    )
+    tests = [e for e in run.events if e["kind"] == "eval" and e["split"] == "test"]
+    assert tests[-1]["accuracy"] > tests[0]["accuracy"] + 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sim_and_real_agree_on_the_same_profile(tmp_path):
+    """Fidelity: 4 workers, heterogeneous, ASP. Lag distribution and per-worker step rates
+    from the simulator match a real run within the stated tolerance (real runs pay a few ms
+    of transfer and scheduling per step that the profile does not model)."""
+    common = [
+        "algorithm=asp",
+        "cluster.num_workers=4",
+        "cluster.compute_ms=40",
+        "cluster.slowdown=[1,1,2,3]",
+        "budget.max_updates=0",
+        "budget.max_wall_s=6",
+    ]
+    real = run_job(tmp_path / "real", common)
+    sim = run_job(tmp_path / "sim", ["runtime=sim", *common])
+    for run in (real, sim):
+        assert run.summary["status"] == "completed"
+    rate = {
+        name: [
+            sum(e["worker"] == w for e in ups(run)) / run.summary["wall_time_s"] for w in range(4)
+        ]
+        for name, run in (("real", real), ("sim", sim))
+    }
+    for w in range(4):  # tolerance: 15 % per worker
+        assert rate["real"][w] == pytest.approx(rate["sim"][w], rel=0.15), rate
+    assert real.summary["lag"]["mean"] == pytest.approx(sim.summary["lag"]["mean"], abs=0.25)
+    assert real.summary["lag"]["p50"] == sim.summary["lag"]["p50"]

@@ -1,0 +1,113 @@
+"""Cluster profiles: each compute-time model, speed multipliers, stragglers, the network
+model and fault validation, and the per-worker seeded streams."""
+
+import math
+
+import numpy as np
+import pytest
+
+from stalebench.cluster import ClusterConfig, FaultConfig, Profile
+from stalebench.errors import ConfigError
+
+
+def profile(seed=0, **kw):
+    return Profile(ClusterConfig(name="profile", **kw), seed)
+
+
+def draws(p, worker, k):
+    return np.array([p.step_s(worker) for _ in range(k)])
+
+
+def test_constant_steps_scale_with_each_workers_slowdown():
+    p = profile(num_workers=4, compute_ms=20, slow_fraction=0.5, slow_factor=2, slow_factor_max=3)
+    assert p.slowdown == [1.0, 1.0, 2.0, 3.0]
+    assert [p.step_s(w) for w in range(4)] == [0.02, 0.02, 0.04, 0.06]
+    assert profile(num_workers=2, compute_ms=10, slowdown=[1, 4]).step_s(1) == 0.04
+
+
+def test_gamma_has_the_configured_mean_and_variation():
+    p = profile(num_workers=1, compute="gamma", compute_ms=32, gamma_shape=100)
+    x = draws(p, 0, 20000)
+    assert x.mean() == pytest.approx(0.032, rel=0.01)
+    assert x.std() / x.mean() == pytest.approx(0.1, rel=0.05)  # CV = 1/√k
+    owl = draws(profile(num_workers=1, compute="gamma", compute_ms=1000, gamma_shape=1), 0, 20000)
+    assert owl.mean() == pytest.approx(1.0, rel=0.03) and owl.std() == pytest.approx(1.0, rel=0.05)
+
+
+def test_lognormal_keeps_the_mean():
+    x = draws(
+        profile(num_workers=1, compute="lognormal", compute_ms=10, lognormal_sigma=0.8), 0, 40000
+    )
+    assert x.mean() == pytest.approx(0.010, rel=0.03)
+
+
+def test_trace_is_replayed_per_worker_and_cycled(tmp_path):
+    trace = tmp_path / "steps.csv"
+    trace.write_text("worker,ms\n0,10\n1,30\n0,20\n")
+    p = profile(num_workers=3, compute="trace", trace_file=str(trace), slowdown=[1, 1, 2])
+    assert list(draws(p, 0, 3)) == [0.010, 0.020, 0.010]
+    assert list(draws(p, 1, 2)) == [0.030, 0.030]
+    assert list(draws(p, 2, 2)) == [0.020, 0.040]  # worker 2 replays worker 0's series, 2x slow
+    with pytest.raises(ConfigError, match="cluster.trace_file.*does not exist"):
+        profile(compute="trace", trace_file=str(tmp_path / "none.csv"))
+    (tmp_path / "bad.csv").write_text("w,t\n0,1\n")
+    with pytest.raises(ConfigError, match="columns worker,ms"):
+        profile(compute="trace", trace_file=str(tmp_path / "bad.csv"))
+
+
+def test_transient_stragglers_hit_at_the_configured_rate():
+    x = draws(
+        profile(num_workers=1, compute_ms=10, straggler_prob=0.1, straggler_factor=5), 0, 20000
+    )
+    slow = np.isclose(x, 0.05)
+    assert set(np.round(x, 6)) == {0.01, 0.05}
+    assert slow.mean() == pytest.approx(0.1, abs=0.01)
+
+
+def test_each_worker_has_its_own_seeded_stream():
+    cfg = dict(num_workers=3, compute="gamma", compute_ms=10, gamma_shape=2, straggler_prob=0.2)
+    a, b = profile(seed=5, **cfg), profile(seed=5, **cfg)
+    # interleaving the workers' draws differently changes nothing for any worker
+    seq_a = {w: list(draws(a, w, 50)) for w in (0, 1, 2)}
+    seq_b = {w: list(draws(b, w, 50)) for w in (2, 0, 1)}
+    assert seq_a == seq_b
+    assert seq_a[0] != seq_a[1]
+    assert list(draws(profile(seed=6, **cfg), 0, 50)) != seq_a[0]
+
+
+def test_network_delay_is_latency_plus_size_over_bandwidth():
+    p = profile(push_latency_ms=5, pull_latency_ms=1, push_bandwidth_gbps=0.1)
+    assert p.push_s(1_000_000) == pytest.approx(0.005 + 8e6 / 1e8)
+    assert p.pull_s(1_000_000) == pytest.approx(0.001)  # unlimited bandwidth
+    assert profile().push_s(10**9) == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(compute="uniform"), r"cluster\.compute must be one of"),
+        (dict(compute="gamma", compute_ms=0), r"cluster\.compute_ms must be > 0"),
+        (dict(push_latency_ms=-1), r"cluster\.push_latency_ms must be >= 0"),
+        (dict(straggler_prob=1.5), r"cluster\.straggler_prob must be in \[0, 1\]"),
+        (dict(slow_factor=2, slow_factor_max=1.5), r"cluster\.slow_factor_max"),
+        (dict(faults=[FaultConfig(worker=9)]), r"cluster\.faults\[0\]\.worker"),
+        (dict(faults=[FaultConfig(action="explode")]), r"cluster\.faults\[0\]\.action"),
+        (dict(num_workers=0), r"cluster\.num_workers must be >= 1, got 0"),
+    ],
+)
+def test_bad_profiles_name_the_key(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ClusterConfig(name="profile", **kw)
+
+
+def test_faults_come_in_time_order_per_worker():
+    p = profile(
+        num_workers=2,
+        faults=[
+            FaultConfig(1, 5.0, "die"),
+            FaultConfig(1, 2.0, "pause", 1),
+            FaultConfig(0, 1.0, "pause", 3),
+        ],
+    )
+    assert [(f.at_s, f.action) for f in p.faults(1)] == [(2.0, "pause"), (5.0, "die")]
+    assert math.isclose(p.faults(0)[0].duration_s, 3)
