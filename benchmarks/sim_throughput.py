@@ -32,10 +32,11 @@ MODEL = [
     "dataset=synthetic",
     "dataset.num_features=40",
     "dataset.num_classes=10",
-    "dataset.num_train=40000",
+    "dataset.num_train=200000",
     "dataset.batch_size=32",
 ]
-UPDATES = 4000
+UPDATES = 6000
+REPEATS = 3
 
 
 def bare_loop(steps: int) -> float:
@@ -88,9 +89,18 @@ def sim(workers: int, updates: int) -> dict:
     }
 
 
+def best(runs: list[dict]) -> dict:
+    return max(runs, key=lambda r: r["events_per_s"])
+
+
 def main() -> None:
-    bare = [bare_loop(UPDATES) for _ in range(3)]
-    rows = [sim(n, UPDATES) for n in (10, 100, 1000)]
+    # Interleaved repetitions, best of each: this machine's timings vary by ±15 % run to run.
+    bare, sims = [], {n: [] for n in (10, 100, 1000)}
+    for _ in range(REPEATS):
+        bare.append(bare_loop(UPDATES))
+        for n in sims:
+            sims[n].append(sim(n, UPDATES))
+    rows = [best(runs) for runs in sims.values()]
     bare_best = max(bare)
     result = {
         "machine": {
@@ -105,7 +115,10 @@ def main() -> None:
     }
     out = ROOT / "benchmarks" / "results" / "sim_throughput.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"bare loop: {bare_best:.0f} steps/s (best of {len(bare)})")
+    print(
+        f"bare loop: {bare_best:.0f} steps/s (best of {len(bare)}: "
+        f"{', '.join(f'{b:.0f}' for b in bare)})"
+    )
     for r in rows:
         print(
             f"sim N={r['workers']:5d}: {r['events_per_s']:.0f} events/s, "

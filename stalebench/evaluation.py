@@ -33,11 +33,14 @@ class Snapshots:
         self._next_version = 0
         self._next_t = 0.0
 
-    def maybe(self, t: float, version: int, params: torch.Tensor) -> None:
+    def maybe(self, t: float, version: int, params: torch.Tensor) -> bool:
+        """Take a snapshot if one is due; True when it did."""
         due_v = self.cfg.every_updates > 0 and version >= self._next_version
         due_t = self.cfg.every_s > 0 and t >= self._next_t
         if due_v or due_t or not self.taken:
             self.take(t, version, params)
+            return True
+        return False
 
     def take(self, t: float, version: int, params: torch.Tensor) -> None:
         if self.taken and self.taken[-1].version == version:

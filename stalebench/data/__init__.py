@@ -5,6 +5,7 @@ starts; every process then loads the same arrays and each worker reads its own s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import os
 import struct
@@ -230,6 +231,15 @@ class MNIST(Dataset):
         )
 
 
+@functools.lru_cache(maxsize=4)
+def _permutation(n: int, seed: int) -> torch.Tensor:
+    """The seeded order that splits the training set into shards (computed once per run,
+    not once per worker: a simulator with 1,000 workers builds 1,000 shards)."""
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
 def shard_batches(
     splits: Splits, worker: int, num_workers: int, batch_size: int, seed: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -238,8 +248,7 @@ def shard_batches(
     import torch
 
     n = len(splits.y_train)
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    shard = perm[worker::num_workers]
+    shard = _permutation(n, seed)[worker::num_workers]
     if len(shard) < batch_size:
         raise ConfigError(
             f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +34,26 @@ def _clean(value: Any) -> Any:
 
 
 class EventLog:
-    def __init__(self, path: Path):
+    """Appends events to the file; each reaches the disk within `flush_s` seconds (0: at
+    once, one write per event). A process that dies loses at most that window."""
+
+    def __init__(self, path: Path, flush_s: float = 0.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", buffering=1)  # line-buffered: one write per event
+        self._file = open(self.path, "a", buffering=1 if flush_s == 0 else 1 << 16)
+        self.flush_s = flush_s
+        self._flushed = time.monotonic()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
-        event = {"kind": kind, "t": round(t, 6), **{k: _clean(v) for k, v in fields.items()}}
-        self._file.write(json.dumps(event) + "\n")
+        event = {"kind": kind, "t": round(t, 6), **fields}
+        try:
+            line = json.dumps(event, allow_nan=False)
+        except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
+            line = json.dumps({k: _clean(v) for k, v in event.items()})
+        self._file.write(line + "\n")
+        if self.flush_s and time.monotonic() - self._flushed > self.flush_s:
+            self._file.flush()
+            self._flushed = time.monotonic()
 
     def close(self) -> None:
         self._file.close()

@@ -30,9 +30,9 @@ def message_bytes(num_params: int) -> int:
 class RunRecord:
     """The run directory being written: events, θ snapshots, and the final files."""
 
-    def __init__(self, job: Job, run_dir: Path):
+    def __init__(self, job: Job, run_dir: Path, flush_s: float = 0.0):
         self.job, self.run_dir = job, Path(run_dir)
-        self.events = EventLog(self.run_dir / "events.jsonl")
+        self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval)
         # the host's load goes to summary.json only: events stay a function of config and
         # seed (byte-identical in the sim runtime)
@@ -86,8 +86,22 @@ def spent(budget: BudgetConfig, version: int, t: float) -> bool:
     )
 
 
-def diverged(loss: float, params: torch.Tensor) -> bool:
-    return not math.isfinite(loss) or not bool(torch.isfinite(params).all())
+def diverged(loss: float, params: torch.Tensor | None = None) -> bool:
+    """A non-finite training loss, or (when given) non-finite parameters."""
+    if not math.isfinite(loss):
+        return True
+    return params is not None and not bool(torch.isfinite(params).all())
+
+
+def flatten_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """Make the model's parameters views into one flat tensor and return it: loading a
+    worker's parameters is then one copy, not a Python loop over the layers."""
+    flat = parameters_to_vector(model.parameters()).detach().clone()
+    offset = 0
+    for p in model.parameters():
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
 def pad_to(start: float, target_s: float) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.config import RunConfig
@@ -36,6 +35,7 @@ from stalebench.runtime.common import (
     HEADER,
     RunRecord,
     diverged,
+    flatten_parameters,
     gradient,
     pad_to,
     parameter_server,
@@ -184,8 +184,8 @@ class Server:
                 )
             replies = ps.on_push(push, self.now())
             t = self.now()
-            self.snapshots.maybe(t, ps.version, ps.params)
-            if diverged(push.loss, ps.params):
+            snapped = self.snapshots.maybe(t, ps.version, ps.params)
+            if diverged(push.loss, ps.params if snapped else None):  # θ checked at snapshots
                 status = "diverged"
             if status == "diverged" or spent(budget, ps.version, t):
                 self._stop(set(ps.held) | {r.worker for r in replies})
@@ -267,8 +267,9 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     cfg = job.cfg
     device = job.device(worker)
     model = job.model().to(device)
+    flat = flatten_parameters(model)
     params = list(model.parameters())
-    size = HEADER + sum(p.numel() for p in params)
+    size = HEADER + flat.numel()
     inbox, out = torch.empty(size), torch.empty(size)
     batches = shard_batches(
         job.splits, worker, cfg.cluster.num_workers, cfg.dataset.batch_size, cfg.seed
@@ -291,7 +292,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
             return
         paused = _strike(faults, received - t0, worker)
         start = time.perf_counter()
-        vector_to_parameters(inbox[HEADER:].to(device), params)
+        flat.copy_(inbox[HEADER:])
         grad, loss_value = gradient(model, params, next(batches), device)
         out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
         target_s = profile.step_s(worker)

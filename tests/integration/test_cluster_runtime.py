@@ -139,9 +139,9 @@ def test_real_fault_pause_and_network_delay(tmp_path):
 @pytest.mark.timeout(60)
 def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     import torch
-    from torch.nn.utils import parameters_to_vector
 
     from stalebench.experiment import Job
+    from stalebench.runtime.common import flatten_parameters
     from stalebench.runtime.sim import SimWorker, _step
     from tests.conftest import compose, fast_with
 
@@ -150,9 +150,10 @@ def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     )
     job = Job.build(cfg)
     model = job.model()
-    params = list(model.parameters())
-    theta = parameters_to_vector(params).detach()
-    init = [b.clone() for b in model.buffers()]
+    flat = flatten_parameters(model)
+    params, buffers = list(model.parameters()), list(model.buffers())
+    theta = flat.clone()
+    init = [b.clone() for b in buffers]
     x = job.splits.x_train
     a = SimWorker(
         theta.clone(),
@@ -166,9 +167,9 @@ def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
         [b.clone() for b in init],
         [],
     )
-    _step(model, params, a)
+    _step(model, flat, params, buffers, a)
     assert all(torch.equal(mine, first) for mine, first in zip(b.buffers, init, strict=True))
-    _step(model, params, b)
+    _step(model, flat, params, buffers, b)
     means = (
         [m for m in a.buffers if m.dtype.is_floating_point][0],
         [m for m in b.buffers if m.dtype.is_floating_point][0],
