@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.config import RunConfig
-from stalebench.data import DATASETS, Splits
+from stalebench.data import DATASETS, Splits, resolve_sharding, shard_batches
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
@@ -81,11 +81,16 @@ def prepare(cfg: RunConfig) -> None:
     dataset.prepare()
     n_train = len(dataset.load().y_train)
     smallest_shard = n_train // cfg.cluster.num_workers
-    if smallest_shard < cfg.dataset.batch_size:
+    if n_train < cfg.dataset.batch_size:
+        raise ConfigError(
+            f"dataset.batch_size={cfg.dataset.batch_size} exceeds the {n_train} training samples"
+        )
+    if cfg.dataset.sharding == "disjoint" and smallest_shard < cfg.dataset.batch_size:
         raise ConfigError(
             f"dataset.batch_size={cfg.dataset.batch_size} exceeds a worker's shard of "
             f"{smallest_shard} samples ({n_train} training samples over "
-            f"cluster.num_workers={cfg.cluster.num_workers})"
+            f"cluster.num_workers={cfg.cluster.num_workers}); dataset.sharding=replicated "
+            f"lets every worker sample the whole split"
         )
 
 
@@ -100,6 +105,23 @@ class Job:
     @classmethod
     def build(cls, cfg: RunConfig) -> Job:
         return cls(cfg, DATASETS.build(cfg.dataset).load(), Profile(cfg.cluster, cfg.seed))
+
+    @property
+    def sharding(self) -> str:
+        c = self.cfg
+        return resolve_sharding(
+            c.dataset.sharding,
+            len(self.splits.y_train),
+            c.cluster.num_workers,
+            c.dataset.batch_size,
+        )
+
+    def batches(self, worker: int):
+        """The endless minibatch stream of one worker."""
+        c = self.cfg
+        return shard_batches(
+            self.splits, worker, c.cluster.num_workers, c.dataset.batch_size, c.seed, self.sharding
+        )
 
     def model(self) -> nn.Module:
         """The model with its seeded initial parameters θ₀ (the same in every process)."""

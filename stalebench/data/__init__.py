@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without
     import torch
 
 
+SHARDINGS = ("auto", "disjoint", "replicated")
+
+
 @dataclasses.dataclass
 class Splits:
     x_train: torch.Tensor
@@ -41,10 +44,17 @@ class Splits:
 @dataclasses.dataclass
 class DatasetConfig(ComponentConfig):
     batch_size: int = 32  # per-worker minibatch size B
+    # disjoint: each worker reads its own shard; replicated: each samples the whole training
+    # split with its own seeded order; auto: disjoint unless a shard holds less than a batch
+    sharding: str = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError(f"dataset.batch_size must be >= 1, got {self.batch_size}")
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(
+                f"dataset.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}"
+            )
 
 
 class Dataset:
@@ -240,15 +250,30 @@ def _permutation(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 
+def resolve_sharding(mode: str, num_train: int, num_workers: int, batch_size: int) -> str:
+    """auto: disjoint shards when each holds a minibatch, else every worker samples the whole
+    training split (the DANA/GA simulators' single data stream, §1.4, for many workers)."""
+    if mode != "auto":
+        return mode
+    return "disjoint" if num_train // num_workers >= batch_size else "replicated"
+
+
 def shard_batches(
-    splits: Splits, worker: int, num_workers: int, batch_size: int, seed: int
+    splits: Splits,
+    worker: int,
+    num_workers: int,
+    batch_size: int,
+    seed: int,
+    sharding: str = "disjoint",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless minibatches for one worker: a seeded disjoint shard of the training split,
-    reshuffled every epoch with a stream of its own (same seed, same order)."""
+    """Endless minibatches for one worker: a seeded disjoint shard of the training split
+    (`replicated`: the whole split), reshuffled every epoch with a stream of its own (same
+    seed, same order)."""
     import torch
 
     n = len(splits.y_train)
-    shard = _permutation(n, seed)[worker::num_workers]
+    order = _permutation(n, seed)
+    shard = order if sharding == "replicated" else order[worker::num_workers]
     if len(shard) < batch_size:
         raise ConfigError(
             f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "

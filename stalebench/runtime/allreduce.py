@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.data import shard_batches
 from stalebench.experiment import Job
 from stalebench.runtime.common import RunRecord, diverged, gradient, pad_to, spent
 
@@ -33,11 +32,11 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
     net_params = list(net.parameters())
     d = params.numel()
     buf = torch.zeros(d + 3 * n + 1)
-    batches = shard_batches(job.splits, rank, n, cfg.dataset.batch_size, cfg.seed)
+    batches = job.batches(rank)
     profile = job.profile
     record = RunRecord(job, run_dir) if rank == 0 else None
     status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
-    gradient(net, net_params, next(shard_batches(job.splits, rank, n, 1, 0)), device)  # warm-up
+    gradient(net, net_params, (job.splits.x_train[:1], job.splits.y_train[:1]), device)  # warm-up
     dist.barrier()
     t0 = time.perf_counter()
     try:

@@ -37,7 +37,7 @@ class RunRecord:
         # the host's load goes to summary.json only: events stay a function of config and
         # seed (byte-identical in the sim runtime)
         labels = {k: v for k, v in meta(job.cfg).items() if k != "host"}
-        self.events.emit("system", 0.0, event="start", **labels)
+        self.events.emit("system", 0.0, event="start", sharding=job.sharding, **labels)
 
     def finish(
         self,
@@ -64,9 +64,8 @@ class RunRecord:
         vector_to_parameters(params, model.parameters())
         torch.save(model.state_dict(), self.run_dir / "model.pt")
         self.events.close()
-        return finalize(
-            self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy, summary_extra
-        )
+        extra = {"sharding": self.job.sharding, **(summary_extra or {})}
+        return finalize(self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy, extra)
 
 
 def parameter_server(job: Job, emit) -> tuple[torch.nn.Module, ParameterServer]:

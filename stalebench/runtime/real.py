@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.config import RunConfig
-from stalebench.data import shard_batches
 from stalebench.engines.ps import Push
 from stalebench.errors import RunError
 from stalebench.experiment import Job, meta
@@ -271,9 +270,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     params = list(model.parameters())
     size = HEADER + flat.numel()
     inbox, out = torch.empty(size), torch.empty(size)
-    batches = shard_batches(
-        job.splits, worker, cfg.cluster.num_workers, cfg.dataset.batch_size, cfg.seed
-    )
+    batches = job.batches(worker)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
     profile, nbytes = job.profile, 4 * size

@@ -22,7 +22,6 @@ import torch
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.config import RunConfig
-from stalebench.data import shard_batches
 from stalebench.engines.ps import Push, Reply
 from stalebench.errors import RunError
 from stalebench.experiment import Job
@@ -63,7 +62,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     workers = [
         SimWorker(
             torch.empty_like(ps.params),
-            shard_batches(job.splits, w, n, cfg.dataset.batch_size, cfg.seed),
+            job.batches(w),
             [b.detach().clone() for b in model.buffers()],
             profile.faults(w),
         )
