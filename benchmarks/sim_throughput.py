@@ -10,7 +10,9 @@ Targets (issue 4): simulated updates/s with 1,000 workers ≥ 0.9 × the bare lo
 from __future__ import annotations
 
 import json
+import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +38,7 @@ MODEL = [
     "dataset.batch_size=32",
 ]
 UPDATES = 6000
-REPEATS = 3
+REPEATS = 5
 
 
 def bare_loop(steps: int) -> float:
@@ -74,10 +76,12 @@ def sim(workers: int, updates: int) -> dict:
                 "eval.every_s=0",
                 "eval.train_samples=0",
                 "logger=none",
+                "algorithm.update.lr=0.01",  # no divergence at lag ~N: every run completes
             ]
         )
         cfg.run_dir = tmp
         summary = experiment.run(cfg)
+    assert summary["status"] == "completed", (workers, summary["status"], summary["error"])
     events = summary["gradients"]
     return {
         "workers": workers,
@@ -89,42 +93,54 @@ def sim(workers: int, updates: int) -> dict:
     }
 
 
-def best(runs: list[dict]) -> dict:
-    return max(runs, key=lambda r: r["events_per_s"])
-
-
 def main() -> None:
-    # Interleaved repetitions, best of each: this machine's timings vary by ±15 % run to run.
+    # Interleaved repetitions: this machine's timings vary by ±15 % from run to run, so both
+    # the best and the median of each are reported, and the ratio is taken on each.
     bare, sims = [], {n: [] for n in (10, 100, 1000)}
     for _ in range(REPEATS):
         bare.append(bare_loop(UPDATES))
         for n in sims:
             sims[n].append(sim(n, UPDATES))
-    rows = [best(runs) for runs in sims.values()]
-    bare_best = max(bare)
+    rows = []
+    for runs in sims.values():
+        rates = [r["events_per_s"] for r in runs]
+        rows.append(
+            {
+                **max(runs, key=lambda r: r["events_per_s"]),
+                "events_per_s_median": statistics.median(rates),
+                "us_per_event_median": 1e6 / statistics.median(rates),
+                "events_per_s_all": rates,
+            }
+        )
     result = {
         "machine": {
-            "cpus": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "torch": torch.__version__,
         },
         "model": MODEL,
+        "updates_per_run": UPDATES,
         "bare_steps_per_s": bare,
         "sim": rows,
-        "ratio_1000_workers": rows[-1]["events_per_s"] / bare_best,
+        "ratio_1000_workers_best": rows[-1]["events_per_s"] / max(bare),
+        "ratio_1000_workers_median": rows[-1]["events_per_s_median"] / statistics.median(bare),
     }
     out = ROOT / "benchmarks" / "results" / "sim_throughput.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(
-        f"bare loop: {bare_best:.0f} steps/s (best of {len(bare)}: "
-        f"{', '.join(f'{b:.0f}' for b in bare)})"
+        f"bare loop: best {max(bare):.0f}, median {statistics.median(bare):.0f} steps/s "
+        f"({', '.join(f'{b:.0f}' for b in bare)})"
     )
     for r in rows:
         print(
-            f"sim N={r['workers']:5d}: {r['events_per_s']:.0f} events/s, "
-            f"{r['us_per_event']:.0f} µs/event, mean lag {r['mean_lag']:.1f}"
+            f"sim N={r['workers']:5d}: best {r['events_per_s']:.0f}, median "
+            f"{r['events_per_s_median']:.0f} events/s; {r['us_per_event']:.0f} µs/event "
+            f"(median {r['us_per_event_median']:.0f}); mean lag {r['mean_lag']:.1f}"
         )
-    print(f"ratio at 1,000 workers: {result['ratio_1000_workers']:.2f} (target >= 0.9)")
+    print(
+        f"ratio at 1,000 workers: best {result['ratio_1000_workers_best']:.2f}, median "
+        f"{result['ratio_1000_workers_median']:.2f} (target >= 0.9)"
+    )
 
 
 if __name__ == "__main__":
