@@ -3,6 +3,7 @@ naming the config key and value, before any process starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
+from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.registry import load_plugins
 
 
@@ -30,21 +33,34 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
+    rank = int(os.environ.get("RANK", 0))  # torchrun: this process is one rank
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
-        if "RANK" in os.environ:  # started by torchrun: this process is one rank
-            from stalebench.runtime.real import run_rank
-
-            code = run_rank(cfg, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None)
-            sys.exit(code)
         from stalebench import experiment
 
-        summary = experiment.run(cfg)
+        if rank == 0:
+            experiment.prepare(cfg)
     except ConfigError as exc:
         _remove_if_unused(Path(hc.runtime.output_dir))
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    if "RANK" in os.environ and rank > 0:
+        from stalebench.runtime.real import run_rank
+
+        sys.exit(run_rank(cfg, rank, int(os.environ["WORLD_SIZE"]), None))
+    tail = _follow(cfg, dcfg, hc)
+    summary = None
+    try:
+        if "RANK" in os.environ:
+            from stalebench.runtime.real import run_rank
+
+            code = run_rank(cfg, 0, int(os.environ["WORLD_SIZE"]), None)
+            summary = json.loads((Path(cfg.run_dir) / "summary.json").read_text())
+        else:
+            code, summary = 0, experiment.launch(cfg)
+    finally:
+        tail.close(summary)
     if cfg.logger.name != "none":
         acc = (summary["final"] or {}).get("accuracy")
         print(
@@ -54,7 +70,38 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
             f"mean_lag={summary['lag']['mean']} -> {cfg.run_dir}"
             + (f"\n  error: {summary['error']}" if summary["error"] else "")
         )
+    if code:
+        sys.exit(code)
     return (summary["final"] or {}).get("accuracy")
+
+
+def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
+    """The sinks that follow this run's events: progress line, W&B (never in a worker)."""
+    sinks: list[Sink] = []
+    if cfg.logger.name != "none":
+        b = cfg.budget
+        sinks.append(Progress(cfg.algorithm.label, b.max_updates, b.max_wall_s))
+    if cfg.logger.name == "wandb":
+        multirun = hc.mode == RunMode.MULTIRUN
+        try:
+            sinks.append(
+                Wandb(
+                    project=cfg.logger.project,
+                    mode=cfg.logger.wandb_mode,
+                    run_dir=Path(cfg.run_dir),
+                    name=f"{cfg.algorithm.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
+                    group=str(Path(hc.sweep.dir).relative_to(Path(hc.sweep.dir).parent.parent))
+                    if multirun
+                    else None,
+                    job_type=cfg.algorithm.label,
+                    config=OmegaConf.to_container(dcfg, resolve=True),
+                )
+            )
+        except Exception as exc:  # W&B never fails the run: events.jsonl has everything
+            print(f"stalebench: warning: W&B not started: {exc}", file=sys.stderr)
+    tail = EventTail(Path(cfg.run_dir) / "events.jsonl", sinks)
+    tail.start()
+    return tail
 
 
 GROUPS = (

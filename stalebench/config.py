@@ -15,7 +15,8 @@ from stalebench.registry import ComponentConfig
 
 RUNTIMES = ("real", "sim")
 ENGINES = ("ps", "allreduce")
-LOGGERS = ("none", "local")
+LOGGERS = ("none", "local", "wandb")
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 @dataclasses.dataclass
@@ -67,12 +68,20 @@ class EvalConfig:
 
 @dataclasses.dataclass
 class LoggerConfig:
-    # none: only the run directory; local: the run directory and a console line per run.
+    # none: only the run directory; local: the run directory, a live progress line on a
+    # terminal and a line per run; wandb: local plus a Weights & Biases run
     name: str = "local"
+    project: str = "stalebench"  # W&B project
+    wandb_mode: str = "offline"  # offline (no network; `wandb sync` later), online, disabled
 
     def __post_init__(self) -> None:
         if self.name not in LOGGERS:
             raise ConfigError(f"logger: unknown logger {self.name!r}; known: {', '.join(LOGGERS)}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ConfigError(
+                f"logger.wandb_mode must be one of {', '.join(WANDB_MODES)}, "
+                f"got {self.wandb_mode!r}"
+            )
 
 
 @dataclasses.dataclass

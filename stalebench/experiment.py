@@ -140,9 +140,14 @@ class Job:
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     """Run one configured job to its end and return its summary (also in summary.json)."""
+    prepare(cfg)
+    return launch(cfg)
+
+
+def launch(cfg: RunConfig) -> dict[str, Any]:
+    """Run a prepared job in its runtime."""
     if not cfg.run_dir:
         raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
-    prepare(cfg)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     if cfg.runtime == "sim":
         from stalebench.runtime import sim

@@ -1,0 +1,106 @@
+"""``stalebench-report DIR... [--out OUT]``: run directories → report.md, tables, figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stalebench.report.collect import collect
+from stalebench.report.tables import BASELINE, format_summary, summary_table, write_table
+
+
+def build_report(dirs: list[str], out: Path) -> Path:
+    """Write out/report.md, out/tables/*.{csv,tex}, out/figures/*.png; return report.md.
+    Raises LookupError when no run directory is found."""
+    runs, curves, updates = collect(dirs)
+    if runs.empty:
+        raise LookupError(
+            f"no run directory (summary.json or events.jsonl + .hydra/) under "
+            f"{', '.join(map(str, dirs))}"
+        )
+    from stalebench.report.figures import all_figures  # matplotlib only when there is work
+
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summary_table(runs)
+    summary_md = write_table("summary", summary, format_summary(summary), out)
+    per_run_cols = [
+        c
+        for c in [
+            "run_dir",
+            "algorithm",
+            "cluster",
+            "num_workers",
+            "seed",
+            "status",
+            "final_accuracy",
+            "time_to_target_s",
+            "lag_mean",
+            "throughput_updates_per_s",
+            "wall_time_s",
+            "error",
+        ]
+        if c in runs
+    ]
+    write_table(
+        "runs", runs, runs[per_run_cols].astype(object).where(runs[per_run_cols].notna(), "—"), out
+    )
+    figures = all_figures(runs, curves, updates, out)
+
+    n_done = int((runs["status"] == "completed").sum())
+    lines = [
+        "# stalebench report",
+        "",
+        f"Runs: {len(runs)} ({n_done} completed) from {', '.join(map(str, dirs))}.",
+        "",
+        "## Summary",
+        "",
+        "Mean ± sample std over the completed runs (seeds) of each group; runs that did not",
+        "complete are counted in `runs` and listed under `not completed`. Time to target is",
+        f"over the runs that reached it; speedup vs {BASELINE} = {BASELINE}'s mean time to",
+        "target / the algorithm's, same cluster and workers.",
+        "",
+        summary_md,
+        "Tables: `tables/summary.csv`, `tables/summary.tex`, per run `tables/runs.csv`, "
+        "`tables/runs.tex`.",
+        "",
+        "## Figures",
+        "",
+        *(f"![{p.stem}](figures/{p.name})\n" for p in figures),
+        "",
+        "## Runs that did not complete",
+        "",
+    ]
+    bad = runs[runs["status"] != "completed"]
+    if bad.empty:
+        lines.append("None.")
+    for row in bad.itertuples():
+        error = getattr(row, "error", None) or "no error recorded"
+        lines.append(
+            f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: **{row.status}** — {error}"
+        )
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stalebench-report",
+        description="Collect stalebench run directories into a Markdown report with tables "
+        "and figures.",
+    )
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding runs")
+    parser.add_argument("--out", type=Path, help="output directory (default: the first DIR)")
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(args.dirs, args.out or Path(args.dirs[0]))
+    except (LookupError, FileNotFoundError) as err:
+        print(f"stalebench-report: error: {err}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Find run directories and load them into three tidy DataFrames (runs, curves, updates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+LABELS = ["algorithm", "cluster", "num_workers", "seed"]
+CURVE_COLUMNS = ["run_dir", *LABELS, "t", "version", "split", "loss", "accuracy"]
+UPDATE_FIELDS = [
+    "t",
+    "worker",
+    "clock",
+    "version",
+    "lag",
+    "loss",
+    "compute_s",
+    "wait_s",
+    "comm_s",
+    "clock_gap",
+]
+UPDATE_COLUMNS = ["run_dir", *LABELS, *UPDATE_FIELDS]
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory holds summary.json, or events.jsonl next to Hydra's .hydra/."""
+    return (path / "summary.json").is_file() or (
+        (path / "events.jsonl").is_file() and (path / ".hydra").is_dir()
+    )
+
+
+def find_run_dirs(dirs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Every run directory at or under the given directories (sorted, without duplicates)."""
+    found: set[Path] = set()
+    for top in dirs:
+        top = Path(top)
+        if not top.is_dir():
+            raise FileNotFoundError(f"not a directory: {top}")
+        for root, subdirs, _files in os.walk(top):
+            path = Path(root)
+            if is_run_dir(path):
+                found.add(path.resolve())
+                subdirs[:] = []  # a run directory holds no other runs
+            else:
+                subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+    return sorted(found, key=_natural_key)
+
+
+def _natural_key(path: Path):
+    return [int(p) if p.isdigit() else p for p in path.parts]
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """events.jsonl line by line; a torn last line (the run died mid-write) is skipped."""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    events = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                warnings.warn(f"{path}:{i + 1}: unreadable event line skipped", stacklevel=2)
+    return events
+
+
+def _flatten(obj: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{name}_"))
+        else:
+            out[name] = value
+    return out
+
+
+def _yaml_scalars(text: str) -> dict[str, str]:
+    """Dotted keys → scalar strings of a block-style YAML mapping (enough for Hydra's
+    config.yaml; lists and flow values are ignored). Avoids a YAML dependency."""
+    out: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    for raw in text.splitlines():
+        stripped = raw.strip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        key, _, value = stripped.partition(":")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key.strip()])
+        value = value.strip()
+        if value:
+            out[dotted] = value.strip("'\"")
+        else:
+            stack.append((indent, key.strip()))
+    return out
+
+
+def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
+    """Labels of a run that wrote no summary.json: its start event, else .hydra/config.yaml."""
+    start = next((e for e in events if e.get("kind") == "system" and e.get("event") == "start"), {})
+    labels = {k: v for k, v in start.items() if k not in ("kind", "t", "event")}
+    config = run_dir / ".hydra" / "config.yaml"
+    if config.is_file():
+        cfg = _yaml_scalars(config.read_text())
+        fallback = {
+            "algorithm": cfg.get("algorithm.name"),
+            "cluster": cfg.get("cluster.preset") or cfg.get("cluster.name"),
+            "num_workers": cfg.get("cluster.num_workers"),
+            "seed": cfg.get("seed"),
+            "runtime": cfg.get("runtime"),
+            "engine": cfg.get("engine"),
+        }
+        for key, value in fallback.items():
+            if labels.get(key) is None and value is not None:
+                labels[key] = int(value) if key in ("num_workers", "seed") else value
+    errors = [e for e in events if e.get("kind") == "system" and e.get("event") == "error"]
+    labels["status"] = "failed"
+    labels["error"] = "no summary.json"
+    if errors:
+        detail = errors[-1].get("error") or errors[-1].get("message")
+        if detail:
+            labels["error"] += f" (last error event: {detail})"
+    times = [e["t"] for e in events if isinstance(e.get("t"), int | float)]
+    labels["wall_time_s"] = max(times) if times else None
+    labels["updates"] = max(
+        (e.get("version", 0) for e in events if e.get("kind") == "update"), default=0
+    )
+    return labels
+
+
+def collect(dirs: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Load every run under ``dirs``.
+
+    Returns ``runs`` (one row per run: the flattened summary, e.g. ``final_accuracy``,
+    ``lag_mean``, plus ``run_dir``), ``curves`` (the eval events) and ``updates`` (the
+    update events), the latter two labelled with run_dir, algorithm, cluster, num_workers
+    and seed. A run without summary.json appears with status "failed".
+    """
+    rows, curves, updates = [], [], []
+    for run_dir in find_run_dirs(dirs):
+        events_path = run_dir / "events.jsonl"
+        events = read_events(events_path) if events_path.is_file() else []
+        summary_path = run_dir / "summary.json"
+        if summary_path.is_file():
+            try:
+                row = _flatten(json.loads(summary_path.read_text()))
+            except json.JSONDecodeError as err:
+                row = _labels_without_summary(run_dir, events)
+                row["error"] = f"unreadable summary.json: {err}"
+        else:
+            row = _labels_without_summary(run_dir, events)
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+        labels = {"run_dir": str(run_dir), **{k: row.get(k) for k in LABELS}}
+        for e in events:
+            if e.get("kind") == "eval":
+                curves.append({**labels, **{k: e.get(k) for k in CURVE_COLUMNS[5:]}})
+            elif e.get("kind") == "update":
+                updates.append({**labels, **{k: e.get(k) for k in UPDATE_FIELDS}})
+    runs = pd.DataFrame(rows)
+    if not runs.empty:
+        first = ["run_dir", *LABELS, "status", "error"]
+        runs = runs[[c for c in first if c in runs] + [c for c in runs if c not in first]]
+    return (
+        runs,
+        pd.DataFrame(curves, columns=CURVE_COLUMNS),
+        pd.DataFrame(updates, columns=UPDATE_COLUMNS),
+    )

@@ -1,0 +1,162 @@
+"""Figures: convergence vs wall time, lag histograms, per-worker compute/wait/comm."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+GRID_POINTS = 200
+
+
+def _slug(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "_".join(str(p) for p in parts)).strip("-")
+
+
+def _settings(df: pd.DataFrame):
+    """(title, file suffix, rows) per (cluster, num_workers)."""
+    for (cluster, workers), sub in df.groupby(["cluster", "num_workers"], dropna=False):
+        yield f"{cluster}, {workers} workers", _slug(cluster, f"w{workers}"), sub
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def band(curves: pd.DataFrame, metric: str, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std over runs of ``metric`` interpolated on ``grid`` (each run only within
+    the time span it covers; NaN where no run does)."""
+    stack = []
+    for _, run in curves.groupby("run_dir"):
+        run = run[np.isfinite(run[metric].astype(float))].sort_values("t")
+        if run.empty:
+            continue
+        t, y = run["t"].to_numpy(float), run[metric].to_numpy(float)
+        values = np.interp(grid, t, y)
+        values[(grid < t[0]) | (grid > t[-1])] = np.nan
+        stack.append(values)
+    if not stack:
+        return np.full_like(grid, np.nan), np.full_like(grid, np.nan)
+    stack = np.vstack(stack)
+    counts = np.sum(~np.isnan(stack), axis=0)
+    with np.errstate(all="ignore"):
+        mean = np.where(counts > 0, np.nansum(stack, axis=0) / np.maximum(counts, 1), np.nan)
+        var = np.nansum((stack - mean) ** 2, axis=0) / np.maximum(counts - 1, 1)
+    return mean, np.where(counts > 1, np.sqrt(var), 0.0)
+
+
+def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str) -> list[Path]:
+    """Test ``metric`` (accuracy or loss) vs wall time of completed runs; a line per
+    algorithm, the band is ± std over seeds."""
+    done = set(runs.loc[runs["status"] == "completed", "run_dir"])
+    test = curves[(curves["split"] == "test") & curves["run_dir"].isin(done)].dropna(
+        subset=[metric, "t"]
+    )
+    paths = []
+    for title, suffix, sub in _settings(test):
+        grid = np.linspace(0.0, float(sub["t"].max()), GRID_POINTS)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        algorithms = sorted(sub["algorithm"].astype(str).unique())
+        for color, algorithm in zip(
+            sns.color_palette(n_colors=len(algorithms)), algorithms, strict=True
+        ):
+            runs_of = sub[sub["algorithm"].astype(str) == algorithm]
+            mean, std = band(runs_of, metric, grid)
+            n = runs_of["run_dir"].nunique()
+            ax.plot(grid, mean, color=color, label=f"{algorithm} (n={n})")
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        ax.set(xlabel="wall time (s)", ylabel=f"test {metric}", title=title)
+        ax.legend()
+        paths.append(_save(fig, out / "figures" / f"test_{metric}_vs_time_{suffix}.png"))
+    return paths
+
+
+def lag_histograms(updates: pd.DataFrame, out: Path) -> list[Path]:
+    """Distribution of update lag per algorithm (all runs, normalised per algorithm)."""
+    paths = []
+    for title, suffix, sub in _settings(updates.dropna(subset=["lag"])):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        sns.histplot(
+            data=sub.assign(algorithm=sub["algorithm"].astype(str)),
+            x="lag",
+            hue="algorithm",
+            discrete=True,
+            stat="probability",
+            common_norm=False,
+            element="step",
+            ax=ax,
+        )
+        ax.set(xlabel="lag (versions)", ylabel="fraction of updates", title=title)
+        paths.append(_save(fig, out / "figures" / f"lag_histogram_{suffix}.png"))
+    return paths
+
+
+def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Path]:
+    """Per worker, total compute / wait / comm time in one run per algorithm (the completed
+    run with the lowest seed): a horizontal stacked bar per worker."""
+    parts = ["compute_s", "wait_s", "comm_s"]
+    colors = sns.color_palette(n_colors=3)
+    ordered = runs.assign(_done=runs["status"] != "completed").sort_values(["_done", "seed"])
+    paths = []
+    for title, suffix, sub in _settings(updates):
+        algorithms = sorted(sub["algorithm"].astype(str).unique())
+        workers = sub["worker"].nunique()
+        fig, axes = plt.subplots(
+            len(algorithms),
+            1,
+            squeeze=False,
+            sharex=True,
+            figsize=(7, min(2 + len(algorithms) * (0.6 + 0.25 * min(workers, 32)), 30)),
+        )
+        for ax, algorithm in zip(axes[:, 0], algorithms, strict=True):
+            candidates = ordered[
+                ordered["run_dir"].isin(
+                    sub.loc[sub["algorithm"].astype(str) == algorithm, "run_dir"]
+                )
+            ]
+            run_dir = candidates["run_dir"].iloc[0]
+            seed = candidates["seed"].iloc[0]
+            per_worker = sub[sub["run_dir"] == run_dir].groupby("worker")[parts].sum().sort_index()
+            left = np.zeros(len(per_worker))
+            for part, color in zip(parts, colors, strict=True):
+                values = per_worker[part].fillna(0).to_numpy(float)
+                ax.barh(
+                    per_worker.index.astype(str),
+                    values,
+                    left=left,
+                    color=color,
+                    label=part.removesuffix("_s"),
+                )
+                left += values
+            ax.set(ylabel="worker", title=f"{algorithm} (seed {seed})")
+            ax.invert_yaxis()
+        axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axes[-1, 0].set_xlabel("time (s)")
+        fig.suptitle(f"Time per worker: {title}")
+        paths.append(_save(fig, out / "figures" / f"worker_time_{suffix}.png"))
+    return paths
+
+
+def all_figures(
+    runs: pd.DataFrame, curves: pd.DataFrame, updates: pd.DataFrame, out: Path
+) -> list[Path]:
+    out = Path(out)
+    sns.set_theme(style="whitegrid")
+    return [
+        *convergence(curves, runs, out, "accuracy"),
+        *convergence(curves, runs, out, "loss"),
+        *lag_histograms(updates, out),
+        *worker_time(updates, runs, out),
+    ]

@@ -1,0 +1,172 @@
+"""Summary tables: per (algorithm, cluster, num_workers), means ± std over seeds.
+
+Accuracy, time-to-target, lag and throughput are averaged over the *completed* runs of a
+group; runs that failed, diverged or timed out stay in the table (``runs`` counts them and
+``status`` lists them), they are never dropped silently. Std is the sample std (ddof=1).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+GROUP = ["algorithm", "cluster", "num_workers"]
+# The speedup baseline, matched case-insensitively against the ``algorithm`` column.
+BASELINE = "BSP"
+MISSING = "—"
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    if name in df:
+        return pd.to_numeric(df[name], errors="coerce")
+    return pd.Series(np.nan, index=df.index)
+
+
+def _std(values: pd.Series) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else float("nan")
+
+
+def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """One numeric row per (algorithm, cluster, num_workers)."""
+    rows = []
+    for key, group in runs.groupby(GROUP, dropna=False, sort=True):
+        done = group[group["status"] == "completed"]
+        acc = _col(done, "final_accuracy").dropna()
+        ttt = _col(done, "time_to_target_s").dropna()
+        others = group.loc[group["status"] != "completed", "status"].fillna("unknown")
+        rows.append(
+            {
+                **dict(zip(GROUP, key, strict=True)),
+                "runs": len(group),
+                "completed": len(done),
+                "status": ", ".join(f"{s}×{n}" for s, n in sorted(others.value_counts().items())),
+                "final_accuracy_mean": float(acc.mean()) if len(acc) else float("nan"),
+                "final_accuracy_std": _std(acc),
+                "time_to_target_mean": float(ttt.mean()) if len(ttt) else float("nan"),
+                "time_to_target_std": _std(ttt),
+                "reached_target": len(ttt),
+                "lag_mean": float(_col(done, "lag_mean").mean()),
+                "throughput_updates_per_s": float(_col(done, "throughput_updates_per_s").mean()),
+            }
+        )
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    is_base = table["algorithm"].astype(str).str.lower() == baseline.lower()
+    base = table[is_base].set_index(["cluster", "num_workers"])["time_to_target_mean"]
+    table[f"speedup_vs_{baseline}"] = [
+        base.get((c, n), float("nan")) / t if t > 0 else float("nan")
+        for c, n, t in zip(
+            table["cluster"], table["num_workers"], table["time_to_target_mean"], strict=True
+        )
+    ]
+    return table
+
+
+def _fmt(x, digits: int) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return MISSING
+    return f"{x:.{digits}f}"
+
+
+def _pm(mean: float, std: float, digits: int) -> str:
+    if math.isnan(mean):
+        return MISSING
+    return _fmt(mean, digits) if math.isnan(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """The summary table as display strings (mean ± std, "—" when missing)."""
+    speedup = f"speedup_vs_{baseline}"
+    return pd.DataFrame(
+        {
+            "algorithm": table["algorithm"].astype(str),
+            "cluster": table["cluster"].astype(str),
+            "workers": table["num_workers"].astype(str),
+            "runs": table["runs"].astype(str),
+            "completed": table["completed"].astype(str),
+            "not completed": [s or MISSING for s in table["status"]],
+            "final test accuracy": [
+                _pm(m, s, 3)
+                for m, s in zip(
+                    table["final_accuracy_mean"], table["final_accuracy_std"], strict=True
+                )
+            ],
+            "time to target (s)": [
+                _pm(m, s, 2)
+                for m, s in zip(
+                    table["time_to_target_mean"], table["time_to_target_std"], strict=True
+                )
+            ],
+            "reached": [
+                f"{r}/{c}" for r, c in zip(table["reached_target"], table["completed"], strict=True)
+            ],
+            "mean lag": [_fmt(x, 2) for x in table["lag_mean"]],
+            "updates/s": [_fmt(x, 1) for x in table["throughput_updates_per_s"]],
+            f"speedup vs {baseline}": [
+                MISSING if math.isnan(x) else f"{x:.2f}×" for x in table[speedup]
+            ],
+        }
+    )
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub Markdown table (no tabulate dependency)."""
+
+    def cell(x) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        "| " + " | ".join(cell(c) for c in table.columns) + " |",
+        "|" + "|".join("---" for _ in table.columns) + "|",
+    ]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in table.itertuples(False)]
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "×": r"$\times$",
+    "—": "---",
+}
+
+
+def _latex_escape(x) -> str:
+    return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in str(x))
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    """A booktabs tabular (no jinja2 dependency)."""
+    cols = "l" * len(table.columns)
+    lines = [
+        rf"\begin{{tabular}}{{{cols}}}",
+        r"\toprule",
+        " & ".join(_latex_escape(c) for c in table.columns) + r" \\",
+        r"\midrule",
+        *(" & ".join(_latex_escape(x) for x in row) + r" \\" for row in table.itertuples(False)),
+        r"\bottomrule",
+        r"\end{tabular}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(name: str, numeric: pd.DataFrame, display: pd.DataFrame, out: Path) -> str:
+    """Write out/tables/<name>.csv (numeric) and <name>.tex (display); return the Markdown."""
+    tables = Path(out) / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    numeric.to_csv(tables / f"{name}.csv", index=False)
+    (tables / f"{name}.tex").write_text(to_latex(display))
+    return to_markdown(display)

@@ -1,0 +1,102 @@
+"""The W&B sink end to end, offline: what the run logged, read back from its .wandb file,
+matches events.jsonl; multirun jobs are separate runs in one group; a broken W&B never
+fails the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stalebench.metrics.events import read_events
+from tests.wandb_log import read_run
+
+FAST = [
+    "runtime=sim",
+    "dataset=synthetic",
+    "model=mlp",
+    "model.hidden=[32]",
+    "cluster.compute_ms=5",
+    "budget.max_wall_s=0",
+    "budget.max_updates=120",
+    "eval.every_s=0",
+    "eval.every_updates=30",
+]
+
+
+def stalebench(args, cwd, env=None):
+    env = {
+        **os.environ,
+        "WANDB_DIR": str(cwd),
+        "WANDB_CACHE_DIR": str(cwd / "cache"),
+        "WANDB_CONFIG_DIR": str(cwd / "config"),
+        **(env or {}),
+    }
+    env.pop("WANDB_MODE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "stalebench.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+
+
+def offline_runs(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("wandb/offline-run-*/*.wandb"))
+
+
+@pytest.mark.timeout(160)
+def test_offline_run_history_matches_the_events(tmp_path):
+    done = stalebench(["logger=wandb", "algorithm=ssp", "hydra.run.dir=run", *FAST], tmp_path)
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "run"
+    (log,) = offline_runs(run_dir)
+    logged = read_run(log)
+    assert logged["run"].job_type == "ssp"
+    config = {item.key: json.loads(item.value_json) for item in logged["run"].config.update}
+    assert config["algorithm"]["barrier"]["staleness"] == 3  # the resolved config
+    events = read_events(run_dir / "events.jsonl")
+    evals = [
+        (e["t"], e["accuracy"]) for e in events if e["kind"] == "eval" and e["split"] == "test"
+    ]
+    rows = [(h["time/t"], h["test/accuracy"]) for h in logged["history"] if "test/accuracy" in h]
+    assert rows == evals  # same floats: both come from one JSON round trip
+    train = [h for h in logged["history"] if "train/batch_loss" in h]
+    assert train and train[-1]["sys/updates"] == 120
+    ups = [e for e in events if e["kind"] == "update"]
+    assert max(h["time/t"] for h in train) == pytest.approx(ups[-1]["t"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert logged["summary"]["status"] == "completed"
+    assert logged["summary"]["updates"] == summary["updates"]
+
+
+@pytest.mark.timeout(200)
+def test_multirun_jobs_are_separate_runs_in_one_group(tmp_path):
+    done = stalebench(
+        ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST], tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
+    assert len(runs) == 2
+    assert {r["run"].job_type for r in runs} == {"bsp", "asp"}
+    assert len({r["run"].run_group for r in runs}) == 1 and runs[0]["run"].run_group
+    assert len({r["run"].run_id for r in runs}) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_broken_wandb_never_fails_the_run(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "wandb").mkdir(parents=True)
+    (fake / "wandb" / "__init__.py").write_text("raise RuntimeError('W&B is broken here')\n")
+    done = stalebench(
+        ["logger=wandb", "hydra.run.dir=run", *FAST], tmp_path, env={"PYTHONPATH": str(fake)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "W&B not started: W&B is broken here" in done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
