@@ -10,7 +10,7 @@ from stalebench.report.collect import collect
 from stalebench.report.tables import BASELINE, format_summary, summary_table, write_table
 
 
-def build_report(dirs: list[str], out: Path) -> Path:
+def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
     """Write out/report.md, out/tables/*.{csv,tex}, out/figures/*.png; return report.md.
     Raises LookupError when no run directory is found."""
     runs, curves, updates = collect(dirs)
@@ -22,8 +22,8 @@ def build_report(dirs: list[str], out: Path) -> Path:
     from stalebench.report.figures import all_figures  # matplotlib only when there is work
 
     out.mkdir(parents=True, exist_ok=True)
-    summary = summary_table(runs)
-    summary_md = write_table("summary", summary, format_summary(summary), out)
+    summary = summary_table(runs, baseline)
+    summary_md = write_table("summary", summary, format_summary(summary, baseline), out)
     per_run_cols = [
         c
         for c in [
@@ -57,7 +57,7 @@ def build_report(dirs: list[str], out: Path) -> Path:
         "",
         "Mean ± sample std over the completed runs (seeds) of each group; runs that did not",
         "complete are counted in `runs` and listed under `not completed`. Time to target is",
-        f"over the runs that reached it; speedup vs {BASELINE} = {BASELINE}'s mean time to",
+        f"over the runs that reached it; speedup vs {baseline} = {baseline}'s mean time to",
         "target / the algorithm's, same cluster and workers.",
         "",
         summary_md,
@@ -92,9 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding runs")
     parser.add_argument("--out", type=Path, help="output directory (default: the first DIR)")
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help=f"algorithm the speedups are relative to (default {BASELINE})",
+    )
     args = parser.parse_args(argv)
     try:
-        report = build_report(args.dirs, args.out or Path(args.dirs[0]))
+        report = build_report(args.dirs, args.out or Path(args.dirs[0]), args.baseline)
     except (LookupError, FileNotFoundError) as err:
         print(f"stalebench-report: error: {err}", file=sys.stderr)
         return 2

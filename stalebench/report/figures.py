@@ -133,13 +133,14 @@ def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Pa
             for part, color in zip(parts, colors, strict=True):
                 values = per_worker[part].fillna(0).to_numpy(float)
                 ax.barh(
-                    per_worker.index.astype(str),
+                    np.arange(len(per_worker)),
                     values,
                     left=left,
                     color=color,
                     label=part.removesuffix("_s"),
                 )
                 left += values
+            ax.set_yticks(np.arange(len(per_worker)), [str(w) for w in per_worker.index])
             ax.set(ylabel="worker", title=f"{algorithm} (seed {seed})")
             ax.invert_yaxis()
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))

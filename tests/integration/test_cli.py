@@ -93,6 +93,10 @@ def test_multirun_gives_each_job_its_directory_and_every_algorithm_learns(tmp_pa
         assert last["loss"] < first["loss"] - 0.1, (summary["algorithm"], first, last)
         assert last["accuracy"] > first["accuracy"] + 0.1, (summary["algorithm"], first, last)
     assert seen == {(a, s) for a in ("bsp", "asp", "ssp") for s in (0, 1)}
+    # the multirun callback wrote the sweep's report
+    report = (tmp_path / "sweep" / "report.md").read_text()
+    assert "| bsp |" in report and "| asp |" in report and "| ssp |" in report
+    assert len(list((tmp_path / "sweep" / "figures").glob("*.png"))) == 4
 
 
 @pytest.mark.timeout(120)
