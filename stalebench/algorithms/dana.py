@@ -11,16 +11,11 @@ from typing import TYPE_CHECKING
 
 from stalebench.algorithms.base import UPDATES, UpdateConfig
 from stalebench.algorithms.staleness import per_worker_copies, worker_slot
-from stalebench.algorithms.updates import SGD
+from stalebench.algorithms.updates import SGD, check_momentum
 from stalebench.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
-
-
-def _check_momentum(momentum: float) -> None:
-    if not 0.0 <= momentum < 1.0:
-        raise ConfigError(f"algorithm.update.momentum must be in [0, 1), got {momentum}")
 
 
 @dataclasses.dataclass
@@ -29,7 +24,7 @@ class MultiMomentumConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_momentum(self.momentum)
+        check_momentum(self.momentum)
 
 
 @UPDATES.register("multi_momentum", MultiMomentumConfig)
@@ -63,7 +58,7 @@ class DanaConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_momentum(self.momentum)
+        check_momentum(self.momentum)
         if self.variant not in DANA_VARIANTS:
             raise ConfigError(
                 f"algorithm.update.variant must be one of {', '.join(DANA_VARIANTS)}, "

@@ -31,6 +31,11 @@ class SGD(UpdateRule):
         return grad
 
 
+def check_momentum(momentum: float) -> None:
+    if not 0.0 <= momentum < 1.0:
+        raise ConfigError(f"algorithm.update.momentum must be in [0, 1), got {momentum}")
+
+
 @dataclasses.dataclass
 class MomentumConfig(UpdateConfig):
     momentum: float = 0.9  # γ
@@ -38,8 +43,7 @@ class MomentumConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.momentum < 1.0:
-            raise ConfigError(f"algorithm.update.momentum must be in [0, 1), got {self.momentum}")
+        check_momentum(self.momentum)
 
 
 @UPDATES.register("momentum", MomentumConfig)

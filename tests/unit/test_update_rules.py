@@ -51,6 +51,15 @@ def test_sa_divides_the_whole_step_by_the_lag():
     exact(theta, t(-0.484375, 3.78125))
 
 
+def base_rule(momentum, nesterov, kw, theta):
+    """The rule a penalised one reduces to: shared momentum, or plain SGD without it."""
+    if momentum:
+        return Momentum(
+            MomentumConfig(name="m", momentum=momentum, nesterov=nesterov, **kw), theta, 3
+        )
+    return SGD(SGDConfig(name="sgd", **kw), theta, 3)
+
+
 @pytest.mark.parametrize(
     "momentum, nesterov, wd",
     [(0.0, False, 0.0), (0.0, False, 1e-2), (0.9, False, 1e-2), (0.8, True, 0.0)],
@@ -61,12 +70,7 @@ def test_sa_with_lags_at_most_one_equals_sgd_or_momentum(momentum, nesterov, wd)
     sa = StalenessAware(
         StalenessAwareConfig(name="sa", momentum=momentum, nesterov=nesterov, **kw), sa_theta, 3
     )
-    if momentum:
-        ref = Momentum(
-            MomentumConfig(name="m", momentum=momentum, nesterov=nesterov, **kw), ref_theta, 3
-        )
-    else:
-        ref = SGD(SGDConfig(name="sgd", **kw), ref_theta, 3)
+    ref = base_rule(momentum, nesterov, kw, ref_theta)
     for step, g in enumerate(gradients(12)):
         sa.step(sa_theta, g, worker=step % 3, lag=step % 2)
         ref.step(ref_theta, g, worker=step % 3, lag=step % 2)
@@ -141,12 +145,7 @@ def test_gap_aware_without_gap_equals_its_base_rule(momentum, nesterov, wd):
     ga = GapAware(
         GapAwareConfig(name="ga", momentum=momentum, nesterov=nesterov, **kw), ga_theta, 3
     )
-    if momentum:
-        ref = Momentum(
-            MomentumConfig(name="m", momentum=momentum, nesterov=nesterov, **kw), ref_theta, 3
-        )
-    else:
-        ref = SGD(SGDConfig(name="sgd", **kw), ref_theta, 3)
+    ref = base_rule(momentum, nesterov, kw, ref_theta)
     for step, g in enumerate(gradients(12)):
         worker = [0, 2, 1][step % 3]
         ga.params_for(ga_theta, worker)
