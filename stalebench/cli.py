@@ -90,9 +90,7 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
                     mode=cfg.logger.wandb_mode,
                     run_dir=Path(cfg.run_dir),
                     name=f"{cfg.algorithm.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
-                    group=str(Path(hc.sweep.dir).relative_to(Path(hc.sweep.dir).parent.parent))
-                    if multirun
-                    else None,
+                    group="/".join(Path(hc.sweep.dir).parts[-2:]) if multirun else None,
                     job_type=cfg.algorithm.label,
                     config=OmegaConf.to_container(dcfg, resolve=True),
                 )

@@ -60,18 +60,14 @@ class Transport:
         try:
             dist.send(buf, dst)
         except Exception as exc:
-            raise RunError(f"{_peer(dst)} lost: {_brief(exc)}") from exc
+            raise RunError(f"{rank_name('ps', dst)} lost: {_brief(exc)}") from exc
         self.bytes_sent += buf.numel() * buf.element_size()
 
     def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
         try:
             dist.irecv(buf, src).wait(timeout or self.timeout)
         except Exception as exc:
-            raise RunError(f"{_peer(src)} lost: {_brief(exc)}") from exc
-
-
-def _peer(rank: int) -> str:
-    return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
+            raise RunError(f"{rank_name('ps', src)} lost: {_brief(exc)}") from exc
 
 
 def _brief(exc: Exception) -> str:
@@ -358,9 +354,11 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
             summary = Server(job, run_dir, transport).serve()
         else:
             work(job, rank - 1, transport)
-        log.info("%s done%s", rank_name(cfg, rank), f": {summary['status']}" if summary else "")
+        log.info(
+            "%s done%s", rank_name(cfg.engine, rank), f": {summary['status']}" if summary else ""
+        )
     except Exception as exc:
-        log.error("%s: %s\n%s", rank_name(cfg, rank), exc, traceback.format_exc())
+        log.error("%s: %s\n%s", rank_name(cfg.engine, rank), exc, traceback.format_exc())
         return 1
     if summary and summary["status"] != "completed":
         return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
@@ -373,8 +371,10 @@ def world_size_of(cfg: RunConfig) -> int:
     return n if cfg.engine == "allreduce" else n + 1
 
 
-def rank_name(cfg: RunConfig, rank: int) -> str:
-    if cfg.engine == "allreduce":
+def rank_name(engine: str, rank: int) -> str:
+    """How errors and logs name a rank: the parameter server is rank 0, worker w rank w + 1;
+    under allreduce every rank is a worker."""
+    if engine == "allreduce":
         return f"worker {rank} (rank {rank})"
     return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
@@ -424,7 +424,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
             if dead and failed_at is None:
                 r = dead[0]
-                error = f"{rank_name(cfg, r)} (pid {procs[r].pid}) exited with " + _exit(
+                error = f"{rank_name(cfg.engine, r)} (pid {procs[r].pid}) exited with " + _exit(
                     procs[r].exitcode
                 )
                 failed_at = time.monotonic()
@@ -436,7 +436,7 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
                 break
         if procs[0].exitcode not in (None, 0) and status is None:
             status = "failed"
-            error = f"{rank_name(cfg, 0)} exited with {_exit(procs[0].exitcode)}" + (
+            error = f"{rank_name(cfg.engine, 0)} exited with {_exit(procs[0].exitcode)}" + (
                 f"; {error}" if error else ""
             )
     except KeyboardInterrupt:
