@@ -106,6 +106,7 @@ GROUPS = (
     "algorithm",
     "algorithm/barrier",
     "algorithm/update",
+    "algorithm/optimizer",
     "model",
     "dataset",
     "cluster",

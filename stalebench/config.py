@@ -3,31 +3,45 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from stalebench.algorithms.base import BarrierConfig, UpdateConfig
+from stalebench.algorithms.pipeline import OptimizerConfig, PipelineConfig
 from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig
 
 RUNTIMES = ("real", "sim")
-ENGINES = ("ps", "allreduce")
+ENGINES = ("ps", "allreduce", "pipeline")
 LOGGERS = ("none", "local", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
 @dataclasses.dataclass
 class AlgorithmConfig:
-    name: str = ""  # the preset's name; empty = "<barrier>+<update>"
-    barrier: BarrierConfig = MISSING
-    update: UpdateConfig = MISSING
+    # the preset's name; empty = "<barrier>+<update>" or "<schedule>+<optimizer>"
+    name: str = ""
+    # engine=ps and engine=allreduce: when a worker may step, how a gradient is applied
+    barrier: Optional[BarrierConfig] = None  # noqa: UP045  (OmegaConf reads the annotation)
+    update: Optional[UpdateConfig] = None  # noqa: UP045
+    # engine=pipeline: the schedule, and the optimizer every stage runs on its own weights
+    pipeline: Optional[PipelineConfig] = None  # noqa: UP045
+    optimizer: Optional[OptimizerConfig] = None  # noqa: UP045
+
+    @property
+    def parts(self) -> tuple[str, str]:
+        """(barrier or schedule, update rule or optimizer): the two halves of the label."""
+        if self.pipeline is not None and self.optimizer is not None:
+            return self.pipeline.schedule, self.optimizer.name
+        return self.barrier.name, self.update.name
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.barrier.name}+{self.update.name}"
+        return self.name or "+".join(self.parts)
 
 
 @dataclasses.dataclass
@@ -108,8 +122,20 @@ class RunConfig:
             raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine: unknown {self.engine!r}; known: {', '.join(ENGINES)}")
-        if self.runtime == "sim" and self.engine != "ps":
-            raise ConfigError(f"runtime=sim runs engine=ps only, got engine={self.engine}")
+        if self.runtime == "sim" and self.engine == "allreduce":
+            raise ConfigError("runtime=sim runs engine=ps or engine=pipeline, got allreduce")
+        a = self.algorithm
+        if self.engine == "pipeline":
+            if a.pipeline is None or a.optimizer is None:
+                raise ConfigError(
+                    "engine=pipeline needs algorithm.pipeline and algorithm.optimizer: use a "
+                    "pipeline preset (algorithm=nesterov_pp, pipedream, gpipe)"
+                )
+        elif a.barrier is None or a.update is None:
+            raise ConfigError(
+                f"engine={self.engine} needs algorithm.barrier and algorithm.update; "
+                f"algorithm={a.name or '?'} is a pipeline algorithm: it runs on engine=pipeline"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.num_threads < 1:

@@ -5,6 +5,7 @@ snapshot was taken, so evaluation never costs the run any of its clock."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 from stalebench.config import EvalConfig
@@ -53,21 +54,25 @@ class Snapshots:
 def evaluate(
     model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of `model` with flat parameters `params` on (x, y)."""
+    """Mean cross-entropy and accuracy of `model` with flat parameters `params` on (x, y).
+    A sequence model's (B, T, classes) outputs count every position: per-token loss and
+    next-token accuracy."""
     import torch
     from torch.nn.utils import vector_to_parameters
 
     vector_to_parameters(params, model.parameters())
-    total_loss, correct = 0.0, 0
+    total_loss, correct, count = 0.0, 0, 0
     model.eval()
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
             out = model(x[start : start + batch_size])
-            target = y[start : start + batch_size]
+            target = y[start : start + batch_size].reshape(-1)
+            out = out.reshape(target.numel(), -1)
             total_loss += torch.nn.functional.cross_entropy(out, target, reduction="sum").item()
             correct += (out.argmax(1) == target).sum().item()
+            count += target.numel()
     model.train()
-    return total_loss / len(y), correct / len(y)
+    return total_loss / count, correct / count
 
 
 def recalibrate_batch_norm(
@@ -102,9 +107,13 @@ def evaluate_snapshots(
         n = min(cfg.train_samples, len(splits.y_train))
         idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))
         sets.append(("train", splits.x_train[idx[:n]], splits.y_train[idx[:n]]))
+    sequences = splits.y_train.dim() > 1  # a language model: its perplexity too
     for snap in snapshots:
         if cfg.train_samples:
             recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)
         for split, x, y in sets:
             loss, acc = evaluate(model, snap.params, x, y, cfg.batch_size)
-            emit("eval", snap.t, version=snap.version, split=split, loss=loss, accuracy=acc)
+            extra = {"perplexity": math.exp(min(loss, 700.0))} if sequences else {}
+            emit(
+                "eval", snap.t, version=snap.version, split=split, loss=loss, accuracy=acc, **extra
+            )

@@ -1,9 +1,11 @@
-"""Barriers and update rules; importing this package registers the built-ins."""
+"""Barriers, update rules and pipeline stage optimizers; importing this package registers
+the built-ins."""
 
 from stalebench.algorithms import (  # noqa: F401
     barriers,
     dana,
     dssp,
+    pipeline,
     psp,
     staleness,
     updates,

@@ -31,6 +31,7 @@ class Splits:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    vocab: int = 0  # token datasets: the vocabulary size (labels may not use every token)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -38,7 +39,7 @@ class Splits:
 
     @property
     def num_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
+        return self.vocab or int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
 @dataclasses.dataclass
@@ -285,3 +286,88 @@ def shard_batches(
         for start in range(0, len(order) - batch_size + 1, batch_size):
             idx = order[start : start + batch_size]
             yield splits.x_train[idx], splits.y_train[idx]
+
+
+@dataclasses.dataclass
+class CharsConfig(DatasetConfig):
+    # a UTF-8 text file (e.g. tiny-Shakespeare's input.txt); empty = the generated corpus
+    path: str = ""
+    context: int = 64  # characters per sequence; the model predicts each next character
+    val_fraction: float = 0.1  # the file's tail, held out for validation
+    corpus_chars: int = 200_000  # generated corpus: its length
+    data_seed: int = 0  # generated corpus: its seed (fixed across run seeds)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.context < 2:
+            raise ConfigError(f"dataset.context must be >= 2, got {self.context}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"dataset.val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.corpus_chars < 1000:
+            raise ConfigError(f"dataset.corpus_chars must be >= 1000, got {self.corpus_chars}")
+
+
+def generated_corpus(num_chars: int, seed: int) -> str:
+    """A seeded source with structure at two scales: 120 random words spelled from 26
+    letters, strung by a sparse first-order Markov chain over words (each word is followed
+    by one of 4 others), in sentences of 4-12 words. A character model first learns the
+    spelling, then the word transitions."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 8))) for _ in range(120)]
+    successors = rng.integers(0, len(words), size=(len(words), 4))
+    weights = rng.dirichlet(np.ones(4), size=len(words))
+    out, size, w = [], 0, int(rng.integers(len(words)))
+    while size < num_chars:
+        sentence = []
+        for _ in range(int(rng.integers(4, 13))):
+            sentence.append(words[w])
+            w = int(successors[w, rng.choice(4, p=weights[w])])
+        text = " ".join(sentence).capitalize() + ". "
+        out.append(text)
+        size += len(text)
+    return "".join(out)[:num_chars]
+
+
+@DATASETS.register("chars", CharsConfig)
+class Chars(Dataset):
+    """Character-level language modelling: the text (a local file, or the generated corpus)
+    cut into non-overlapping sequences of `context` + 1 characters; x is a sequence, y the
+    same shifted by one. The last `val_fraction` of the text is the validation split."""
+
+    def text(self) -> str:
+        c = self.cfg
+        if not c.path:
+            return generated_corpus(c.corpus_chars, c.data_seed)
+        path = Path(c.path).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"dataset.path: cannot read text file {str(path)!r}: {exc}") from exc
+        return text
+
+    def prepare(self) -> None:
+        text, c = self.text(), self.cfg
+        need = 2 * (c.context + 1)
+        if min(len(text) * c.val_fraction, len(text) * (1 - c.val_fraction)) < need:
+            raise ConfigError(
+                f"dataset.path: {c.path or 'the generated corpus'} has {len(text)} characters; "
+                f"each split needs at least {need} (2 sequences of dataset.context + 1)"
+            )
+
+    def load(self) -> Splits:
+        import torch
+
+        text, c = self.text(), self.cfg
+        chars = sorted(set(text))
+        lookup = {ch: i for i, ch in enumerate(chars)}
+        ids = torch.tensor([lookup[ch] for ch in text], dtype=torch.int64)
+        cut = int(len(ids) * (1 - c.val_fraction))
+
+        def windows(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            n = (len(part) - 1) // c.context
+            x = part[: n * c.context].view(n, c.context)
+            y = part[1 : n * c.context + 1].view(n, c.context)
+            return x, y
+
+        return Splits(*windows(ids[:cut]), *windows(ids[cut:]), vocab=len(chars))

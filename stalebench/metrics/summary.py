@@ -44,7 +44,11 @@ def summarize(
         "wall_time_s": wall,
         "updates": max((e["version"] for e in updates), default=0),
         "gradients": len(updates),
-        "final": {"loss": final["loss"], "accuracy": final["accuracy"]} if final else None,
+        "final": (
+            {k: final[k] for k in ("loss", "accuracy", "perplexity") if k in final}
+            if final
+            else None
+        ),
         "best_accuracy": max(
             (e["accuracy"] for e in tests if e["accuracy"] is not None), default=None
         ),
@@ -62,6 +66,25 @@ def summarize(
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
+        **_weight_gap(updates, num_workers),
+    }
+
+
+def _weight_gap(updates: list[dict[str, Any]], num_workers: int) -> dict[str, Any]:
+    """Pipelines: ‖updated weights − the weights the gradient was taken at‖, per stage."""
+    gaps = [(e["worker"], e["weight_gap"]) for e in updates if e.get("weight_gap") is not None]
+    if not gaps:
+        return {}
+    per = [[g for w, g in gaps if w == k] for k in range(num_workers)]
+    lags = [
+        max((e["lag"] for e in updates if e["worker"] == k), default=0) for k in range(num_workers)
+    ]
+    return {
+        "weight_gap": {
+            "mean": float(np.mean([g for _, g in gaps])),
+            "per_stage": [float(np.mean(p)) if p else None for p in per],
+        },
+        "stage_delay": lags,
     }
 
 

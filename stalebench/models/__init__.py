@@ -68,3 +68,32 @@ def cnn(cfg: CNNConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
     from stalebench.models.nets import CNN
 
     return CNN(input_shape, num_classes, list(cfg.channels), cfg.kernel_size, cfg.batch_norm)
+
+
+@dataclasses.dataclass
+class TransformerConfig(ComponentConfig):
+    layers: int = 4  # decoder blocks; a pipeline needs at least one per stage
+    width: int = 64  # d_model
+    heads: int = 4
+
+    def __post_init__(self) -> None:
+        for key in ("layers", "width", "heads"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} must be >= 1, got {getattr(self, key)}")
+        if self.width % self.heads:
+            raise ConfigError(
+                f"model.width={self.width} must be a multiple of model.heads={self.heads}"
+            )
+
+
+@MODELS.register("transformer", TransformerConfig)
+def transformer(
+    cfg: TransformerConfig, input_shape: tuple[int, ...], num_classes: int
+) -> nn.Module:
+    """Decoder-only language model over sequences of `input_shape = (context,)` token ids
+    and a vocabulary of `num_classes` tokens."""
+    if len(input_shape) != 1:
+        raise ConfigError(f"model=transformer needs token sequences, got shape {input_shape}")
+    from stalebench.models.nets import decoder
+
+    return decoder(num_classes, input_shape[0], cfg.width, cfg.heads, cfg.layers)

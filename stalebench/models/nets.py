@@ -6,6 +6,18 @@ import math
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
+
+
+def flatten_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """Make the model's parameters views into one flat tensor and return it: loading a
+    worker's parameters is then one copy, not a Python loop over the layers."""
+    flat = parameters_to_vector(model.parameters()).detach().clone()
+    offset = 0
+    for p in model.parameters():
+        p.data = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int]) -> nn.Module:
@@ -45,3 +57,64 @@ class CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x.unsqueeze(1)))
+
+
+class Embed(nn.Module):
+    """Token and learned position embeddings: ids (B, T) → hidden states (B, T, C)."""
+
+    def __init__(self, vocab: int, context: int, width: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: causal self-attention, then a 4× GELU MLP."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, t, c = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        a = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        h = h + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        return h + self.mlp(self.ln2(h))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the next-token logits (B, T, vocab)."""
+
+    def __init__(self, width: int, vocab: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(h))
+
+
+class Stackable(nn.Sequential):
+    """[input part, block × L, output part]: a model the pipeline engine can cut into stages
+    between blocks. Run whole, it is the plain, unpipelined model."""
+
+
+def decoder(vocab: int, context: int, width: int, heads: int, layers: int) -> Stackable:
+    """A small GPT: [Embed, Block × layers, Head]."""
+    return Stackable(
+        Embed(vocab, context, width),
+        *(Block(width, heads) for _ in range(layers)),
+        Head(width, vocab),
+    )

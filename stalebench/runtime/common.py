@@ -18,6 +18,7 @@ from stalebench.evaluation import Snapshots, evaluate_snapshots
 from stalebench.experiment import Job, meta
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
+from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
 
 HEADER = 8  # float32 slots before the payload of every parameter-server message
 
@@ -90,17 +91,6 @@ def diverged(loss: float, params: torch.Tensor | None = None) -> bool:
     if not math.isfinite(loss):
         return True
     return params is not None and not bool(torch.isfinite(params).all())
-
-
-def flatten_parameters(model: torch.nn.Module) -> torch.Tensor:
-    """Make the model's parameters views into one flat tensor and return it: loading a
-    worker's parameters is then one copy, not a Python loop over the layers."""
-    flat = parameters_to_vector(model.parameters()).detach().clone()
-    offset = 0
-    for p in model.parameters():
-        p.data = flat[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
 
 
 def pad_to(start: float, target_s: float) -> None:

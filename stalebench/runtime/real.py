@@ -52,22 +52,41 @@ class Transport:
     """Point-to-point messages over the default process group; every receive has a timeout
     (after one, the group is unusable: the run ends, as PITFALLS.md says)."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, engine: str = "ps"):
         self.timeout = timedelta(seconds=timeout_s)
+        self.engine = engine
         self.bytes_sent = 0
+
+    def lost(self, rank: int, exc: Exception) -> RunError:
+        return RunError(f"{rank_name(self.engine, rank)} lost: {_brief(exc)}")
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
         try:
             dist.send(buf, dst)
         except Exception as exc:
-            raise RunError(f"{rank_name('ps', dst)} lost: {_brief(exc)}") from exc
+            raise self.lost(dst, exc) from exc
         self.bytes_sent += buf.numel() * buf.element_size()
+
+    def isend(self, buf: torch.Tensor, dst: int):
+        """Start a send; the caller keeps `buf` alive until `wait(work, dst)`."""
+        try:
+            work = dist.isend(buf, dst)
+        except Exception as exc:
+            raise self.lost(dst, exc) from exc
+        self.bytes_sent += buf.numel() * buf.element_size()
+        return work
+
+    def wait(self, work, dst: int) -> None:
+        try:
+            work.wait(self.timeout)
+        except Exception as exc:
+            raise self.lost(dst, exc) from exc
 
     def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
         try:
             dist.irecv(buf, src).wait(timeout or self.timeout)
         except Exception as exc:
-            raise RunError(f"{rank_name('ps', src)} lost: {_brief(exc)}") from exc
+            raise self.lost(src, exc) from exc
 
 
 def _brief(exc: Exception) -> str:
@@ -344,12 +363,16 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
     run_dir = Path(cfg.run_dir)
     _setup_logging(run_dir, rank, "INFO")
     log.info("rank %d of %d (pid %d): process group ready", rank, world_size, os.getpid())
-    transport = Transport(cfg.timeout_s)
+    transport = Transport(cfg.timeout_s, cfg.engine)
     job = Job.build(cfg)
     summary = None
     try:
         if cfg.engine == "allreduce":
             summary = replica(job, rank, run_dir)
+        elif cfg.engine == "pipeline":
+            from stalebench.runtime.pipeline import stage_process
+
+            summary = stage_process(job, rank, run_dir, transport)
         elif rank == 0:
             summary = Server(job, run_dir, transport).serve()
         else:
@@ -367,15 +390,19 @@ def run_rank(cfg: RunConfig, rank: int, world_size: int, store: dist.Store | Non
 
 
 def world_size_of(cfg: RunConfig) -> int:
+    if cfg.engine == "pipeline":
+        return cfg.algorithm.pipeline.stages
     n = cfg.cluster.num_workers
     return n if cfg.engine == "allreduce" else n + 1
 
 
 def rank_name(engine: str, rank: int) -> str:
     """How errors and logs name a rank: the parameter server is rank 0, worker w rank w + 1;
-    under allreduce every rank is a worker."""
+    under allreduce every rank is a worker; in a pipeline, rank k is stage k."""
     if engine == "allreduce":
         return f"worker {rank} (rank {rank})"
+    if engine == "pipeline":
+        return f"stage {rank} (rank {rank})"
     return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
 

@@ -16,6 +16,19 @@ CASES = [
     (["cluster.num_workers=0"], "cluster.num_workers", "0"),
     (["dataset=mnist", "dataset.root={tmp}/nope"], "dataset.root", "{tmp}/nope"),
     (["-m", "algorithm=bsp,nope"], "algorithm", "nope"),
+    (["algorithm=nesterov_pp", "algorithm.pipeline.stages=8"], "algorithm.pipeline.stages", "8"),
+    (["algorithm=gpipe", "dataset.batch_size=30"], "dataset.batch_size", "30"),
+    (["algorithm=nesterov_pp", "cluster.push_latency_ms=5"], "cluster.push_latency_ms", "5"),
+    (["algorithm=pipedream", "dataset.path={tmp}/nope.txt"], "dataset.path", "{tmp}/nope.txt"),
+    (
+        ["algorithm=nesterov_pp", "algorithm.optimizer.beta1=1.5"],
+        "algorithm.optimizer.beta1",
+        "1.5",
+    ),
+    (["algorithm=nesterov_pp", "model=mlp"], "model", "mlp"),
+    (["algorithm=ssp", "engine=pipeline"], "engine", "pipeline"),
+    (["algorithm=nesterov_pp", "engine=ps"], "engine", "ps"),
+    (["algorithm/optimizer=foo"], "algorithm/optimizer", "foo"),
 ]
 
 
@@ -28,6 +41,15 @@ CASES = [
         "zero-workers",
         "missing-mnist-root",
         "multirun-unknown-algorithm",
+        "pipeline-more-stages-than-layers",
+        "gpipe-batch-not-divisible",
+        "pipeline-unmodelled-cluster",
+        "missing-text-file",
+        "beta1-out-of-range",
+        "pipeline-non-stackable-model",
+        "ps-algorithm-on-pipeline",
+        "pipeline-algorithm-on-ps",
+        "unknown-optimizer",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, key, value):

@@ -5,6 +5,7 @@ import ast
 from pathlib import Path
 
 from stalebench.algorithms import BARRIERS, UPDATES
+from stalebench.algorithms.pipeline import OPTIMIZERS, SCHEDULES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "stalebench"
 
@@ -16,7 +17,7 @@ def modules(exclude: str | None = None):
 
 
 def test_no_algorithm_name_outside_the_algorithms_package():
-    names = set(BARRIERS.names()) | set(UPDATES.names())
+    names = set(BARRIERS.names()) | set(UPDATES.names()) | set(OPTIMIZERS.names()) | set(SCHEDULES)
     found = [
         f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
         for path, tree in modules(exclude="algorithms")

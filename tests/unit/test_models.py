@@ -8,7 +8,8 @@ import torch
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
-NAMES = MODELS.names()
+SEQUENCE = ["transformer"]  # token sequences in, logits per position out
+NAMES = [n for n in MODELS.names() if n not in SEQUENCE]  # classifiers of real-valued inputs
 TWO_D = ["cnn", "logreg", "mlp"]
 
 
@@ -88,3 +89,28 @@ def test_logreg_is_one_linear_layer():
 def test_cnn_rejects_other_ranks(shape):
     with pytest.raises(ConfigError, match="model=cnn"):
         build("cnn", shape, 10)
+
+
+def test_transformer_gives_logits_per_position_and_is_causal():
+    torch.manual_seed(0)
+    model = build("transformer", (12,), 9)
+    ids = torch.randint(0, 9, (3, 12))
+    logits = model(ids)
+    assert logits.shape == (3, 12, 9)
+    changed = ids.clone()
+    changed[:, 7] = (changed[:, 7] + 1) % 9  # a later token cannot change earlier logits
+    after = model(changed)
+    torch.testing.assert_close(after[:, :7], logits[:, :7])
+    assert not torch.allclose(after[:, 7:], logits[:, 7:])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten())
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert list(model.named_buffers()) == []
+
+
+@pytest.mark.parametrize("key, value", [("heads", 3), ("layers", 0)])
+def test_transformer_rejects_bad_shapes(key, value):
+    from stalebench.models import TransformerConfig
+
+    with pytest.raises(ConfigError, match=f"model.{key}"):
+        TransformerConfig(name="transformer", **{key: value})

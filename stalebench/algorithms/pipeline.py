@@ -1,0 +1,218 @@
+"""Pipeline-parallel algorithms (ALGORITHMS.md §10): the schedule a pipeline runs and the
+optimizer each stage applies to its own weights.
+
+A stage optimizer owns one stage's flat weight vector and takes one gradient per update.
+`point()` is where the stage's next forward is evaluated: the weights themselves for the
+Adam family, the look-ahead w_t + d_t for Nesterov-PP. The pipeline engine stashes those
+points, so a stale gradient is always taken at the point the optimizer asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig, Registry
+
+if TYPE_CHECKING:
+    import torch
+
+SCHEDULES = ("async_1f1b", "gpipe")
+
+
+@dataclasses.dataclass
+class PipelineConfig:
+    stages: int = 4  # K: one process per stage; the model's blocks are split over them
+    # async_1f1b: PipeDream's schedule without flush, stage k updates after every backward
+    # with delay τ_k = K−1−k; gpipe: all microbatches forward, all backward, one update
+    schedule: str = "async_1f1b"
+    # async_1f1b: backpropagate through the weights the forward used (PipeDream, "ours");
+    # false: through the stage's current weights ("Ours-No-WS", PipeMare)
+    weight_stashing: bool = True
+    microbatches: int = 4  # gpipe: a minibatch of dataset.batch_size is split into this many
+    clip_norm: float = 10.0  # each stage clips its gradient to this L2 norm (0 = off)
+    # §10.4, for no-stashing runs: η_k = η / τ_k^p with p falling linearly from 1 to 0 over
+    # this many steps, on stages with τ_k > 0 (PipeMare's LR correction); 0 = off
+    lr_correction_steps: int = 0
+    # §10.4: γ_k = γ₀ + τ_k·(0.99 − γ₀)/K, more momentum where the delay is larger
+    adaptive_momentum: bool = False
+
+    def __post_init__(self) -> None:
+        key = "algorithm.pipeline"
+        if self.stages < 1:
+            raise ConfigError(f"{key}.stages must be >= 1, got {self.stages}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"{key}.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if self.microbatches < 1:
+            raise ConfigError(f"{key}.microbatches must be >= 1, got {self.microbatches}")
+        if self.clip_norm < 0:
+            raise ConfigError(f"{key}.clip_norm must be >= 0, got {self.clip_norm}")
+        if self.lr_correction_steps < 0:
+            raise ConfigError(
+                f"{key}.lr_correction_steps must be >= 0, got {self.lr_correction_steps}"
+            )
+
+    @property
+    def flush(self) -> bool:
+        """A synchronous schedule: every step ends with all stages updated together."""
+        return self.schedule == "gpipe"
+
+    def delay(self, stage: int) -> int:
+        """τ_k: updates a stage applies between a microbatch's forward and its backward."""
+        return 0 if self.flush else self.stages - 1 - stage
+
+
+@dataclasses.dataclass
+class OptimizerConfig(ComponentConfig):
+    lr: float = 1e-3  # η
+    beta1: float = 0.9  # β₁ (Adam family) or γ (Nesterov-PP)
+    weight_decay: float = 0.0  # decoupled: w ← w(1 − η·λ) before the step
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"algorithm.optimizer.lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.beta1 < 1.0:
+            raise ConfigError(f"algorithm.optimizer.beta1 must be in [0, 1), got {self.beta1}")
+        if self.weight_decay < 0:
+            raise ConfigError(
+                f"algorithm.optimizer.weight_decay must be >= 0, got {self.weight_decay}"
+            )
+
+
+class StageOptimizer:
+    """One stage's optimizer over its flat weights `w` (updated in place)."""
+
+    def __init__(self, cfg: OptimizerConfig, w: torch.Tensor):
+        self.cfg, self.w = cfg, w
+
+    def point(self) -> torch.Tensor:
+        """Where the next forward evaluates the stage (a tensor the caller may keep)."""
+        return self.w.clone()
+
+    def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
+        raise NotImplementedError
+
+
+OPTIMIZERS: Registry[StageOptimizer] = Registry(
+    "pipeline optimizer", "algorithm/optimizer", "algorithm.optimizer"
+)
+
+
+@dataclasses.dataclass
+class AdamConfig(OptimizerConfig):
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.beta2 < 1.0:
+            raise ConfigError(f"algorithm.optimizer.beta2 must be in [0, 1), got {self.beta2}")
+
+
+class _Torch(StageOptimizer):
+    """A torch.optim optimizer on the flat weights, fed one gradient per step."""
+
+    def __init__(self, cfg: AdamConfig, w: torch.Tensor):
+        super().__init__(cfg, w)
+        import torch
+
+        self.param = torch.nn.Parameter(w, requires_grad=False)  # shares w's storage
+        self.opt = self._build(cfg)
+
+    def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
+        group = self.opt.param_groups[0]
+        group["lr"], group["betas"] = lr, (beta1, self.cfg.beta2)
+        self.param.grad = grad
+        self.opt.step()
+        self.param.grad = None
+
+
+@OPTIMIZERS.register("adamw", AdamConfig)
+class AdamW(_Torch):
+    """torch.optim.AdamW: the PipeDream and GPipe baselines (β₁ = 0.9)."""
+
+    def _build(self, cfg: AdamConfig):
+        import torch
+
+        return torch.optim.AdamW(
+            [self.param],
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+
+
+@dataclasses.dataclass
+class NAdamConfig(AdamConfig):
+    beta1: float = 0.99
+    momentum_decay: float = 0.004  # ψ of NAdam's momentum warm-up μ_t = β₁(1 − ½·0.96^{tψ})
+
+
+@OPTIMIZERS.register("nadamw", NAdamConfig)
+class NAdamW(_Torch):
+    """torch.optim.NAdam with decoupled weight decay, β₁ = 0.99: what the official
+    Nesterov-PP code runs (§10.2)."""
+
+    def _build(self, cfg: NAdamConfig):
+        import torch
+
+        return torch.optim.NAdam(
+            [self.param],
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            momentum_decay=cfg.momentum_decay,
+            decoupled_weight_decay=True,
+        )
+
+
+@dataclasses.dataclass
+class NesterovPPConfig(OptimizerConfig):
+    lr: float = 0.1
+    beta1: float = 0.99  # γ, constant (the paper's practical choice)
+    # multiply the stale gradient by (1 − γ) (the method); false is the paper's ablation
+    discount: bool = True
+
+
+@OPTIMIZERS.register("nesterov_pp", NesterovPPConfig)
+class NesterovPP(StageOptimizer):
+    """The paper's equation (§10.2), in weight space:
+        d_t = γ (w_t − w_{t−1});   w_{t+1} = w_t + d_t − η (1 − γ) g,
+    with g the gradient the pipeline delivers, taken at a (stale) look-ahead point
+    w̄ + d̄ that `point()` handed out."""
+
+    def __init__(self, cfg: NesterovPPConfig, w: torch.Tensor):
+        super().__init__(cfg, w)
+        self.prev = w.clone()  # w_{t−1}; d_0 = 0
+        self.gamma = cfg.beta1  # the γ of the last step: d_t uses it
+
+    def point(self) -> torch.Tensor:
+        return self.w + self.gamma * (self.w - self.prev)
+
+    def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
+        d = beta1 * (self.w - self.prev)
+        scale = lr * (1.0 - beta1) if self.cfg.discount else lr
+        self.prev.copy_(self.w)
+        if self.cfg.weight_decay:
+            self.w.mul_(1.0 - lr * self.cfg.weight_decay)
+        self.w.add_(d).add_(grad, alpha=-scale)
+        self.gamma = beta1
+
+
+def stage_hyper(
+    pipe: PipelineConfig, opt: OptimizerConfig, stage: int, step: int
+) -> tuple[float, float]:
+    """(η_k, β₁_k) of a stage at a step, after the §10.4 stage-dependent options."""
+    lr, beta1 = opt.lr, opt.beta1
+    tau = pipe.delay(stage)
+    if pipe.adaptive_momentum:
+        beta1 = beta1 + tau * (0.99 - beta1) / pipe.stages
+    if pipe.lr_correction_steps and tau > 0:
+        p = max(0.0, 1.0 - step / pipe.lr_correction_steps)
+        lr = lr / tau**p
+    return lr, beta1

@@ -1,0 +1,224 @@
+"""The pipeline engine's pure parts: a stage's numerics, each stage's op order, and the
+timeline those ops make.
+
+A `Stage` holds one contiguous slice of the model, its optimizer, and the points (weight
+versions) its in-flight microbatches were forwarded with. Both runtimes drive stages
+through the same three calls, `forward`, `backward`, `apply`, so the single-process
+simulation and the multi-process pipeline compute the same numbers by construction
+(ALGORITHMS.md §10.7): the sim calls them in microbatch order with the version each stage
+would hold at that moment, the real runtime in 1F1B order with the version it does hold.
+
+A backward recomputes the stage's forward from its stored input (PipeDream's
+`--recompute`): with weight stashing at the point the forward used, without it at the
+stage's current point. The last stage's forward only stores its input; its backward
+computes the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from stalebench.algorithms.pipeline import (
+    OPTIMIZERS,
+    OptimizerConfig,
+    PipelineConfig,
+    stage_hyper,
+)
+from stalebench.errors import ConfigError
+from stalebench.models.nets import Stackable, flatten_parameters
+
+
+def split(model: Stackable, stages: int) -> list[nn.Sequential]:
+    """Cut [Embed, Block × L, Head] into `stages` contiguous slices, blocks spread as evenly
+    as possible (earlier stages take the remainder); the first holds the embeddings, the
+    last the head."""
+    parts = list(model.children())
+    blocks = parts[1:-1]
+    if stages > len(blocks):
+        raise ConfigError(
+            f"algorithm.pipeline.stages={stages} exceeds model.layers={len(blocks)}: each "
+            "stage needs at least one block"
+        )
+    sizes = [len(blocks) // stages + (k < len(blocks) % stages) for k in range(stages)]
+    out, start = [], 0
+    for k, size in enumerate(sizes):
+        mods = blocks[start : start + size]
+        start += size
+        out.append(
+            nn.Sequential(
+                *([parts[0]] if k == 0 else []), *mods, *([parts[-1]] if k == stages - 1 else [])
+            )
+        )
+    return out
+
+
+@dataclasses.dataclass
+class Applied:
+    """What one update of a stage did, for its `update` event."""
+
+    version: int  # the stage's version after the update
+    lag: int  # updates between the forward's weights and the weights updated
+    weight_gap: float  # ‖w after the update − the point the gradient was taken at‖
+    grad_norm: float  # before clipping
+
+
+class Stage:
+    def __init__(
+        self,
+        index: int,
+        module: nn.Sequential,
+        pipe: PipelineConfig,
+        opt: OptimizerConfig,
+        device: torch.device,
+    ):
+        self.index, self.pipe, self.opt_cfg, self.device = index, pipe, opt, device
+        self.last = index == pipe.stages - 1
+        self.module = module.to(device)
+        self.flat = flatten_parameters(self.module)  # what the module computes with
+        self.params = list(self.module.parameters())
+        self.w = self.flat.detach().clone()  # the stage's weights, updated by the optimizer
+        self.optimizer = OPTIMIZERS.build(opt, self.w)
+        self.tau = pipe.delay(index)
+        self.version = 0
+        self.points = {0: self.optimizer.point()}  # version → where its forwards ran
+        self.inflight: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
+        self.grad_version = 0  # the version the kept gradient was taken at
+        self.accumulated: torch.Tensor | None = None  # flushed schedules: Σ gradients
+        self.accumulated_n = 0
+
+    @property
+    def numel(self) -> int:
+        return self.w.numel()
+
+    def forward(self, m: int, x: torch.Tensor, version: int, y: torch.Tensor | None = None):
+        """Forward microbatch m at the point of `version`; returns the output to send on
+        (None on the last stage, which keeps x and the targets y for its backward)."""
+        x = x.to(self.device)
+        self.inflight[m] = (x, version, None if y is None else y.to(self.device))
+        if self.last:
+            return None
+        self.flat.copy_(self.points[version])
+        with torch.no_grad():
+            return self.module(x)
+
+    def backward(self, m: int, grad_out: torch.Tensor | None) -> tuple[torch.Tensor | None, float]:
+        """Backward microbatch m: the gradient w.r.t. the stage's input (None on the first
+        stage) and, on the last stage, the loss. The stage's gradient is kept for `apply`."""
+        x, version, y = self.inflight.pop(m)
+        self.grad_version = version
+        stashed = self.pipe.weight_stashing or self.pipe.flush
+        self.flat.copy_(self.points[version] if stashed else self.optimizer.point())
+        if x.is_floating_point():  # hidden states, not the first stage's token ids
+            x = x.detach().requires_grad_(True)
+        out = self.module(x)
+        loss = float("nan")
+        inputs = self.params + ([x] if x.requires_grad else [])
+        if self.last:
+            objective = nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+            grads = torch.autograd.grad(objective, inputs)
+            loss = objective.item()
+        else:
+            grads = torch.autograd.grad(out, inputs, grad_out.to(self.device))
+        g = torch.cat([t.reshape(-1) for t in grads[: len(self.params)]])
+        if self.accumulated is None:
+            self.accumulated, self.accumulated_n = g, 1
+        else:
+            self.accumulated += g
+            self.accumulated_n += 1
+        return (grads[-1] if x.requires_grad else None), loss
+
+    def apply(self) -> Applied:
+        """The optimizer step with the gradient kept since the last one (the mean, when a
+        flushed schedule accumulated several microbatches)."""
+        g = self.accumulated / self.accumulated_n
+        self.accumulated, self.accumulated_n = None, 0
+        version = self.grad_version
+        grad_norm = float(g.norm())
+        if self.pipe.clip_norm and grad_norm > self.pipe.clip_norm:
+            g = g * (self.pipe.clip_norm / grad_norm)
+        lr, beta1 = stage_hyper(self.pipe, self.opt_cfg, self.index, self.version)
+        self.optimizer.step(g, lr, beta1)
+        gap = float((self.w - self.points[version]).norm())
+        lag = self.version - version
+        self.version += 1
+        self.points[self.version] = self.optimizer.point()
+        for old in [v for v in self.points if v < self.version - self.tau]:
+            del self.points[old]  # no forward in flight can use it any more
+        return Applied(self.version, lag, gap, grad_norm)
+
+    def forward_version(self, m: int) -> int:
+        """The version stage k holds when it forwards microbatch m under its schedule:
+        max(m − τ_k, 0) for 1F1B; the step's version for a flushed schedule."""
+        if self.pipe.flush:
+            return m // self.pipe.microbatches
+        return max(m - self.tau, 0)
+
+
+def ops(stage: int, pipe: PipelineConfig) -> Iterator[tuple[str, int]]:
+    """A stage's endless op order: ("F", m), ("B", m) and, for a flushed schedule, ("U", s)
+    after the backwards of step s. 1F1B: τ_k warm-up forwards, then F(m+τ_k), B(m), each
+    backward followed by its update. GPipe: per step M forwards, M backwards, one update."""
+    if pipe.flush:
+        M, s = pipe.microbatches, 0
+        while True:
+            yield from (("F", s * M + j) for j in range(M))
+            yield from (("B", s * M + j) for j in range(M))
+            yield ("U", s)
+            s += 1
+    tau = pipe.delay(stage)
+    yield from (("F", m) for m in range(tau))
+    m = 0
+    while True:
+        yield ("F", m + tau)
+        yield ("B", m)
+        yield ("U", m)
+        m += 1
+
+
+class Timeline:
+    """When each stage's updates happen on a virtual clock, given per-microbatch op costs
+    (forward f, backward b seconds per stage) and the dependencies F(k−1, m) → F(k, m) and
+    B(k+1, m) → B(k, m) (the last stage's backward follows its forward). Ops are replayed
+    in each stage's order, so a schedule's bubbles appear by themselves."""
+
+    def __init__(self, pipe: PipelineConfig, f: float, b: float):
+        self.pipe, self.cost = pipe, {"F": f, "B": b, "U": 0.0}
+        k_all = range(pipe.stages)
+        self.orders = [ops(k, pipe) for k in k_all]
+        self.pending = [next(o) for o in self.orders]
+        self.free = [0.0] * pipe.stages
+        self.done: dict[tuple[str, int, int], float] = {}
+        self.updates: list[list[float]] = [[] for _ in k_all]
+
+    def _ready(self, k: int, op: str, m: int) -> float | None:
+        if op == "F":
+            return 0.0 if k == 0 else self.done.get(("F", k - 1, m))
+        if op == "B":
+            dep = ("F", k, m) if k == self.pipe.stages - 1 else ("B", k + 1, m)
+            return self.done.get(dep)
+        return 0.0
+
+    def update_time(self, stage: int, n: int) -> float:
+        """Time at which `stage` completes its update number n (0-based)."""
+        while len(self.updates[stage]) <= n:
+            progressed = False
+            for k in range(self.pipe.stages):
+                op, m = self.pending[k]
+                ready = self._ready(k, op, m)
+                if ready is None:
+                    continue
+                end = max(ready, self.free[k]) + self.cost[op]
+                self.free[k] = end
+                if op == "U":
+                    self.updates[k].append(end)
+                else:
+                    self.done[(op, k, m)] = end
+                self.pending[k] = next(self.orders[k])
+                progressed = True
+            if not progressed:
+                raise RuntimeError("pipeline timeline is stuck: a schedule deadlocks")
+        return self.updates[stage][n]

@@ -1,0 +1,132 @@
+"""The pipeline engine's real runtime: one process per stage over gloo. Every preset runs 4
+stages to completion with falling validation loss; the real pipeline and the simulator give
+the same loss at every step; a dead stage fails the run with its name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stalebench import experiment
+from stalebench.metrics.events import read_events, schema_errors
+from tests.conftest import SUMMARY_FIELDS, compose
+from tests.integration.test_cli import _alive, _pids
+from tests.unit.test_pipeline import SMALL, losses
+
+REAL = [o for o in SMALL if o != "runtime=sim"] + ["timeout_s=30", "num_threads=1"]
+
+
+def run(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
+    cfg = compose([*REAL, *overrides])
+    cfg.run_dir = str(run_dir)
+    summary = experiment.run(cfg)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    return summary, read_events(run_dir / "events.jsonl")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("preset", ["nesterov_pp", "pipedream", "gpipe"])
+def test_four_stage_real_run_of_each_preset_completes_and_learns(tmp_path, preset):
+    summary, events = run(tmp_path, f"algorithm={preset}", "budget.max_updates=40")
+    assert summary["status"] == "completed", summary["error"]
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["updates"] == 40 and summary["num_workers"] == 4
+    assert summary["algorithm"] == preset and summary["engine"] == "pipeline"
+    assert summary["bytes_sent"] > 0
+    assert not [e for e in events if schema_errors(e)]
+    for k in range(4):  # every stage applied every update, each with its delay
+        ups = [e for e in events if e["kind"] == "update" and e["worker"] == k]
+        assert [e["version"] for e in ups] == list(range(1, 41))
+    vals = sorted(
+        (e for e in events if e["kind"] == "eval" and e["split"] == "test"),
+        key=lambda e: e["version"],
+    )
+    assert [e["version"] for e in vals] == [0, 10, 20, 30, 40]
+    assert vals[-1]["loss"] < vals[0]["loss"] - 0.3, (vals[0], vals[-1])
+    logs = sorted(p.name for p in (tmp_path / "logs").glob("rank-*.log"))
+    assert len(logs) == 4
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm=nesterov_pp"],
+        ["algorithm=pipedream", "algorithm.pipeline.weight_stashing=false"],
+        ["algorithm=gpipe"],
+    ],
+    ids=["nadamw-stashing", "adamw-no-stashing", "gpipe"],
+)
+def test_real_and_sim_agree_step_for_step(tmp_path, overrides):
+    real, real_events = run(tmp_path / "real", *overrides, "budget.max_updates=25")
+    sim, sim_events = run(tmp_path / "sim", *overrides, "budget.max_updates=25", "runtime=sim")
+    assert real["status"] == sim["status"] == "completed"
+    for k in range(4):
+        assert losses(real_events, k) == pytest.approx(losses(sim_events, k), rel=1e-5)
+        assert gaps(real_events, k) == pytest.approx(gaps(sim_events, k), rel=1e-4, abs=1e-7)
+    assert real["final"]["loss"] == pytest.approx(sim["final"]["loss"], rel=1e-5)
+
+
+def gaps(events: list[dict], stage: int) -> list[float]:
+    return [e["weight_gap"] for e in events if e["kind"] == "update" and e["worker"] == stage]
+
+
+@pytest.mark.timeout(120)
+def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path):
+    summary, events = run(
+        tmp_path, "algorithm=pipedream", "budget.max_updates=0", "budget.max_wall_s=3"
+    )
+    assert summary["status"] == "completed", summary["error"]
+    last = [
+        max(e["version"] for e in events if e["kind"] == "update" and e["worker"] == k)
+        for k in range(4)
+    ]
+    assert len(set(last)) == 1 and last[0] > 10
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_stage_fails_the_run_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        "algorithm=pipedream",
+        *REAL,
+        "budget.max_updates=100000",
+        "timeout_s=10",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stalebench.cli", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
+            updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
+            if len(pids) == 4 and len(updates) > 20:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run did not start")
+        killed_at = time.monotonic()
+        os.kill(pids[2], signal.SIGKILL)
+        proc.communicate(timeout=60)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "stage 2 (rank 2)" in summary["error"], summary["error"]
+    assert ended_after < 30, ended_after
+    assert not [r for r, pid in pids.items() if _alive(pid)]
