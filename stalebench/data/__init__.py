@@ -294,7 +294,9 @@ class CharsConfig(DatasetConfig):
     path: str = ""
     context: int = 64  # characters per sequence; the model predicts each next character
     val_fraction: float = 0.1  # the file's tail, held out for validation
-    corpus_chars: int = 200_000  # generated corpus: its length
+    corpus_chars: int = 400_000  # generated corpus: its length
+    corpus_words: int = 400  # generated corpus: distinct words
+    corpus_branching: int = 4  # generated corpus: the words that may follow each word
     data_seed: int = 0  # generated corpus: its seed (fixed across run seeds)
 
     def __post_init__(self) -> None:
@@ -305,24 +307,28 @@ class CharsConfig(DatasetConfig):
             raise ConfigError(f"dataset.val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.corpus_chars < 1000:
             raise ConfigError(f"dataset.corpus_chars must be >= 1000, got {self.corpus_chars}")
+        for key in ("corpus_words", "corpus_branching"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
 
 
-def generated_corpus(num_chars: int, seed: int) -> str:
-    """A seeded source with structure at two scales: 120 random words spelled from 26
-    letters, strung by a sparse first-order Markov chain over words (each word is followed
-    by one of 4 others), in sentences of 4-12 words. A character model first learns the
-    spelling, then the word transitions."""
+def generated_corpus(num_chars: int, seed: int, num_words: int = 120, branching: int = 4) -> str:
+    """A seeded source with structure at two scales: `num_words` random words spelled from
+    26 letters, strung by a sparse first-order Markov chain over words (each word is followed
+    by one of `branching` others, with Dirichlet weights), in sentences of 4-12 words. A
+    character model first learns the spelling, then the word transitions; more words and
+    branches make a task that takes longer to learn."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 8))) for _ in range(120)]
-    successors = rng.integers(0, len(words), size=(len(words), 4))
-    weights = rng.dirichlet(np.ones(4), size=len(words))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 8))) for _ in range(num_words)]
+    successors = rng.integers(0, len(words), size=(len(words), branching))
+    weights = rng.dirichlet(np.ones(branching), size=len(words))
     out, size, w = [], 0, int(rng.integers(len(words)))
     while size < num_chars:
         sentence = []
         for _ in range(int(rng.integers(4, 13))):
             sentence.append(words[w])
-            w = int(successors[w, rng.choice(4, p=weights[w])])
+            w = int(successors[w, rng.choice(branching, p=weights[w])])
         text = " ".join(sentence).capitalize() + ". "
         out.append(text)
         size += len(text)
@@ -338,7 +344,7 @@ class Chars(Dataset):
     def text(self) -> str:
         c = self.cfg
         if not c.path:
-            return generated_corpus(c.corpus_chars, c.data_seed)
+            return generated_corpus(c.corpus_chars, c.data_seed, c.corpus_words, c.corpus_branching)
         path = Path(c.path).expanduser()
         try:
             text = path.read_text(encoding="utf-8")

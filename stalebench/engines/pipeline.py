@@ -62,7 +62,7 @@ class Applied:
 
     version: int  # the stage's version after the update
     lag: int  # updates between the forward's weights and the weights updated
-    weight_gap: float  # ‖w after the update − the point the gradient was taken at‖
+    weight_gap: float  # ‖w after the update − the point the microbatch's forward used‖
     grad_norm: float  # before clipping
 
 
@@ -89,10 +89,6 @@ class Stage:
         self.grad_version = 0  # the version the kept gradient was taken at
         self.accumulated: torch.Tensor | None = None  # flushed schedules: Σ gradients
         self.accumulated_n = 0
-
-    @property
-    def numel(self) -> int:
-        return self.w.numel()
 
     def forward(self, m: int, x: torch.Tensor, version: int, y: torch.Tensor | None = None):
         """Forward microbatch m at the point of `version`; returns the output to send on

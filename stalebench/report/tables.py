@@ -35,6 +35,7 @@ def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     for key, group in runs.groupby(GROUP, dropna=False, sort=True):
         done = group[group["status"] == "completed"]
         acc = _col(done, "final_accuracy").dropna()
+        loss = _col(done, "final_loss").dropna()
         ttt = _col(done, "time_to_target_s").dropna()
         others = group.loc[group["status"] != "completed", "status"].fillna("unknown")
         rows.append(
@@ -45,6 +46,8 @@ def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
                 "status": ", ".join(f"{s}×{n}" for s, n in sorted(others.value_counts().items())),
                 "final_accuracy_mean": float(acc.mean()) if len(acc) else float("nan"),
                 "final_accuracy_std": _std(acc),
+                "final_loss_mean": float(loss.mean()) if len(loss) else float("nan"),
+                "final_loss_std": _std(loss),
                 "time_to_target_mean": float(ttt.mean()) if len(ttt) else float("nan"),
                 "time_to_target_std": _std(ttt),
                 "reached_target": len(ttt),
@@ -94,6 +97,10 @@ def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
                 for m, s in zip(
                     table["final_accuracy_mean"], table["final_accuracy_std"], strict=True
                 )
+            ],
+            "final test loss": [
+                _pm(m, s, 3)
+                for m, s in zip(table["final_loss_mean"], table["final_loss_std"], strict=True)
             ],
             "time to target (s)": [
                 _pm(m, s, 2)

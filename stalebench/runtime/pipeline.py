@@ -121,11 +121,13 @@ def simulate(cfg: RunConfig) -> dict[str, Any]:
                     losses.append(loss)
         loss = sum(losses) / per
         for s in stages:
-            a = s.apply()
+            a, at = s.apply(), clock.update_time(s.index, step)
+            busy = per * cost  # the step's forwards and backwards; the rest is bubble
+            idle = at - (clock.update_time(s.index, step - 1) if step else 0.0) - busy
             record.events.emit(
                 "update",
-                clock.update_time(s.index, step),
-                **update_event(s, step, a, loss, compute_s=cost, wait_s=0.0, comm_s=0.0),
+                at,
+                **update_event(s, step, a, loss, compute_s=busy, wait_s=max(idle, 0.0), comm_s=0.0),
             )
         step, t = step + 1, t_next
         if snapshot_due(cfg, step):

@@ -163,6 +163,7 @@ def test_summary_table_means_and_speedup_against_hand_computed_numbers(sweep):
 
     shown = format_summary(summary_table(runs)).set_index("algorithm")
     assert shown.loc["asp", "final test accuracy"] == "0.750 ± 0.071"
+    assert shown.loc["asp", "final test loss"] == "1.000 ± 0.000"
     assert shown.loc["asp", "speedup vs BSP"] == "2.50×"
     assert shown.loc["ssp", "speedup vs BSP"] == "—"
     assert shown.loc["ssp", "time to target (s)"] == "—"
