@@ -130,14 +130,27 @@ class AdamConfig(OptimizerConfig):
 
 
 class _Torch(StageOptimizer):
-    """A torch.optim optimizer on the flat weights, fed one gradient per step."""
+    """A torch.optim optimizer on the flat weights, fed one gradient per step; a subclass
+    names the class (`torch_name`) and the arguments beyond Adam's (`extra`)."""
+
+    torch_name = ""
 
     def __init__(self, cfg: AdamConfig, w: torch.Tensor):
         super().__init__(cfg, w)
         import torch
 
         self.param = torch.nn.Parameter(w, requires_grad=False)  # shares w's storage
-        self.opt = self._build(cfg)
+        self.opt = getattr(torch.optim, self.torch_name)(
+            [self.param],
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            **self.extra(cfg),
+        )
+
+    def extra(self, cfg: AdamConfig) -> dict:
+        return {}
 
     def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
         group = self.opt.param_groups[0]
@@ -151,16 +164,7 @@ class _Torch(StageOptimizer):
 class AdamW(_Torch):
     """torch.optim.AdamW: the PipeDream and GPipe baselines (β₁ = 0.9)."""
 
-    def _build(self, cfg: AdamConfig):
-        import torch
-
-        return torch.optim.AdamW(
-            [self.param],
-            lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2),
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-        )
+    torch_name = "AdamW"
 
 
 @dataclasses.dataclass
@@ -174,26 +178,18 @@ class NAdamW(_Torch):
     """torch.optim.NAdam with decoupled weight decay, β₁ = 0.99: what the official
     Nesterov-PP code runs (§10.2)."""
 
-    def _build(self, cfg: NAdamConfig):
-        import torch
+    torch_name = "NAdam"
 
-        return torch.optim.NAdam(
-            [self.param],
-            lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2),
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            momentum_decay=cfg.momentum_decay,
-            decoupled_weight_decay=True,
-        )
+    def extra(self, cfg: NAdamConfig) -> dict:
+        return {"momentum_decay": cfg.momentum_decay, "decoupled_weight_decay": True}
 
 
 @dataclasses.dataclass
 class NesterovPPConfig(OptimizerConfig):
     # weight_decay here is L2 (added to the gradient), not decoupled: a decoupled
-    # w(1 − η·λ) with this optimizer's η of ~10 would erase the weights
-    # a plain (non-adaptive) step: 0.3, 1, 3, 10, 30 tried on the char-level decoder with
-    # warm-up, 10 the best (30 blows up)
+    # w(1 − η·λ) with this optimizer's η of ~10 would erase the weights.
+    # η of a plain (non-adaptive) step: 0.3, 1, 3, 10 and 30 tried on the char-level decoder
+    # with warm-up; 10 was the best, 30 blew up
     lr: float = 10.0
     beta1: float = 0.99  # γ, constant (the paper's practical choice)
     # multiply the stale gradient by (1 − γ) (the method); false is the paper's ablation

@@ -99,26 +99,31 @@ def test_multirun_gives_each_job_its_directory_and_every_algorithm_learns(tmp_pa
     assert len(list((tmp_path / "sweep" / "figures").glob("*.png"))) == 4
 
 
-@pytest.mark.timeout(120)
-def test_torchrun_ranks_share_one_run_directory(tmp_path):
-    args = [
-        "--standalone",
-        "--nproc-per-node",
-        "3",
-        "-m",
-        "stalebench.cli",
-        "cluster.num_workers=2",
-        "budget.max_updates=30",
-        *FAST,
-    ]
+def torchrun(tmp_path: Path, nproc: int, args: list[str]) -> None:
+    """`torchrun --standalone --nproc-per-node nproc -m stalebench.cli args` in tmp_path."""
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", *args],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "-m",
+            "stalebench.cli",
+            *args,
+        ],
         cwd=tmp_path,
         timeout=110,
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_ranks_share_one_run_directory(tmp_path):
+    torchrun(tmp_path, 3, ["cluster.num_workers=2", "budget.max_updates=30", *FAST])
     (summary,) = summaries(tmp_path)
     assert summary["status"] == "completed" and summary["updates"] == 30
     run_dirs = [
@@ -150,18 +155,11 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-@pytest.mark.timeout(120)
-def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [
-        "algorithm=ssp",
-        "budget.max_wall_s=60",
-        "timeout_s=10",
-        f"hydra.run.dir={run_dir}",
-        *FAST[:-1],
-    ]
+def kill_mid_run(tmp_path: Path, run_dir: Path, args: list[str], world: int, rank: int):
+    """Start `stalebench args`, wait until all `world` ranks run and updates flow, SIGKILL
+    `rank`; returns the ranks' pids and the seconds from the kill to the CLI's exit."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stalebench.cli", *args],
+        [sys.executable, "-m", "stalebench.cli", *args, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -169,21 +167,28 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until all ranks run and updates flow
+        while time.monotonic() < deadline:
             pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
             updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
-            if len(pids) == 5 and len(updates) > 20:
+            if len(pids) == world and len(updates) > 20:
                 break
             time.sleep(0.2)
         else:
             pytest.fail("the run did not start")
         killed_at = time.monotonic()
-        os.kill(pids[2], signal.SIGKILL)  # rank 2 = worker 1
-        out, err = proc.communicate(timeout=60)
-        ended_after = time.monotonic() - killed_at
+        os.kill(pids[rank], signal.SIGKILL)
+        proc.communicate(timeout=60)
+        return pids, time.monotonic() - killed_at
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["algorithm=ssp", "budget.max_wall_s=60", "timeout_s=10", *FAST[:-1]]
+    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=5, rank=2)  # worker 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "worker 1 (rank 2)" in summary["error"]

@@ -5,19 +5,15 @@ the same loss at every step; a dead stage fails the run with its name."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from stalebench import experiment
 from stalebench.metrics.events import read_events, schema_errors
 from tests.conftest import SUMMARY_FIELDS, compose
-from tests.integration.test_cli import _alive, _pids
+from tests.integration.test_cli import _alive, kill_mid_run, torchrun
 from tests.unit.test_pipeline import SMALL, losses
 
 REAL = [o for o in SMALL if o != "runtime=sim"] + ["timeout_s=30", "num_threads=1"]
@@ -94,39 +90,32 @@ def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_killed_stage_fails_the_run_and_leaves_no_process(tmp_path):
     run_dir = tmp_path / "run"
-    args = [
-        "algorithm=pipedream",
-        *REAL,
-        "budget.max_updates=100000",
-        "timeout_s=10",
-        f"hydra.run.dir={run_dir}",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stalebench.cli", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
-            updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
-            if len(pids) == 4 and len(updates) > 20:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the run did not start")
-        killed_at = time.monotonic()
-        os.kill(pids[2], signal.SIGKILL)
-        proc.communicate(timeout=60)
-        ended_after = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    args = ["algorithm=pipedream", *REAL, "budget.max_updates=100000", "timeout_s=10"]
+    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=4, rank=2)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "stage 2 (rank 2)" in summary["error"], summary["error"]
     assert ended_after < 30, ended_after
     assert not [r for r, pid in pids.items() if _alive(pid)]
+    assert [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_starts_a_pipeline(tmp_path):
+    args = ["algorithm=pipedream", "algorithm.pipeline.stages=2", "budget.max_updates=20"]
+    torchrun(tmp_path, 2, args + [o for o in REAL if not o.startswith("num_threads")])
+    (path,) = list(tmp_path.rglob("summary.json"))
+    summary = json.loads(path.read_text())
+    assert summary["status"] == "completed" and summary["updates"] == 20
+    assert summary["num_workers"] == 2 and summary["stage_delay"] == [1, 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stages_compute_on_cuda_and_match_cpu(tmp_path):
+    common = ["algorithm=nesterov_pp", "budget.max_updates=15"]
+    cpu, cpu_events = run(tmp_path / "cpu", *common, "device=cpu")
+    gpu, gpu_events = run(tmp_path / "gpu", *common, "device=cuda")
+    assert cpu["status"] == gpu["status"] == "completed"
+    assert losses(gpu_events, 3) == pytest.approx(losses(cpu_events, 3), rel=1e-3)
