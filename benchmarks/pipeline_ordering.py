@@ -78,13 +78,34 @@ def one(name: str, overrides: list[str], seed: int, steps: int) -> dict:
     }
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float | None]) -> str:
     finite = [v for v in values if v is not None and math.isfinite(v)]
-    if len(finite) < len(values):
-        return f"diverged ({len(values) - len(finite)}/{len(values)})"
+    if not finite:
+        return "—"
     mean = sum(finite) / len(finite)
     std = (sum((v - mean) ** 2 for v in finite) / max(len(finite) - 1, 1)) ** 0.5
-    return f"{mean:.3f} ± {std:.3f}"
+    missing = f" ({len(values) - len(finite)} missing)" if len(finite) < len(values) else ""
+    return f"{mean:.3f} ± {std:.3f}{missing}"
+
+
+def table(rows: list[dict], steps: int) -> str:
+    """Validation loss at a quarter, half, three quarters and the end of the budget."""
+    every = max(steps // 10, 1)
+    marks = sorted({round(steps * q / every) * every for q in (0.25, 0.5, 0.75, 1.0)})
+    seeds = sorted({r["seed"] for r in rows})
+    lines = [
+        f"Validation loss (nats/char) after the same number of steps, mean ± std over seeds "
+        f"{seeds}:",
+        "",
+        "| setting | " + " | ".join(f"step {m}" for m in marks) + " | statuses |",
+        "|---|" + "---|" * len(marks) + "---|",
+    ]
+    for name in dict.fromkeys(r["setting"] for r in rows):
+        runs = [r for r in rows if r["setting"] == name]
+        cells = [fmt([dict(map(tuple, r["val_loss"])).get(m) for r in runs]) for m in marks]
+        statuses = ", ".join(sorted({r["status"] for r in runs}))
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {statuses} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -94,7 +115,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="setting names to run (default: all)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/pipeline_ordering.json"))
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of saved runs")
     args = ap.parse_args()
+    if args.table:
+        saved = [json.loads(Path(p).read_text()) for p in args.table]
+        print(table([r for s in saved for r in s["runs"]], saved[0]["steps"]))
+        return
     settings = {k: v for k, v in SETTINGS.items() if not args.only or k in args.only}
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = [
@@ -104,15 +130,7 @@ def main() -> None:
         ]
         rows = [f.result() for f in futures]
     Path(args.out).write_text(json.dumps({"steps": args.steps, "runs": rows}, indent=1) + "\n")
-    marks = [args.steps // 4, args.steps // 2, 3 * args.steps // 4, args.steps]
-    print(f"Validation loss (nats/char), mean ± std over seeds {args.seeds}:\n")
-    print("| setting | " + " | ".join(f"step {m}" for m in marks) + " | statuses |")
-    print("|---|" + "---|" * len(marks) + "---|")
-    for name in settings:
-        runs = [r for r in rows if r["setting"] == name]
-        cells = [fmt([dict(r["val_loss"]).get(m) for r in runs]) for m in marks]
-        statuses = ", ".join(sorted({r["status"] for r in runs}))
-        print(f"| {name} | " + " | ".join(cells) + f" | {statuses} |")
+    print(table(rows, args.steps))
 
 
 if __name__ == "__main__":

@@ -62,11 +62,16 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     finally:
         tail.close(summary)
     if cfg.logger.name != "none":
-        acc = (summary["final"] or {}).get("accuracy")
+        final = summary["final"] or {}
+        shown = " ".join(
+            f"test_{k}={round(final[k], 4)}"
+            for k in ("accuracy", "loss", "perplexity")
+            if final.get(k) is not None
+        )
         print(
             f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
             f"workers={summary['num_workers']} updates={summary['updates']} "
-            f"wall={summary['wall_time_s']:.1f}s test_acc={acc if acc is None else round(acc, 4)} "
+            f"wall={summary['wall_time_s']:.1f}s {shown or 'test_accuracy=None'} "
             f"mean_lag={summary['lag']['mean']} -> {cfg.run_dir}"
             + (f"\n  error: {summary['error']}" if summary["error"] else "")
         )

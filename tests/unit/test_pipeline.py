@@ -414,3 +414,16 @@ def test_nesterov_pp_weight_decay_is_l2_through_the_gradient():
     OPTIMIZERS.build(cfg, w).step(torch.tensor([0.5, 0.5]), 10.0, 0.9)
     g = torch.tensor([0.5, 0.5]) + 0.01 * torch.tensor([1.0, -2.0])
     torch.testing.assert_close(w, torch.tensor([1.0, -2.0]) - 10.0 * 0.1 * g)
+
+
+def test_a_local_text_file_trains_end_to_end(tmp_path):
+    text = generated_corpus(20000, 7)
+    (tmp_path / "input.txt").write_text(text)
+    summary, events = sim(
+        tmp_path / "run", f"dataset.path={tmp_path / 'input.txt'}", "budget.max_updates=20"
+    )
+    assert summary["status"] == "completed"
+    model = torch.load(tmp_path / "run" / "model.pt")
+    assert model["0.tok.weight"].shape[0] == len(set(text))  # the file's own vocabulary
+    vals = [e["loss"] for e in events if e["kind"] == "eval" and e["split"] == "test"]
+    assert vals[-1] < vals[0]
