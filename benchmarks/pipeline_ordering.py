@@ -3,7 +3,7 @@ task, after the same number of steps, the asynchronous pipeline with NAdamW β�
 (and the paper's own equation) reaches a lower validation loss than PipeDream-AdamW and no
 worse than synchronous GPipe; without the (1 − γ) discount training diverges or is clearly
 worse. The presets as shipped (4 stages, a 4-block decoder of width 64 on the generated
-corpus, 100 warm-up steps, weight decay 0.01), with a cosine decay to 0.1·η over the rest
+corpus, 100 warm-up steps, the Adam family with weight decay 0.01), with a cosine decay to 0.1·η over the rest
 of the budget, in the sim runtime (numerically the real pipeline: the tests check it step
 for step).
 

@@ -11,7 +11,7 @@ import pytest
 from stalebench.algorithms.pipeline import OPTIMIZERS
 from stalebench.registry import load_plugins
 from tests.conftest import SUMMARY_FIELDS
-from tests.unit.test_pipeline import sim
+from tests.unit.test_pipeline_rules import sim
 
 load_plugins()
 PIPELINE_PRESETS = sorted(

@@ -14,7 +14,7 @@ from stalebench import experiment
 from stalebench.metrics.events import read_events, schema_errors
 from tests.conftest import SUMMARY_FIELDS, compose
 from tests.integration.test_cli import _alive, kill_mid_run, torchrun
-from tests.unit.test_pipeline import SMALL, losses
+from tests.unit.test_pipeline_rules import SMALL, losses
 
 REAL = [o for o in SMALL if o != "runtime=sim"] + ["timeout_s=30", "num_threads=1"]
 
