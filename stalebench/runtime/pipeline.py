@@ -155,8 +155,8 @@ class Links:
     """A stage's two neighbours: fixed-size float32 messages (HEADER slots, then a hidden
     state or its gradient), sends asynchronous, every receive with the run's timeout."""
 
-    def __init__(self, transport, stage: int, stages: int, shape: tuple[int, ...]):
-        self.transport, self.stage, self.stages = transport, stage, stages
+    def __init__(self, transport, shape: tuple[int, ...]):
+        self.transport = transport
         self.shape, self.size = shape, HEADER + math.prod(shape)
         self.sends: list[tuple[Any, int, torch.Tensor]] = []  # (work, destination, buffer)
 
@@ -195,7 +195,7 @@ def stage_process(job: Job, rank: int, run_dir: Path, transport) -> dict[str, An
         ids = job.splits.x_train[: cfg.dataset.batch_size // per]
         shape = tuple(modules[0](ids).shape)
     stage = Stage(rank, modules[rank], pipe, cfg.algorithm.optimizer, job.device(rank))
-    links = Links(transport, rank, K, shape)
+    links = Links(transport, shape)
     record = RunRecord(job, run_dir) if rank == 0 else None
     dist.barrier()  # the run directory and events.jsonl exist before anyone appends
     events = record.events if record else EventLog(run_dir / "events.jsonl")
