@@ -450,7 +450,10 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
             time.sleep(0.05)
             dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
             if dead and failed_at is None:
-                r = dead[0]
+                # the cause before its consequences: a rank killed by a signal or an injected
+                # fault, not a neighbour that then lost it (a pipeline stage exits with 1)
+                codes = {r: procs[r].exitcode for r in dead}
+                r = min(dead, key=lambda r: (0 < codes[r] != FAULT_EXIT, r))
                 error = f"{rank_name(cfg.engine, r)} (pid {procs[r].pid}) exited with " + _exit(
                     procs[r].exitcode
                 )
