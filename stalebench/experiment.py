@@ -66,6 +66,14 @@ PIPELINE_UNMODELLED = (
 )
 
 
+def check_device(cfg: RunConfig) -> None:
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+
+
 def prepare(cfg: RunConfig) -> None:
     """Everything that can be wrong with the input, checked before any process starts."""
     if cfg.engine == "pipeline":
@@ -94,11 +102,7 @@ def prepare(cfg: RunConfig) -> None:
         raise ConfigError(
             "runtime=sim needs a step time: set cluster.compute_ms > 0 (virtual ms per step)"
         )
-    if cfg.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+    check_device(cfg)
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     n_train = len(dataset.load().y_train)
@@ -166,11 +170,7 @@ def prepare_pipeline(cfg: RunConfig) -> None:
             f"model={cfg.model.name} is not built that way (use model=transformer)"
         )
     split(model, pipe.stages)
-    if cfg.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+    check_device(cfg)
 
 
 @dataclasses.dataclass

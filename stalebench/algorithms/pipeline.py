@@ -61,6 +61,11 @@ class PipelineConfig:
         """A synchronous schedule: every step ends with all stages updated together."""
         return self.schedule == "gpipe"
 
+    @property
+    def per_step(self) -> int:
+        """Microbatches a stage applies in one update: all M of a flushed step, else one."""
+        return self.microbatches if self.flush else 1
+
     def delay(self, stage: int) -> int:
         """τ_k: updates a stage applies between a microbatch's forward and its backward."""
         return 0 if self.flush else self.stages - 1 - stage

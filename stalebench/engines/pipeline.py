@@ -149,9 +149,7 @@ class Stage:
     def forward_version(self, m: int) -> int:
         """The version stage k holds when it forwards microbatch m under its schedule:
         max(m − τ_k, 0) for 1F1B; the step's version for a flushed schedule."""
-        if self.pipe.flush:
-            return m // self.pipe.microbatches
-        return max(m - self.tau, 0)
+        return m // self.pipe.per_step if self.pipe.flush else max(m - self.tau, 0)
 
 
 def ops(stage: int, pipe: PipelineConfig) -> Iterator[tuple[str, int]]:

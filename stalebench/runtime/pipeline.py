@@ -44,8 +44,7 @@ def microbatches(job: Job) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     whole training split, each cut into algorithm.pipeline.microbatches pieces when the
     schedule flushes (one piece otherwise)."""
     cfg = job.cfg
-    pipe = cfg.algorithm.pipeline
-    parts = pipe.microbatches if pipe.flush else 1
+    parts = cfg.algorithm.pipeline.per_step
     for x, y in shard_batches(job.splits, 0, 1, cfg.dataset.batch_size, cfg.seed, "replicated"):
         yield from zip(x.chunk(parts), y.chunk(parts), strict=True)
 
@@ -80,7 +79,7 @@ def summary_extra(cfg: RunConfig) -> dict[str, Any]:
             "stages": pipe.stages,
             "schedule": pipe.schedule,
             "weight_stashing": pipe.weight_stashing,
-            "microbatches": pipe.microbatches if pipe.flush else 1,
+            "microbatches": pipe.per_step,
             "delays": [pipe.delay(k) for k in range(pipe.stages)],
         }
     }
@@ -97,7 +96,7 @@ def simulate(cfg: RunConfig) -> dict[str, Any]:
     model, modules = build_stages(job)
     cpu = torch.device("cpu")
     stages = [Stage(k, mod, pipe, cfg.algorithm.optimizer, cpu) for k, mod in enumerate(modules)]
-    per = pipe.microbatches if pipe.flush else 1
+    per = pipe.per_step
     cost = cfg.cluster.compute_ms / 1000 / per  # one microbatch's forward + backward, a stage
     clock = Timeline(pipe, cost / 3, 2 * cost / 3)
     stream = microbatches(job)
@@ -190,7 +189,7 @@ def stage_process(job: Job, rank: int, run_dir: Path, transport) -> dict[str, An
     cfg = job.cfg
     pipe, budget, K = cfg.algorithm.pipeline, cfg.budget, cfg.algorithm.pipeline.stages
     model, modules = build_stages(job)
-    per = pipe.microbatches if pipe.flush else 1
+    per = pipe.per_step
     with torch.no_grad():  # what crosses a stage boundary: the first stage's output shape
         ids = job.splits.x_train[: cfg.dataset.batch_size // per]
         shape = tuple(modules[0](ids).shape)
