@@ -55,15 +55,28 @@ class RunRecord:
         model.pt, and summary.json / metrics.parquet (with `summary_extra`: measurements that
         must not enter the events, such as the simulator's own real time)."""
         cfg = self.job.cfg
-        if error:
-            self.events.emit("system", t_end, event="error", error=error)
         self.snapshots.take(t_end, version, params)
-        self.events.emit("system", t_end, event="end", status=status, updates=version, **end_fields)
+        self._end(t_end, version, status, error, **end_fields)
         evaluate_snapshots(
             self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, self.events.emit
         )
         vector_to_parameters(params, model.parameters())
         torch.save(model.state_dict(), self.run_dir / "model.pt")
+        return self._close(status, error, summary_extra)
+
+    def fail(self, t_end: float, version: int, error: str) -> dict[str, Any]:
+        """End a failed run that cannot be evaluated (a peer holding part of θ is gone): the
+        error and end events, then summary.json and metrics.parquet."""
+        self._end(t_end, version, "failed", error)
+        return self._close("failed", error)
+
+    def _end(self, t_end: float, version: int, status: str, error: str | None, **fields) -> None:
+        if error:
+            self.events.emit("system", t_end, event="error", error=error)
+        self.events.emit("system", t_end, event="end", status=status, updates=version, **fields)
+
+    def _close(self, status: str, error: str | None, summary_extra=None) -> dict[str, Any]:
+        cfg = self.job.cfg
         self.events.close()
         extra = {"sharding": self.job.sharding, **(summary_extra or {})}
         return finalize(self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy, extra)
