@@ -31,9 +31,8 @@ from stalebench.data import shard_batches
 from stalebench.engines.pipeline import Applied, Stage, Timeline, ops, split
 from stalebench.errors import RunError
 from stalebench.evaluation import Snapshot
-from stalebench.experiment import Job, meta
+from stalebench.experiment import Job
 from stalebench.metrics.events import EventLog
-from stalebench.metrics.summary import finalize
 from stalebench.runtime.common import HEADER, RunRecord, spent
 
 STOP = -1  # a forward message's microbatch slot: no more microbatches
@@ -184,121 +183,141 @@ class Links:
         self.sends = []
 
 
+class StageRun:
+    """One stage's part in a real pipeline run: its ops in schedule order, the messages they
+    need, an `update` event per update, and the weight snapshots for the evaluation."""
+
+    def __init__(self, job: Job, stage: Stage, links: Links, events: EventLog):
+        self.cfg, self.stage, self.links, self.events = job.cfg, stage, links, events
+        self.rank, self.per = stage.index, job.cfg.algorithm.pipeline.per_step
+        self.stream = microbatches(job)
+        self.snaps: dict[int, torch.Tensor] = {0: stage.w.clone()}  # version → weights
+        self.times: dict[int, float] = {0: 0.0}  # version → when this stage reached it
+        self.diverged, self.issued, self.stopped, self.losses = False, 0, False, []
+        self.compute = self.wait = self.comm = 0.0  # since the last update
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def run(self) -> None:
+        """Until every microbatch that went in has come back through this stage."""
+        for op, m in ops(self.rank, self.cfg.algorithm.pipeline):
+            if op == "F" and not self.stopped:
+                self.forward(m)
+            elif op == "B":
+                if m >= self.issued:
+                    break
+                self.backward(m)
+            elif op == "U":  # the update of microbatch (1F1B) or step (flush) m
+                self.update(m)
+        self.links.flush()
+        self.snapshot(self.now())
+
+    def stop(self) -> None:
+        """No more microbatches: tell the next stage, then drain."""
+        self.stopped = True
+        if not self.stage.last:
+            self.comm += self.links.send(self.rank + 1, STOP, None)
+
+    def forward(self, m: int) -> None:
+        stage = self.stage
+        if self.rank == 0:  # the first stage feeds, and decides when to stop
+            at_step = m % self.per == 0
+            if at_step and (spent(self.cfg.budget, m // self.per, self.now()) or self.diverged):
+                return self.stop()
+            x, y = next(self.stream)
+        else:
+            got, x, _, waited = self.links.recv(self.rank - 1)
+            self.wait += waited
+            if got == STOP:
+                return self.stop()
+            if got != m:
+                raise RunError(f"stage {self.rank} expected microbatch {m}, got {got}")
+            _, y = next(self.stream)
+        if stage.version != stage.forward_version(m):
+            raise RunError(f"stage {self.rank} holds version {stage.version} at F({m})")
+        start = time.perf_counter()
+        out = stage.forward(m, x, stage.version, y)
+        self.compute += time.perf_counter() - start
+        if not stage.last:
+            self.comm += self.links.send(self.rank + 1, m, out)
+        self.issued = m + 1
+
+    def backward(self, m: int) -> None:
+        grad_out, loss = None, float("nan")
+        if not self.stage.last:  # the gradient, and the microbatch's loss, from downstream
+            got, grad_out, loss, waited = self.links.recv(self.rank + 1)
+            self.wait += waited
+            if got != m:
+                raise RunError(f"stage {self.rank} expected the gradient of {m}, got {got}")
+        start = time.perf_counter()
+        grad_in, own = self.stage.backward(m, grad_out)
+        self.compute += time.perf_counter() - start
+        self.losses.append(own if self.stage.last else loss)
+        if self.rank > 0:
+            self.comm += self.links.send(self.rank - 1, m, grad_in, self.losses[-1])
+
+    def update(self, m: int) -> None:
+        start = time.perf_counter()
+        applied = self.stage.apply()
+        self.compute += time.perf_counter() - start
+        loss, self.losses = sum(self.losses) / len(self.losses), []
+        t = self.now()
+        timing = {"compute_s": self.compute, "wait_s": self.wait, "comm_s": self.comm}
+        self.events.emit("update", t, **update_event(self.stage, m, applied, loss, **timing))
+        self.compute = self.wait = self.comm = 0.0
+        if snapshot_due(self.cfg, self.stage.version):
+            self.snapshot(t)
+        self.diverged = self.diverged or not math.isfinite(loss)
+
+    def snapshot(self, t: float) -> None:
+        self.snaps[self.stage.version], self.times[self.stage.version] = self.stage.w.clone(), t
+
+    def stacked(self) -> torch.Tensor:
+        """The snapshots, in version order, one row each."""
+        return torch.stack([self.snaps[v] for v in sorted(self.snaps)]).cpu()
+
+
 def stage_process(job: Job, rank: int, run_dir: Path, transport) -> dict[str, Any] | None:
-    """Stage `rank` of a real pipeline run; stage 0 returns the summary."""
+    """Stage `rank` of a real pipeline run; stage 0 gathers every stage's snapshots,
+    evaluates the whole model and returns the summary."""
     cfg = job.cfg
-    pipe, budget, K = cfg.algorithm.pipeline, cfg.budget, cfg.algorithm.pipeline.stages
     model, modules = build_stages(job)
-    per = pipe.per_step
     with torch.no_grad():  # what crosses a stage boundary: the first stage's output shape
-        ids = job.splits.x_train[: cfg.dataset.batch_size // per]
+        ids = job.splits.x_train[: cfg.dataset.batch_size // cfg.algorithm.pipeline.per_step]
         shape = tuple(modules[0](ids).shape)
-    stage = Stage(rank, modules[rank], pipe, cfg.algorithm.optimizer, job.device(rank))
-    links = Links(transport, shape)
+    stage = Stage(
+        rank, modules[rank], cfg.algorithm.pipeline, cfg.algorithm.optimizer, job.device(rank)
+    )
     record = RunRecord(job, run_dir) if rank == 0 else None
     dist.barrier()  # the run directory and events.jsonl exist before anyone appends
     events = record.events if record else EventLog(run_dir / "events.jsonl")
-    stream = microbatches(job)
-    snaps: dict[int, torch.Tensor] = {0: stage.w.clone()}
-    times: dict[int, float] = {0: 0.0}
-    status, error, issued, stopped, losses = "completed", None, 0, False, []
-    t0 = time.perf_counter()
-    now = lambda: time.perf_counter() - t0  # noqa: E731
-    compute = wait = comm = 0.0
+    run = StageRun(job, stage, Links(transport, shape), events)
     try:
-        for op, m in ops(rank, pipe):
-            if op == "F":
-                if stopped:
-                    continue
-                if rank == 0:
-                    if m % per == 0 and (spent(budget, m // per, now()) or status == "diverged"):
-                        stopped = True
-                        if K > 1:
-                            comm += links.send(1, STOP, None)
-                        continue
-                    x, y = next(stream)
-                else:
-                    got, x, _, waited = links.recv(rank - 1)
-                    wait += waited
-                    if got == STOP:
-                        stopped = True
-                        if not stage.last:
-                            comm += links.send(rank + 1, STOP, None)
-                        continue
-                    if got != m:
-                        raise RunError(f"stage {rank} expected microbatch {m}, got {got}")
-                    _, y = next(stream)
-                if stage.version != stage.forward_version(m):
-                    raise RunError(f"stage {rank} holds version {stage.version} at F({m})")
-                start = time.perf_counter()
-                out = stage.forward(m, x, stage.version, y)
-                compute += time.perf_counter() - start
-                if not stage.last:
-                    comm += links.send(rank + 1, m, out)
-                issued = m + 1
-            elif op == "B":
-                if m >= issued:
-                    break  # every microbatch that went in has come back
-                grad_out, loss = None, float("nan")
-                if not stage.last:
-                    got, grad_out, loss, waited = links.recv(rank + 1)
-                    wait += waited
-                    if got != m:
-                        raise RunError(f"stage {rank} expected the gradient of {m}, got {got}")
-                start = time.perf_counter()
-                grad_in, own = stage.backward(m, grad_out)
-                compute += time.perf_counter() - start
-                loss = own if stage.last else loss
-                losses.append(loss)
-                if rank > 0:
-                    comm += links.send(rank - 1, m, grad_in, loss)
-            else:  # "U": the update of microbatch (1F1B) or step (flush) m
-                start = time.perf_counter()
-                applied = stage.apply()
-                compute += time.perf_counter() - start
-                loss, losses = sum(losses) / len(losses), []
-                t = now()
-                events.emit(
-                    "update",
-                    t,
-                    **update_event(
-                        stage, m, applied, loss, compute_s=compute, wait_s=wait, comm_s=comm
-                    ),
-                )
-                compute = wait = comm = 0.0
-                if snapshot_due(cfg, stage.version):
-                    snaps[stage.version], times[stage.version] = stage.w.clone(), t
-                if rank == 0 and not math.isfinite(loss):
-                    status = "diverged"
-        links.flush()
-        t_end = now()
-        snaps[stage.version], times[stage.version] = stage.w.clone(), t_end
+        run.run()
     except RunError as exc:
         if record is None:
             raise
-        record.events.emit("system", now(), event="error", error=str(exc))
-        record.events.emit("system", now(), event="end", status="failed", updates=stage.version)
-        record.events.close()
-        return finalize(run_dir, meta(cfg), "failed", str(exc), budget.target_accuracy)
-    versions = sorted(snaps)
+        return record.fail(run.now(), stage.version, str(exc))
     if record is None:
         events.close()
-        transport.send(torch.stack([snaps[v] for v in versions]).cpu(), 0)
+        transport.send(run.stacked(), 0)
         return None
-    parts = [torch.stack([snaps[v] for v in versions]).cpu()]
-    for k in range(1, K):
-        buf = torch.empty(len(versions), stage_size(modules[k]))
-        transport.recv(buf, k)
-        parts.append(buf)
+    parts = [run.stacked()]
+    for k in range(1, cfg.algorithm.pipeline.stages):
+        parts.append(torch.empty(len(run.snaps), stage_size(modules[k])))
+        transport.recv(parts[-1], k)
     full = torch.cat(parts, dim=1)
-    record.snapshots.taken = [Snapshot(times[v], v, full[i]) for i, v in enumerate(versions)]
+    versions = sorted(run.snaps)
+    record.snapshots.taken = [Snapshot(run.times[v], v, full[i]) for i, v in enumerate(versions)]
     return record.finish(
         model,
         full[-1],
         stage.version,
-        t_end,
-        status,
-        error,
+        run.times[stage.version],
+        "diverged" if run.diverged else "completed",
+        None,
         summary_extra=summary_extra(cfg),
         bytes_sent=transport.bytes_sent,
     )
