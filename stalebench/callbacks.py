@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -12,13 +14,32 @@ log = logging.getLogger("stalebench")
 
 
 class ReportOnSweepEnd(Callback):
-    """Runs `stalebench-report` on the sweep directory; a report failure is logged, never
-    raised (the runs themselves are already on disk)."""
+    """Runs `stalebench-report` on the sweep directory and, with logger=wandb, logs a paper
+    sweep's claim verdicts to W&B; a failure is logged, never raised (the runs themselves
+    are already on disk)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
         try:
             from stalebench.report.cli import main
 
-            main([str(config.hydra.sweep.dir)])
+            main([str(sweep_dir)])
         except Exception as exc:
-            log.warning("stalebench-report failed on %s: %s", config.hydra.sweep.dir, exc)
+            log.warning("stalebench-report failed on %s: %s", sweep_dir, exc)
+            return
+        claims = sweep_dir / "claims.json"
+        logger = config.get("logger") or {}
+        if logger.get("name") != "wandb" or not claims.is_file():
+            return
+        try:  # W&B never fails the sweep: claims.json has the verdicts
+            from stalebench.metrics.sinks import log_verdicts
+
+            log_verdicts(
+                json.loads(claims.read_text())["claims"],
+                project=logger.get("project", "stalebench"),
+                mode=logger.get("wandb_mode", "offline"),
+                group=config.sweep.name or "/".join(sweep_dir.parts[-2:]),
+                out_dir=sweep_dir,
+            )
+        except Exception as exc:
+            log.warning("W&B: claims of %s not logged: %s", sweep_dir, exc)

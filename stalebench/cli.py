@@ -95,7 +95,9 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
                     mode=cfg.logger.wandb_mode,
                     run_dir=Path(cfg.run_dir),
                     name=f"{cfg.algorithm.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
-                    group="/".join(Path(hc.sweep.dir).parts[-2:]) if multirun else None,
+                    group=(cfg.sweep.name or "/".join(Path(hc.sweep.dir).parts[-2:]))
+                    if multirun
+                    else None,
                     job_type=cfg.algorithm.label,
                     config=OmegaConf.to_container(dcfg, resolve=True),
                 )
@@ -116,6 +118,7 @@ GROUPS = (
     "dataset",
     "cluster",
     "logger",
+    "sweep",
 )
 
 

@@ -215,3 +215,34 @@ class Wandb(Sink):
                 self.run.summary.update({k: v for k, v in summary.items() if k != "host"})
         finally:
             self.run.finish()  # always: multirun jobs must never merge into one W&B run
+
+
+def log_verdicts(
+    verdicts: list[dict[str, Any]], *, project: str, mode: str, group: str, out_dir: Path
+) -> None:
+    """A paper sweep's claim verdicts as one W&B run in the paper's group (job_type claims):
+    a table of every claim and the count of each verdict in the summary."""
+    import wandb
+
+    columns = ["id", "scope", "text", "metric", "published", "ours", "verdict", "notes"]
+    run = wandb.init(
+        project=project,
+        mode=mode,
+        dir=str(out_dir),
+        name=f"claims-{out_dir.name}",
+        group=group,
+        job_type="claims",
+        reinit="finish_previous",
+        settings=wandb.Settings(silent=True, init_timeout=60),
+    )
+    try:
+        table = wandb.Table(
+            columns=columns, data=[[str(v.get(c, "")) for c in columns] for v in verdicts]
+        )
+        run.log({"claims": table})
+        for v in verdicts:
+            run.summary[f"claims/{v['id']}" + (f"[{v['scope']}]" if v["scope"] else "")] = v[
+                "verdict"
+            ]
+    finally:
+        run.finish()

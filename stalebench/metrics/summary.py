@@ -61,12 +61,30 @@ def summarize(
             "max": int(lags.max()) if lags.size else None,
         },
         "max_clock_gap": max((e.get("clock_gap", 0) for e in updates), default=0),
+        "clocks": _clocks(updates, num_workers),
         "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
         "throughput_updates_per_s": (
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
         **_weight_gap(updates, num_workers),
+    }
+
+
+def _clocks(updates: list[dict[str, Any]], num_workers: int) -> dict[str, Any]:
+    """The workers' progress: steps each completed (its last pushed clock + 1; 0 for a worker
+    that pushed nothing), as mean, std (population), min and max over the workers."""
+    steps = np.zeros(num_workers)
+    for e in updates:
+        if 0 <= e["worker"] < num_workers:
+            steps[e["worker"]] = max(steps[e["worker"]], e["clock"] + 1)
+    if not updates:
+        return {"mean": None, "std": None, "min": None, "max": None}
+    return {
+        "mean": float(steps.mean()),
+        "std": float(steps.std()),
+        "min": int(steps.min()),
+        "max": int(steps.max()),
     }
 
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import sys
 from pathlib import Path
 
+from stalebench.metrics.summary import write_json
+from stalebench.report import claims as claims_mod
 from stalebench.report.collect import collect
-from stalebench.report.tables import BASELINE, format_summary, summary_table, write_table
+from stalebench.report.tables import (
+    BASELINE,
+    format_summary,
+    summary_table,
+    to_markdown,
+    write_table,
+)
 
 
 def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
@@ -46,6 +56,7 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
         "runs", runs, runs[per_run_cols].astype(object).where(runs[per_run_cols].notna(), "—"), out
     )
     figures = all_figures(runs, curves, updates, out)
+    verdicts = claims_mod.evaluate(runs, curves)
 
     n_done = int((runs["status"] == "completed").sum())
     lines = [
@@ -79,9 +90,31 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
         lines.append(
             f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: **{row.status}** — {error}"
         )
+    lines += claim_section(verdicts, out)
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def claim_section(verdicts: list[dict], out: Path) -> list[str]:
+    """The papers' claims with their verdicts (also written to out/claims.json)."""
+    if not verdicts:
+        (out / "claims.json").unlink(missing_ok=True)  # no stale verdicts from an earlier report
+        return []
+    write_json(out / "claims.json", {"rule": claims_mod.RULE, "claims": verdicts})
+    lines = ["", "## Claims", "", f"Rule: {claims_mod.RULE}", ""]
+    for sweep in dict.fromkeys(v["sweep"] for v in verdicts):
+        first = next(v for v in verdicts if v["sweep"] == sweep)
+        counts = collections.Counter(v["verdict"] for v in verdicts if v["sweep"] == sweep)
+        tally = ", ".join(f"{counts[k]} {k}" for k in claims_mod.VERDICTS if counts[k])
+        lines += [
+            f"### {sweep} ({first['scale']}): {first['paper']}",
+            "",
+            f"Verdicts: {tally}.",
+            "",
+            to_markdown(claims_mod.table(verdicts, sweep)),
+        ]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stalebench-report: error: {err}", file=sys.stderr)
         return 2
     print(report)
+    claims_json = report.parent / "claims.json"
+    if claims_json.is_file():
+        for v in json.loads(claims_json.read_text())["claims"]:
+            where = f" [{v['scope']}]" if v["scope"] else ""
+            print(f"{v['verdict']:>14}  {v['sweep']}/{v['id']}{where}: {v['ours'] or '—'}")
     return 0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 LABELS = ["algorithm", "cluster", "num_workers", "seed"]
-CURVE_COLUMNS = ["run_dir", *LABELS, "t", "version", "split", "loss", "accuracy"]
+CURVE_COLUMNS = ["run_dir", *LABELS, "t", "version", "split", "loss", "accuracy", "perplexity"]
 UPDATE_FIELDS = [
     "t",
     "worker",
