@@ -51,28 +51,44 @@ class Snapshots:
         self._next_t = t + self.cfg.every_s
 
 
+def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The training objective, chosen from the targets: least squares ½(f(x) − y)² for
+    floating-point targets (regression), cross-entropy for integer labels; a sequence
+    model's (B, T, classes) outputs count every position. `reduction`: mean or sum."""
+    import torch
+
+    if y.is_floating_point():
+        squared = 0.5 * (out.reshape(y.shape) - y).square()
+        return squared.mean() if reduction == "mean" else squared.sum()
+    return torch.nn.functional.cross_entropy(
+        out.reshape(y.numel(), -1), y.reshape(-1), reduction=reduction
+    )
+
+
 def evaluate(
     model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of `model` with flat parameters `params` on (x, y).
+) -> tuple[float, float | None]:
+    """Mean `objective` and accuracy of `model` with flat parameters `params` on (x, y).
     A sequence model's (B, T, classes) outputs count every position: per-token loss and
-    next-token accuracy."""
+    next-token accuracy. Regression (float targets) has no accuracy: None."""
     import torch
     from torch.nn.utils import vector_to_parameters
 
     vector_to_parameters(params, model.parameters())
+    regression = y.is_floating_point()
     total_loss, correct, count = 0.0, 0, 0
     model.eval()
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
             out = model(x[start : start + batch_size])
-            target = y[start : start + batch_size].reshape(-1)
-            out = out.reshape(target.numel(), -1)
-            total_loss += torch.nn.functional.cross_entropy(out, target, reduction="sum").item()
-            correct += (out.argmax(1) == target).sum().item()
+            target = y[start : start + batch_size]
+            total_loss += objective(out, target, reduction="sum").item()
+            if not regression:
+                predicted = out.reshape(target.numel(), -1).argmax(1)
+                correct += (predicted == target.reshape(-1)).sum().item()
             count += target.numel()
     model.train()
-    return total_loss / count, correct / count
+    return total_loss / count, None if regression else correct / count
 
 
 def recalibrate_batch_norm(
@@ -99,7 +115,8 @@ def recalibrate_batch_norm(
 def evaluate_snapshots(
     snapshots: list[Snapshot], model: nn.Module, splits: Splits, cfg: EvalConfig, seed: int, emit
 ) -> None:
-    """Emit test (and a fixed training subset's) loss and accuracy of every snapshot."""
+    """Emit test (and a fixed training subset's) loss and accuracy of every snapshot
+    (accuracy None for regression)."""
     import torch
 
     sets = [("test", splits.x_test, splits.y_test)]
@@ -107,7 +124,8 @@ def evaluate_snapshots(
         n = min(cfg.train_samples, len(splits.y_train))
         idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))
         sets.append(("train", splits.x_train[idx[:n]], splits.y_train[idx[:n]]))
-    sequences = splits.y_train.dim() > 1  # a language model: its perplexity too
+    # a language model (integer token targets per position): its perplexity too
+    sequences = not splits.regression and splits.y_train.dim() > 1
     for snap in snapshots:
         if cfg.train_samples:
             recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)

@@ -1,15 +1,17 @@
-"""Datasets: generated (synthetic, MNIST-1D) or read from local files (MNIST IDX); never
-downloaded. The parent prepares (validates files, generates and caches) before any process
-starts; every process then loads the same arrays and each worker reads its own shard."""
+"""Datasets: generated (synthetic, MNIST-1D, least-squares regression) or read from local
+files (MNIST IDX, CIFAR-10 pickles); never downloaded. The parent prepares (validates files,
+generates and caches) before any process starts; every process then loads the same arrays
+and each worker reads its own shard."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import gzip
+import math
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,13 +34,24 @@ class Splits:
     x_test: torch.Tensor
     y_test: torch.Tensor
     vocab: int = 0  # token datasets: the vocabulary size (labels may not use every token)
+    # training-time augmentation: (minibatch x, the worker's generator) -> new x; applied by
+    # shard_batches to training minibatches only, never to evaluation
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
     @property
+    def regression(self) -> bool:
+        """Floating-point targets are a regression (least squares); integers are labels."""
+        return self.y_train.is_floating_point()
+
+    @property
     def num_classes(self) -> int:
+        """The model's outputs: classes (or tokens), or one per target value in regression."""
+        if self.regression:
+            return math.prod(self.y_train.shape[1:])  # (N,) targets: one output
         return self.vocab or int(max(self.y_train.max(), self.y_test.max())) + 1
 
 
@@ -269,7 +282,8 @@ def shard_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless minibatches for one worker: a seeded disjoint shard of the training split
     (`replicated`: the whole split), reshuffled every epoch with a stream of its own (same
-    seed, same order)."""
+    seed, same order). With `splits.augment` set, each minibatch's x is augmented from a
+    second per-worker stream, so the sample order is the same with augmentation on or off."""
     import torch
 
     n = len(splits.y_train)
@@ -280,12 +294,17 @@ def shard_batches(
             f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "
             f"training samples ({n} split over cluster.num_workers={num_workers})"
         )
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + worker + 1)
+    stream = seed * 1_000_003 + worker + 1
+    gen = torch.Generator().manual_seed(stream)
+    augment = splits.augment
+    # offset by 2**32: never the seed of any worker's order stream in the same run
+    aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
     while True:
         order = shard[torch.randperm(len(shard), generator=gen)]
         for start in range(0, len(order) - batch_size + 1, batch_size):
             idx = order[start : start + batch_size]
-            yield splits.x_train[idx], splits.y_train[idx]
+            x = splits.x_train[idx]
+            yield (augment(x, aug_gen) if augment else x), splits.y_train[idx]
 
 
 @dataclasses.dataclass
@@ -377,3 +396,7 @@ class Chars(Dataset):
             return x, y
 
         return Splits(*windows(ids[:cut]), *windows(ids[cut:]), vocab=len(chars))
+
+
+# Datasets in modules of their own register on import: `import stalebench.data` has them all.
+from stalebench.data import cifar, regression  # noqa: E402, F401

@@ -1,6 +1,6 @@
-"""Small models for 1-D and 2-D classification inputs. A registered model is a builder
-`(cfg, input_shape, num_classes) -> nn.Module`; the networks live in `nets` so that
-configs load without importing torch."""
+"""Small models for 1-D and 2-D classification inputs, ResNet-20 for images, and a linear
+model for regression. A registered model is a builder `(cfg, input_shape, num_classes) ->
+nn.Module`; the networks live in `nets` so that configs load without importing torch."""
 
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ class LogRegConfig(ComponentConfig):
 @MODELS.register("logreg", LogRegConfig)
 def logreg(cfg: LogRegConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Multinomial logistic regression on the flattened input."""
+    from stalebench.models.nets import mlp
+
+    return mlp(input_shape, num_classes, hidden=[])
+
+
+@dataclasses.dataclass
+class LinearConfig(ComponentConfig):
+    pass
+
+
+@MODELS.register("linear", LinearConfig)
+def linear(cfg: LinearConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """One linear layer (no hidden layer) on the flattened input, one output per target value:
+    a single output on a regression dataset, whose `num_classes` is 1."""
     from stalebench.models.nets import mlp
 
     return mlp(input_shape, num_classes, hidden=[])
@@ -68,6 +82,34 @@ def cnn(cfg: CNNConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Mo
     from stalebench.models.nets import CNN
 
     return CNN(input_shape, num_classes, list(cfg.channels), cfg.kernel_size, cfg.batch_norm)
+
+
+@dataclasses.dataclass
+class ResNetConfig(ComponentConfig):
+    depth: int = 20  # 6n + 2 layers: n basic blocks per stage (20, 32, 44, 56, 110)
+    width: int = 16  # channels of the first stage; the next two have 2× and 4×
+
+    def __post_init__(self) -> None:
+        if self.depth < 8 or (self.depth - 2) % 6:
+            raise ConfigError(
+                f"model.depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110), "
+                f"got {self.depth}"
+            )
+        if self.width < 1:
+            raise ConfigError(f"model.width must be >= 1, got {self.width}")
+
+
+@MODELS.register("resnet20", ResNetConfig)
+def resnet20(cfg: ResNetConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The CIFAR ResNet of He et al. 2016, §4.2 (depth 20 by default), on (C, H, W) images."""
+    if len(input_shape) != 3:
+        raise ConfigError(
+            f"model=resnet20 needs images of shape (channels, height, width), got inputs of "
+            f"shape {input_shape} (use it with dataset=cifar10)"
+        )
+    from stalebench.models.nets import CifarResNet
+
+    return CifarResNet(input_shape[0], num_classes, (cfg.depth - 2) // 6, cfg.width)
 
 
 @dataclasses.dataclass

@@ -59,6 +59,63 @@ class CNN(nn.Module):
         return self.head(self.features(x.unsqueeze(1)))
 
 
+def shortcut_a(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
+    """He et al. 2016's option A shortcut: the identity, subsampled by `stride` and with the
+    extra channels zero-padded (no parameters)."""
+    x = x[:, :, ::stride, ::stride]
+    return nn.functional.pad(x, (0, 0, 0, 0, 0, out_channels - x.shape[1]))
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 conv-BN layers (the first strided) plus the option-A shortcut, then ReLU
+    (He et al. 2016, Fig. 2 left)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        self.out_channels, self.stride = out_channels, stride
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return nn.functional.relu(out + shortcut_a(x, self.out_channels, self.stride))
+
+
+class CifarResNet(nn.Module):
+    """ResNet for CIFAR (He et al. 2016, §4.2): a 3×3 conv of `width` channels, three stages
+    of n basic blocks (width, 2·width, 4·width channels; stride 2 at the start of stages 2
+    and 3), global average pooling and a linear layer: 6n + 2 layers (n = 3: ResNet-20)."""
+
+    def __init__(self, in_channels: int, num_classes: int, blocks_per_stage: int, width: int):
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+        ]
+        channels = width
+        for stage in range(3):
+            out = width * 2**stage
+            for block in range(blocks_per_stage):
+                stride = 2 if stage > 0 and block == 0 else 1
+                layers.append(BasicBlock(channels, out, stride))
+                channels = out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                # He et al. 2015's initialisation, which the ResNet paper uses for its convs
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 class Embed(nn.Module):
     """Token and learned position embeddings: ids (B, T) → hidden states (B, T, C)."""
 

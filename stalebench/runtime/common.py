@@ -14,7 +14,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.config import BudgetConfig
 from stalebench.engines.ps import ParameterServer
-from stalebench.evaluation import Snapshots, evaluate_snapshots
+from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
 from stalebench.experiment import Job, meta
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
@@ -116,8 +116,9 @@ def pad_to(start: float, target_s: float) -> None:
 def gradient(
     model: torch.nn.Module, params: list[torch.Tensor], batch, device: torch.device
 ) -> tuple[torch.Tensor, float]:
-    """Flat CPU gradient of the mean cross-entropy on one minibatch, and the loss."""
+    """Flat CPU gradient of the mean `objective` on one minibatch (cross-entropy for labels,
+    ½·mean squared error for float targets), and the loss."""
     x, y = batch
-    loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    loss = objective(model(x.to(device)), y.to(device))
     grads = torch.autograd.grad(loss, params)
     return torch.cat([g.reshape(-1) for g in grads]).cpu(), loss.item()
