@@ -9,7 +9,9 @@ from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
 SEQUENCE = ["transformer"]  # token sequences in, logits per position out
-NAMES = [n for n in MODELS.names() if n not in SEQUENCE]  # classifiers of real-valued inputs
+IMAGES = ["resnet20"]  # (C, H, W) inputs and BatchNorm buffers: tests/unit/test_cifar_resnet.py
+# classifiers of flat or 1-D/2-D real-valued inputs
+NAMES = [n for n in MODELS.names() if n not in SEQUENCE + IMAGES]
 TWO_D = ["cnn", "logreg", "mlp"]
 
 
