@@ -89,6 +89,9 @@ class SweepConfig:
     name: str = ""  # the sweep's name (its file under sweeps/); empty = not a paper sweep
     paper: str = ""  # authors, title, venue
     scale: str = "small"  # small: CPU, minutes; full: the paper's scale, a GPU cluster
+    # values the sweep's arms share by interpolation (e.g. a sample size set per setup:
+    # `sample_size: ${sweep.params.beta}`)
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
     claims: list[ClaimConfig] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -42,13 +42,18 @@ RULE = (
 
 
 def load_config(run_dir: str | Path) -> dict[str, Any]:
-    """A run's resolved config (.hydra/config.yaml) as plain data; {} when absent."""
-    import yaml  # PyYAML comes with Hydra's OmegaConf; no torch, no engine code
+    """A run's config (.hydra/config.yaml) as plain data, interpolations such as
+    `${sweep.params.target}` resolved; {} when absent."""
+    from omegaconf import OmegaConf  # Hydra's config library; no torch, no engine code
 
     path = Path(run_dir) / ".hydra" / "config.yaml"
     if not path.is_file():
         return {}
-    return yaml.safe_load(path.read_text()) or {}
+    config = OmegaConf.load(path)
+    try:
+        return OmegaConf.to_container(config, resolve=True) or {}
+    except Exception:  # an interpolation only Hydra's runtime can resolve: leave them all
+        return OmegaConf.to_container(config, resolve=False) or {}
 
 
 def _dotted(obj: Any, prefix: str = "") -> dict[str, Any]:
