@@ -163,17 +163,32 @@ class Profile:
             base *= c.straggler_factor
         return float(base) * self.slowdown[worker] / 1000.0
 
-    def push_s(self, nbytes: int) -> float:
+    def push_s(self, nbytes: float) -> float:
         return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes)
 
-    def pull_s(self, nbytes: int) -> float:
+    def pull_s(self, nbytes: float) -> float:
         return _delay(self.cfg.pull_latency_ms, self.cfg.pull_bandwidth_gbps, nbytes)
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Seconds of a ring all-reduce of `nbytes` over the N workers: 2(N − 1) steps of a
+        chunk of nbytes/N each, 2(N − 1)·(α + nbytes/(N·β)) when both directions have latency
+        α and bandwidth β (N = 1: 0).
+
+        In each step every worker sends a chunk to the next worker (charged the push
+        direction's latency and bandwidth) while it receives one from the previous (the pull
+        direction's); the step lasts as long as the slower of the two, because the next step
+        forwards the chunk just received.
+        """
+        n = self.cfg.num_workers
+        chunk = nbytes / n
+        step = max(self.push_s(chunk), self.pull_s(chunk))
+        return 2 * (n - 1) * step
 
     def faults(self, worker: int) -> list[FaultConfig]:
         return sorted((f for f in self.cfg.faults if f.worker == worker), key=lambda f: f.at_s)
 
 
-def _delay(latency_ms: float, bandwidth_gbps: float, nbytes: int) -> float:
+def _delay(latency_ms: float, bandwidth_gbps: float, nbytes: float) -> float:
     transfer = nbytes * 8 / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
     return latency_ms / 1000.0 + transfer
 

@@ -122,8 +122,6 @@ class RunConfig:
             raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine: unknown {self.engine!r}; known: {', '.join(ENGINES)}")
-        if self.runtime == "sim" and self.engine == "allreduce":
-            raise ConfigError("runtime=sim runs engine=ps or engine=pipeline, got allreduce")
         a = self.algorithm
         if self.engine == "pipeline":
             if a.pipeline is None or a.optimizer is None:

@@ -237,7 +237,9 @@ def launch(cfg: RunConfig) -> dict[str, Any]:
     if cfg.runtime == "sim":
         from stalebench.runtime import sim
 
-        return sim.launch(cfg)
+        # what the engine's communication costs: a server's messages, or a round's all-reduce
+        network = sim.RingAllReduce.build if cfg.engine == "allreduce" else sim.PointToPoint.build
+        return sim.launch(cfg, network)
     from stalebench.runtime import real
 
     return real.launch(cfg)

@@ -3,8 +3,9 @@ replica, averages the round's gradients with one all-reduce, and takes the same 
 optimizer step (the configured update rule with the mean gradient, worker −1, lag 0).
 
 One all-reduce per round carries the gradient and, in a tail of 3·N + 1 slots, each rank's
-compute time and loss and rank 0's stop flag, so all replicas stop on the same round.
-Rank 0 writes the run directory.
+compute time and loss and rank 0's stop flag, so all replicas stop on the same round. The
+cluster profile's network is paid as a sleep of `Profile.allreduce_s` of that whole message
+per round. Rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,21 @@ from stalebench.experiment import Job
 from stalebench.runtime.common import RunRecord, diverged, gradient, pad_to, spent
 
 
+def round_slots(num_params: int, num_workers: int) -> int:
+    """Float32 slots one round all-reduces: the gradient, then 3 per rank and a stop flag."""
+    return num_params + 3 * num_workers + 1
+
+
+def round_bytes(num_params: int, num_workers: int) -> int:
+    """Size of the message one round all-reduces (the tail counts: it travels with it)."""
+    return 4 * round_slots(num_params, num_workers)
+
+
+def ring_volume(nbytes: int, num_workers: int) -> int:
+    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
+    return 2 * (num_workers - 1) * nbytes
+
+
 def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
     cfg, n = job.cfg, job.cfg.cluster.num_workers
     device = job.device(rank)
@@ -31,9 +47,10 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
     net = job.model().to(device)
     net_params = list(net.parameters())
     d = params.numel()
-    buf = torch.zeros(d + 3 * n + 1)
+    buf = torch.zeros(round_slots(d, n))
     batches = job.batches(rank)
     profile = job.profile
+    network_s = profile.allreduce_s(round_bytes(d, n))  # the same message every round
     record = RunRecord(job, run_dir) if rank == 0 else None
     status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
     gradient(net, net_params, (job.splits.x_train[:1], job.splits.y_train[:1]), device)  # warm-up
@@ -47,20 +64,20 @@ def replica(job: Job, rank: int, run_dir: Path) -> dict[str, Any] | None:
             target_s = profile.step_s(rank)
             pad_to(start, target_s)
             compute = time.perf_counter() - start
-            # the network model, as one push and one pull of the gradient per round
-            time.sleep(profile.push_s(4 * d) + profile.pull_s(4 * d))
             buf.zero_()
             buf[:d] = grad
             buf[d + 3 * rank : d + 3 * rank + 2] = torch.tensor([compute, loss])
             buf[-1] = float(stop)
+            # the modelled network is part of the all-reduce's time (comm_s), as in the sim
             reduce_start = time.perf_counter()
+            time.sleep(network_s)
             dist.all_reduce(buf)
             reduce_s = time.perf_counter() - reduce_start
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
                 break
             rule.step(params, buf[:d].div_(n), -1, 0)
             version += 1
-            bytes_sent += 2 * (n - 1) * buf.numel() * 4  # ring all-reduce volume, all ranks
+            bytes_sent += ring_volume(buf.numel() * 4, n)
             if record is not None:
                 t = time.perf_counter() - t0
                 stats = buf[d:-1].view(n, 3)
