@@ -14,6 +14,7 @@ from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig
+from stalebench.sweep import SweepConfig
 
 RUNTIMES = ("real", "sim")
 ENGINES = ("ps", "allreduce", "pipeline")
@@ -107,6 +108,8 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    # a paper's sweep (set by `+sweep=<paper>`): its name, scale and claims, judged by the report
+    sweep: SweepConfig = dataclasses.field(default_factory=SweepConfig)
     # real: one OS process per role over torch.distributed; sim: discrete-event, virtual time
     runtime: str = "real"
     # ps: parameter server (rank 0) and workers (ranks 1..N); allreduce: N replicas, DDP-style
