@@ -176,18 +176,22 @@ def launch(
     report = net.reporting(record.events.emit)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     n, budget, profile = cfg.cluster.num_workers, cfg.budget, job.profile
+    # every worker's gradient is computed on one model, on the GPU when device=auto finds one
+    # (`model` stays on the CPU for the server's snapshots and the evaluation)
+    device = job.device(0)
+    compute = job.model().to(device)
     workers = [
         SimWorker(
             torch.empty_like(ps.params),
             job.batches(w),
-            [b.detach().clone() for b in model.buffers()],
+            [b.detach().clone() for b in compute.buffers()],
             profile.faults(w),
         )
         for w in range(n)
     ]
-    flat = flatten_parameters(model)  # the shared model's θ, loaded per worker by one copy
-    params = list(model.parameters())
-    buffers = list(model.buffers())
+    flat = flatten_parameters(compute)  # its θ, loaded per worker by one copy
+    params = list(compute.parameters())
+    buffers = list(compute.buffers())
     queue: list[tuple[float, int, int]] = []  # (push arrives at the server, tie-break, worker)
     order = itertools.count()
 
@@ -228,7 +232,7 @@ def launch(
                 t = budget.max_wall_s  # the budget ends before this push arrives
                 break
             wk = workers[w]
-            grad, loss = _step(model, flat, params, buffers, wk)
+            grad, loss = _step(compute, flat, params, buffers, wk, device)
             message = rule_cls.worker_message(cfg.algorithm.update, grad, wk.state)
             push = Push(
                 w, wk.clock, wk.version, message, loss, wk.step_s, wk.received_at - wk.pushed_at
@@ -246,6 +250,8 @@ def launch(
         status, error = "failed", str(exc)
     finally:
         gc.unfreeze()
+    for kept, last in zip(model.buffers(), compute.buffers(), strict=True):
+        kept.copy_(last)  # BatchNorm statistics as the last step left them, as before
     return record.finish(
         model,
         ps.params,
@@ -259,15 +265,12 @@ def launch(
     )
 
 
-def _step(model, flat, params, buffers, wk: SimWorker) -> tuple[torch.Tensor, float]:
-    """The worker's gradient on its own parameters and BatchNorm statistics."""
+def _step(model, flat, params, buffers, wk: SimWorker, device) -> tuple[torch.Tensor, float]:
+    """The worker's gradient (on the CPU) on its own parameters and BatchNorm statistics."""
     flat.copy_(wk.params)
     for mine, shared in zip(wk.buffers, buffers, strict=True):
         shared.copy_(mine)
-    out = gradient(model, params, next(wk.batches), CPU)
+    out = gradient(model, params, next(wk.batches), device)
     for mine, shared in zip(wk.buffers, buffers, strict=True):
         mine.copy_(shared)
     return out
-
-
-CPU = torch.device("cpu")

@@ -167,9 +167,9 @@ def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
         [b.clone() for b in init],
         [],
     )
-    _step(model, flat, params, buffers, a)
+    _step(model, flat, params, buffers, a, torch.device("cpu"))
     assert all(torch.equal(mine, first) for mine, first in zip(b.buffers, init, strict=True))
-    _step(model, flat, params, buffers, b)
+    _step(model, flat, params, buffers, b, torch.device("cpu"))
     means = (
         [m for m in a.buffers if m.dtype.is_floating_point][0],
         [m for m in b.buffers if m.dtype.is_floating_point][0],
