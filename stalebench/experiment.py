@@ -105,7 +105,10 @@ def prepare(cfg: RunConfig) -> None:
     check_device(cfg)
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
-    n_train = len(dataset.load().y_train)
+    splits = dataset.load()
+    # a model that cannot take the dataset's inputs fails here, not inside every process
+    MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    n_train = len(splits.y_train)
     smallest_shard = n_train // cfg.cluster.num_workers
     if n_train < cfg.dataset.batch_size:
         raise ConfigError(

@@ -29,6 +29,10 @@ CASES = [
     (["algorithm=ssp", "engine=pipeline"], "engine", "pipeline"),
     (["algorithm=nesterov_pp", "engine=ps"], "engine", "ps"),
     (["algorithm/optimizer=foo"], "algorithm/optimizer", "foo"),
+    (["model=resnet20"], "model=resnet20", "(40,)"),
+    (["dataset=cifar10", "dataset.root={tmp}/nope"], "dataset.root", "{tmp}/nope"),
+    (["-m", "+sweep=nope"], "sweep", "nope"),
+    (["+sweep=dssp", "sweep.scale=huge"], "sweep.scale", "huge"),
 ]
 
 
@@ -50,6 +54,10 @@ CASES = [
         "ps-algorithm-on-pipeline",
         "pipeline-algorithm-on-ps",
         "unknown-optimizer",
+        "model-that-cannot-read-the-inputs",
+        "missing-cifar-root",
+        "unknown-sweep",
+        "bad-sweep-scale",
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, key, value):
