@@ -241,7 +241,7 @@ def log_verdicts(
         )
         run.log({"claims": table})
         for v in verdicts:
-            run.summary[f"claims/{v['id']}" + (f"[{v['scope']}]" if v["scope"] else "")] = v[
+            run.summary[f"verdict/{v['id']}" + (f"[{v['scope']}]" if v["scope"] else "")] = v[
                 "verdict"
             ]
     finally:

@@ -100,3 +100,36 @@ def test_a_broken_wandb_never_fails_the_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "W&B not started: W&B is broken here" in done.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.timeout(200)
+def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
+    done = stalebench(
+        [
+            "-m",
+            "+sweep=dssp",
+            "+sweep/arms/dssp=bsp,dssp",
+            "cluster=heterogeneous",
+            "seed=0,1",
+            "cluster.num_workers=2",
+            "budget.max_wall_s=1",
+            "eval.every_s=0.5",
+            "dataset=synthetic",
+            "model=mlp",
+            "model.hidden=[16]",
+            "logger=wandb",
+            "hydra.sweep.dir=sweep",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
+    assert len(runs) == 4 and {r["run"].run_group for r in runs} == {"dssp"}
+    (claims,) = [read_run(p) for p in tmp_path.glob("sweep/wandb/offline-run-*/*.wandb")]
+    assert claims["run"].run_group == "dssp" and claims["run"].job_type == "claims"
+    verdicts = json.loads((tmp_path / "sweep" / "claims.json").read_text())["claims"]
+    logged = {k: v for k, v in claims["summary"].items() if k.startswith("verdict/")}
+    assert logged == {
+        f"verdict/{v['id']}" + (f"[{v['scope']}]" if v["scope"] else ""): v["verdict"]
+        for v in verdicts
+    }
