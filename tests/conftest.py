@@ -52,6 +52,23 @@ FAST = [
 ]
 
 
+# `stalebench -m +sweep=dssp` at a tiny scale: two of its arms, two seeds, 2 workers, 1 s
+TINY_DSSP_SWEEP = [
+    "-m",
+    "+sweep=dssp",
+    "+sweep/arms/dssp=bsp,dssp",
+    "cluster=heterogeneous",
+    "seed=0,1",
+    "cluster.num_workers=2",
+    "budget.max_wall_s=1",
+    "eval.every_s=0.25",
+    "dataset=synthetic",
+    "model=mlp",
+    "model.hidden=[16]",
+    "hydra.sweep.dir=sweep",
+]
+
+
 def fast_with(overrides: list[str]) -> list[str]:
     """FAST then `overrides`; a group the overrides swap (model=cnn) drops FAST's settings
     inside that group (model.hidden), which would not fit the new choice."""

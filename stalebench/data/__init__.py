@@ -70,6 +70,12 @@ class DatasetConfig(ComponentConfig):
                 f"dataset.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}"
             )
 
+    def at_least_one(self, *keys: str) -> None:
+        """Counts and sizes that must be >= 1, checked by name."""
+        for key in keys:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
+
 
 class Dataset:
     def __init__(self, cfg: DatasetConfig):
@@ -109,9 +115,7 @@ class SyntheticConfig(DatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("num_train", "num_test", "num_features"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
+        self.at_least_one("num_train", "num_test", "num_features")
         if self.num_classes < 2:
             raise ConfigError(f"dataset.num_classes must be >= 2, got {self.num_classes}")
 
@@ -326,9 +330,7 @@ class CharsConfig(DatasetConfig):
             raise ConfigError(f"dataset.val_fraction must be in (0, 1), got {self.val_fraction}")
         if self.corpus_chars < 1000:
             raise ConfigError(f"dataset.corpus_chars must be >= 1000, got {self.corpus_chars}")
-        for key in ("corpus_words", "corpus_branching"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
+        self.at_least_one("corpus_words", "corpus_branching")
 
 
 def generated_corpus(num_chars: int, seed: int, num_words: int = 120, branching: int = 4) -> str:

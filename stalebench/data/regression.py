@@ -26,9 +26,7 @@ class RegressionConfig(DatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("num_train", "num_test", "num_features"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
+        self.at_least_one("num_train", "num_test", "num_features")
         if self.noise < 0:
             raise ConfigError(f"dataset.noise must be >= 0, got {self.noise}")
         if not 0.0 < self.sparsity <= 1.0:

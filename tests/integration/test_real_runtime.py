@@ -185,21 +185,15 @@ def test_a_silent_worker_fails_the_run_within_the_timeout(job):
 @pytest.mark.gpu
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_workers_compute_on_cuda_and_match_cpu(job):
-    common = ["algorithm=bsp", "cluster.num_workers=2", "budget.max_updates=10"]
-    cpu, _, cpu_dir = job("device=cpu", *common)
-    gpu, _, gpu_dir = job("device=cuda", *common)
-    assert cpu["status"] == gpu["status"] == "completed"
-    a, b = final_params(cpu_dir), final_params(gpu_dir)
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.gpu
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_simulator_computes_on_cuda_and_matches_cpu(job):
-    common = ["runtime=sim", "algorithm=asp", "cluster.num_workers=4", "budget.max_updates=20"]
+@pytest.mark.parametrize(
+    "common",
+    [
+        ["algorithm=bsp", "cluster.num_workers=2", "budget.max_updates=10"],
+        ["runtime=sim", "algorithm=asp", "cluster.num_workers=4", "budget.max_updates=20"],
+    ],
+    ids=["real-workers", "simulator"],
+)
+def test_gradients_on_cuda_match_cpu(job, common):
     cpu, _, cpu_dir = job("device=cpu", *common)
     gpu, _, gpu_dir = job("device=cuda", *common)
     assert cpu["status"] == gpu["status"] == "completed"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import compose
+from tests.conftest import TINY_DSSP_SWEEP, compose
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "sweeps"
@@ -38,9 +38,7 @@ def sweep_params(name: str) -> dict[str, list[str]]:
 
 def test_the_sweeps_folder_is_the_sweep_config_group():
     assert (ROOT / "stalebench" / "conf" / "sweep").resolve() == SWEEPS.resolve()
-    assert {"ssp", "dssp", "psp", "gap_aware", "dana", "nesterov_pp", "sdde", "das"} <= set(
-        PAPERS
-    )
+    assert {"ssp", "dssp", "psp", "gap_aware", "dana", "nesterov_pp", "sdde", "das"} <= set(PAPERS)
 
 
 @pytest.mark.parametrize("name", PAPERS)
@@ -76,21 +74,7 @@ def stalebench_command() -> str:
 def test_a_paper_sweep_runs_end_to_end_from_outside_the_checkout(tmp_path):
     """`stalebench -m +sweep=dssp` at a tiny scale (two arms, two seeds, 2 workers, 1 s of
     virtual time) from a directory that is not the checkout: every claim gets a verdict."""
-    args = [
-        "-m",
-        "+sweep=dssp",
-        "+sweep/arms/dssp=bsp,dssp",
-        "cluster=heterogeneous",
-        "seed=0,1",
-        "cluster.num_workers=2",
-        "budget.max_wall_s=1",
-        "dataset=synthetic",
-        "model=mlp",
-        "model.hidden=[16]",
-        "eval.every_s=0.25",
-        "logger=none",
-        "hydra.sweep.dir=sweep",
-    ]
+    args = [*TINY_DSSP_SWEEP, "logger=none"]
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run(
         [stalebench_command(), *args],

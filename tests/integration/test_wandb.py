@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
+from tests.conftest import TINY_DSSP_SWEEP
 from tests.wandb_log import read_run
 
 FAST = [
@@ -104,24 +105,7 @@ def test_a_broken_wandb_never_fails_the_run(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
-    done = stalebench(
-        [
-            "-m",
-            "+sweep=dssp",
-            "+sweep/arms/dssp=bsp,dssp",
-            "cluster=heterogeneous",
-            "seed=0,1",
-            "cluster.num_workers=2",
-            "budget.max_wall_s=1",
-            "eval.every_s=0.5",
-            "dataset=synthetic",
-            "model=mlp",
-            "model.hidden=[16]",
-            "logger=wandb",
-            "hydra.sweep.dir=sweep",
-        ],
-        tmp_path,
-    )
+    done = stalebench([*TINY_DSSP_SWEEP, "logger=wandb"], tmp_path)
     assert done.returncode == 0, done.stderr
     runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
     assert len(runs) == 4 and {r["run"].run_group for r in runs} == {"dssp"}

@@ -4,7 +4,6 @@ config checks), and an end-to-end simulated run of both together."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from itertools import islice
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from stalebench import experiment
 from stalebench.data import DATASETS, shard_batches
 from stalebench.data.cifar import (
     CIFAR10,
@@ -28,7 +26,7 @@ from stalebench.data.cifar import (
 from stalebench.errors import ConfigError
 from stalebench.metrics.events import read_events
 from stalebench.models import MODELS, ResNetConfig
-from tests.conftest import compose, fast_with
+from tests.conftest import run_job
 
 TRAIN_PER_FILE, NUM_TEST = 20, 10
 ALL_FILES = [*TRAIN_FILES, TEST_FILE]
@@ -366,26 +364,22 @@ def test_resnet_needs_images(shape):
 
 
 def sim_run(run_dir: Path, root: Path, *overrides: str) -> tuple[dict, list[dict]]:
-    cfg = compose(
-        fast_with(
-            [
-                "runtime=sim",
-                "dataset=cifar10",
-                f"dataset.root='{root}'",
-                "dataset.batch_size=8",
-                "model=resnet20",
-                "cluster.num_workers=2",
-                "budget.max_updates=4",
-                "eval.every_updates=2",
-                "eval.train_samples=16",
-                *overrides,
-            ]
-        )
+    result = run_job(
+        run_dir,
+        [
+            "runtime=sim",
+            "dataset=cifar10",
+            f"dataset.root='{root}'",
+            "dataset.batch_size=8",
+            "model=resnet20",
+            "cluster.num_workers=2",
+            "budget.max_updates=4",
+            "eval.every_updates=2",
+            "eval.train_samples=16",
+            *overrides,
+        ],
     )
-    cfg.run_dir = str(run_dir)
-    summary = experiment.run(cfg)
-    assert json.loads((run_dir / "summary.json").read_text()) == summary
-    return summary, read_events(run_dir / "events.jsonl")
+    return result.summary, result.events
 
 
 def test_sim_run_trains_resnet20_on_cifar10_deterministically(tmp_path, raw_cifar):

@@ -4,22 +4,19 @@ simulated run whose test loss falls to the noise floor."""
 
 from __future__ import annotations
 
-import json
 from itertools import islice
 
 import numpy as np
 import pytest
 import torch
 
-from stalebench import experiment
 from stalebench.data import DATASETS, shard_batches
 from stalebench.data.regression import Regression, RegressionConfig, linear_problem
 from stalebench.errors import ConfigError
 from stalebench.evaluation import evaluate, objective
-from stalebench.metrics.events import read_events
 from stalebench.models import MODELS, LinearConfig
 from stalebench.runtime.common import gradient
-from tests.conftest import compose, fast_with
+from tests.conftest import run_job
 
 
 def regression(**kw) -> Regression:
@@ -156,24 +153,20 @@ def test_evaluate_classification_is_unchanged():
 
 
 def sim_run(run_dir, *overrides: str) -> tuple[dict, list[dict]]:
-    cfg = compose(
-        fast_with(
-            [
-                "runtime=sim",
-                "dataset=regression",
-                "model=linear",
-                "dataset.num_train=400",
-                "dataset.num_test=200",
-                "budget.max_updates=60",
-                "eval.every_updates=20",
-                *overrides,
-            ]
-        )
+    result = run_job(
+        run_dir,
+        [
+            "runtime=sim",
+            "dataset=regression",
+            "model=linear",
+            "dataset.num_train=400",
+            "dataset.num_test=200",
+            "budget.max_updates=60",
+            "eval.every_updates=20",
+            *overrides,
+        ],
     )
-    cfg.run_dir = str(run_dir)
-    summary = experiment.run(cfg)
-    assert json.loads((run_dir / "summary.json").read_text()) == summary
-    return summary, read_events(run_dir / "events.jsonl")
+    return result.summary, result.events
 
 
 def test_sim_run_on_least_squares_converges_deterministically(tmp_path):
