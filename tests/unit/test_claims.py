@@ -46,6 +46,9 @@ CLAIMS = [
     # accuracy falls with N for "scaly" (0.9 at N=1, 0.5 at N=8)
     {"id": "degrades", "kind": "trend", "metric": "final_accuracy", "better": "lower",
      "over": "num_workers", "a": {"algorithm": "scaly"}},
+    # scaly's lead over flat shrinks from +0.2 at N=1 to −0.2 at N=8: it does not widen
+    {"id": "margin-widens", "kind": "trend", "metric": "final_accuracy", "better": "higher",
+     "over": "num_workers", "a": {"algorithm": "scaly"}, "b": {"algorithm": "flat"}},
     {"id": "per-n", "metric": "final_accuracy", "better": "higher", "per": "num_workers",
      "a": {"algorithm": "scaly"}, "b": {"algorithm": "flat"}},
     {"id": "config-key", "metric": "final_accuracy", "better": "higher",
@@ -117,6 +120,7 @@ def test_every_verdict_is_what_the_synthetic_runs_were_built_to_give(sweep):
         ("ratio", ""): "holds",
         ("threshold", ""): "holds",
         ("degrades", ""): "holds",
+        ("margin-widens", ""): "does not hold",
         ("per-n", "num_workers=1"): "holds",
         ("per-n", "num_workers=8"): "does not hold",
         ("config-key", ""): "holds",
@@ -166,7 +170,7 @@ def test_the_report_writes_claims_json_and_prints_every_verdict(sweep, capsys):
     printed = capsys.readouterr().out
     data = json.loads((sweep / "report" / "claims.json").read_text())
     assert data["rule"] == C.RULE
-    assert len(data["claims"]) == 15
+    assert len(data["claims"]) == 16
     for v in data["claims"]:
         assert f"{v['verdict']:>14}  toy/{v['id']}" in printed
     report = (sweep / "report" / "report.md").read_text()
