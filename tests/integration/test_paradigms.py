@@ -192,3 +192,39 @@ def test_per_worker_rules_refuse_a_rounds_average(tmp_path):
 
     with pytest.raises(ConfigError, match="algorithm.update=dana .*per_round"):
         sim(tmp_path, "bsp_dana", "algorithm=bsp", "algorithm/update=dana")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "barrier, bound",
+    [
+        (["algorithm=ssp", "algorithm.barrier.staleness=3"], 3),
+        (["algorithm=dssp"], 15),  # [s_low, s_high] = [3, 15]
+    ],
+    ids=["ssp3", "dssp3-15"],
+)
+def test_a_bounded_barrier_runs_at_the_slowest_pace_under_persistent_heterogeneity(
+    tmp_path, barrier, bound
+):
+    """Why the SSP and DSSP sweeps find ASP faster on a heterogeneous cluster: once the fast
+    workers are a full bound ahead, a bounded barrier lets them step only as often as the
+    slowest worker does, whatever the bound; ASP's fast workers keep their own pace."""
+    overrides = [
+        "cluster.num_workers=2",
+        "cluster.slowdown=[1,3]",
+        "cluster.compute_ms=10",
+        "budget.max_updates=0",
+        "budget.max_wall_s=3",
+    ]
+
+    def late_steps(run):  # steps each worker pushed in the run's second half
+        late = [e for e in run.events if e["kind"] == "update" and e["t"] > 1.5]
+        return [sum(e["worker"] == w for e in late) for w in (0, 1)]
+
+    fast, slow = late_steps(sim(tmp_path, "bounded", *barrier, *overrides))
+    assert slow == 50  # 1.5 s at 30 ms a step
+    # pinned to the slowest worker's pace: over any window the fast worker's lead can only
+    # change by the bound (never 3× the steps, as it would at its own pace)
+    assert abs(fast - slow) <= bound
+    fast, slow = late_steps(sim(tmp_path, "asp", "algorithm=asp", *overrides))
+    assert (fast, slow) == (150, 50)  # ASP: each at its own pace
