@@ -10,7 +10,12 @@ import math
 from typing import TYPE_CHECKING
 
 from stalebench.algorithms.base import UPDATES, UpdateConfig
-from stalebench.algorithms.staleness import per_worker_copies, worker_slot
+from stalebench.algorithms.staleness import (
+    GapStatistics,
+    check_gap_statistics,
+    per_worker_copies,
+    worker_slot,
+)
 from stalebench.algorithms.updates import SGD, check_momentum
 from stalebench.errors import ConfigError
 
@@ -91,7 +96,7 @@ class Dana(SGD):
 
     def __init__(self, cfg: DanaConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
-        self.slim = cfg.variant == "slim"
+        self.slim, self.dc = cfg.variant == "slim", cfg.variant == "dc"
         if not self.slim:
             self.bufs = params.new_zeros((num_workers, *params.shape))  # v_i, one row each
             self.buf_sum = params.new_zeros(params.shape)  # S = Σ_i v_i
@@ -105,7 +110,7 @@ class Dana(SGD):
         if self.slim:
             params.add_(self.direction(params, grad), alpha=-self.lr)
             return
-        if self.sent is not None:
+        if self.dc:
             correction = params.sub(self.sent[i]).mul_(grad).mul_(grad)
             grad = grad.add(correction, alpha=self.cfg.dc_lambda)
         g = self.direction(params, grad)
@@ -137,3 +142,44 @@ class Dana(SGD):
             v = state["v"] = grad.new_zeros(grad.shape)
         v.mul_(cfg.momentum).add_(grad)
         return grad.add(v, alpha=cfg.momentum)
+
+
+@dataclasses.dataclass
+class DanaGapAwareConfig(DanaConfig):
+    beta: float = 0.999  # Gap-Aware: EMA decay of the squared step direction that sets C
+    eps: float = 1e-8  # Gap-Aware: added to the bias-corrected RMS in C = η_max·(RMS + eps)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.variant == "slim":
+            raise ConfigError(
+                "algorithm.update.variant=slim: dana_ga needs the server's per-worker buffers "
+                "and look-aheads (variant zero or dc)"
+            )
+        check_gap_statistics(self.beta, self.eps)
+
+
+@UPDATES.register("dana_ga", DanaGapAwareConfig)
+class DanaGapAware(Dana):
+    """DANA-GA: DANA (zero or dc) with each gradient divided element-wise by Gap-Aware's
+    penalty G = 1 + |θ − θ̂_i| / C, the gap taken against the look-ahead θ̂_i that worker i
+    was sent, Barkai, Hakimi & Schuster, ICLR 2020 (their DANA-GA). As in Gap-Aware the
+    weight-decay term is penalised with the gradient and the EMA behind C sees the momentum
+    buffer before the step; DANA has one per worker, and the pushing worker's v_i is the one
+    its step moves, so that is the one observed (a decision: the paper's code is not public)."""
+
+    def __init__(self, cfg: DanaGapAwareConfig, params: torch.Tensor, num_workers: int):
+        super().__init__(cfg, params, num_workers)
+        if self.sent is None:
+            self.sent = per_worker_copies(params, num_workers)  # the look-aheads sent
+        self.gap = GapStatistics(params, cfg.beta, cfg.eps)
+        self.penalty: torch.Tensor | None = None  # G of the last gradient applied
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
+        i = worker_slot(self, worker, self.num_workers)
+        self.gap.observe(self.bufs[i], self.lr)
+        self.penalty = self.gap.penalty(params, self.sent[i])
+        super().apply(params, grad, worker, lag)
+
+    def direction(self, params: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        return super().direction(params, grad).div(self.penalty)

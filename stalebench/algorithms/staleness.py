@@ -87,6 +87,37 @@ class StalenessAware(PenalisedStep):
         self.descend(params, d)
 
 
+def check_gap_statistics(beta: float, eps: float) -> None:
+    if not 0.0 <= beta < 1.0:
+        raise ConfigError(f"algorithm.update.beta must be in [0, 1), got {beta}")
+    if not eps > 0:
+        raise ConfigError(f"algorithm.update.eps must be > 0, got {eps}")
+
+
+class GapStatistics:
+    """Gap-Aware's yardstick of one step (Barkai et al. 2020, as FTPipe's code computes it):
+    an EMA of u² (u: the step direction before this step), bias-corrected, gives
+    C = η_max·(RMS + eps) with η_max the largest learning rate seen; a gradient's penalty is
+    G = 1 + |θ − θ̂| / C."""
+
+    def __init__(self, params: torch.Tensor, beta: float, eps: float):
+        self.beta, self.eps = beta, eps
+        self.sq_avg = params.new_zeros(params.shape)  # EMA of u²
+        self.steps = 0  # k: EMA updates so far, for the bias correction
+        self.lr_max = 0.0  # η_max
+
+    def observe(self, u: torch.Tensor, lr: float) -> None:
+        self.sq_avg.mul_(self.beta).addcmul_(u, u, value=1 - self.beta)
+        self.steps += 1
+        self.lr_max = max(self.lr_max, lr)
+
+    def penalty(self, params: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+        """G = 1 + |θ − θ̂| / C for the statistics observed so far."""
+        c = self.sq_avg.div(1 - self.beta**self.steps).sqrt_()
+        c.add_(self.eps).mul_(self.lr_max)
+        return params.sub(sent).abs_().div_(c).add_(1)
+
+
 @dataclasses.dataclass
 class GapAwareConfig(MomentumConfig):
     momentum: float = 0.0  # γ of one buffer shared by all workers; 0 = no momentum
@@ -97,10 +128,7 @@ class GapAwareConfig(MomentumConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_nesterov(self)
-        if not 0.0 <= self.beta < 1.0:
-            raise ConfigError(f"algorithm.update.beta must be in [0, 1), got {self.beta}")
-        if not self.eps > 0:
-            raise ConfigError(f"algorithm.update.eps must be > 0, got {self.eps}")
+        check_gap_statistics(self.beta, self.eps)
 
 
 @UPDATES.register("gap_aware", GapAwareConfig)
@@ -120,26 +148,14 @@ class GapAware(PenalisedStep):
     def __init__(self, cfg: GapAwareConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
         self.sent = per_worker_copies(params, num_workers)  # θ̂_i, one row per worker
-        self.sq_avg = params.new_zeros(params.shape)  # EMA of u², u = the step direction
-        self.sq_steps = 0  # k: EMA updates so far, for the bias correction
-        self.lr_max = 0.0  # η_max
+        self.gap = GapStatistics(params, cfg.beta, cfg.eps)
         self.penalty: torch.Tensor | None = None  # G of the last gradient applied
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         i = worker_slot(self, worker, self.num_workers)
-        beta = self.cfg.beta
-        u = self.buf if self.buf is not None else grad
-        self.sq_avg.mul_(beta).addcmul_(u, u, value=1 - beta)
-        self.sq_steps += 1
-        self.lr_max = max(self.lr_max, self.lr)
-        self.penalty = self.gap_penalty(params, i)
+        self.gap.observe(self.buf if self.buf is not None else grad, self.lr)
+        self.penalty = self.gap.penalty(params, self.sent[i])
         self.descend(params, self.direction(params, grad).div(self.penalty))
-
-    def gap_penalty(self, params: torch.Tensor, i: int) -> torch.Tensor:
-        """G = 1 + |θ − θ̂_i| / C for the current statistics (kept as `self.penalty`)."""
-        c = self.sq_avg.div(1 - self.cfg.beta**self.sq_steps).sqrt_()
-        c.add_(self.cfg.eps).mul_(self.lr_max)
-        return params.sub(self.sent[i]).abs_().div_(c).add_(1)
 
     def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
         self.sent[worker_slot(self, worker, self.num_workers)].copy_(params)

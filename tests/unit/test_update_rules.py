@@ -9,7 +9,14 @@ import torch
 
 from stalebench.algorithms.barriers import ASP, ASPConfig
 from stalebench.algorithms.base import UPDATES, UpdateConfig
-from stalebench.algorithms.dana import Dana, DanaConfig, MultiMomentum, MultiMomentumConfig
+from stalebench.algorithms.dana import (
+    Dana,
+    DanaConfig,
+    DanaGapAware,
+    DanaGapAwareConfig,
+    MultiMomentum,
+    MultiMomentumConfig,
+)
 from stalebench.algorithms.staleness import (
     DCASGD,
     DCASGDConfig,
@@ -244,6 +251,48 @@ def test_dana_with_zero_momentum_equals_sgd():
         sgd.step(sgd_theta, g, worker, lag=2)
         exact(dana_theta, sgd_theta)
         exact(dana.params_for(dana_theta, worker), sgd_theta)  # no look-ahead
+
+
+def test_dana_ga_penalises_against_the_look_ahead_sent_by_hand():
+    """N = 2, η = 0.5, γ = 0.5, β = 9/16, eps = 0.4; u = the pusher's buffer before its step."""
+    cfg = DanaGapAwareConfig(name="dana_ga", lr=0.5, momentum=0.5, beta=0.5625, eps=0.4)
+    theta = t(1.0, 2.0)
+    rule = DanaGapAware(cfg, theta, 2)
+    for w in (0, 1):
+        exact(rule.params_for(theta, w), t(1.0, 2.0))  # S = 0: the look-ahead is θ₀
+    # worker 0, g = (2, −4): u = v_0 = 0 → C = 0.5·0.4 = 0.2; Δ = θ − θ̂_0 = 0 → G = 1;
+    # v_0 = (2, −4), S = (2, −4), θ = (1, 2) − 0.5·(2, −4) = (0, 4)
+    rule.step(theta, t(2.0, -4.0), worker=0, lag=0)
+    exact(rule.penalty, t(1.0, 1.0))
+    exact(theta, t(0.0, 4.0))
+    exact(rule.params_for(theta, 0), t(-0.5, 5.0))  # θ − ηγS = (0, 4) − 0.25·(2, −4)
+    # worker 1 (sent θ₀), g = (−2, 0): u = v_1 = 0 → C = 0.2; Δ = (0, 4) − (1, 2) = (−1, 2);
+    # G = (1 + 1/0.2, 1 + 2/0.2) = (6, 11); v_1 = (−1/3, 0); θ = (0, 4) − 0.5·(−1/3, 0)
+    rule.step(theta, t(-2.0, 0.0), worker=1, lag=1)
+    torch.testing.assert_close(rule.penalty, t(6.0, 11.0))
+    torch.testing.assert_close(theta, t(1 / 6, 4.0))
+    torch.testing.assert_close(rule.buf_sum, t(5 / 3, -4.0))
+
+
+@pytest.mark.parametrize("variant", ["zero", "dc"])
+def test_dana_ga_with_an_unbounded_yardstick_is_dana(variant):
+    """eps = 1e30 makes C so large that G = 1 exactly: DANA-GA is then DANA, bit for bit."""
+    kw = dict(lr=0.1, momentum=0.9, weight_decay=1e-2, warmup_updates=5, variant=variant)
+    ga_theta, dana_theta = THETA0.clone(), THETA0.clone()
+    ga = DanaGapAware(DanaGapAwareConfig(name="dana_ga", eps=1e30, **kw), ga_theta, 3)
+    dana = Dana(DanaConfig(name="dana", **kw), dana_theta, 3)
+    for step, g in enumerate(gradients(15)):
+        worker = [0, 1, 2, 0, 2, 1, 1][step % 7]
+        exact(ga.params_for(ga_theta, worker), dana.params_for(dana_theta, worker))
+        ga.step(ga_theta, g, worker, lag=1)
+        dana.step(dana_theta, g, worker, lag=1)
+        exact(ga_theta, dana_theta)
+    exact(ga.penalty, torch.ones_like(ga.penalty))
+
+
+def test_dana_ga_refuses_the_slim_variant():
+    with pytest.raises(ConfigError, match="variant=slim"):
+        DanaGapAwareConfig(name="dana_ga", variant="slim")
 
 
 def test_multi_asgd_equals_dana_zero_without_its_look_ahead():
