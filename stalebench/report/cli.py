@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     if claims_json.is_file():
         for v in json.loads(claims_json.read_text())["claims"]:
             where = f" [{v['scope']}]" if v["scope"] else ""
-            print(f"{v['verdict']:>14}  {v['sweep']}/{v['id']}{where}: {v['ours'] or '—'}")
+            published = f"  | published: {v['published']}" if v["published"] else ""
+            print(
+                f"{v['verdict']:>14}  {v['sweep']}/{v['id']}{where}: {v['ours'] or '—'}{published}"
+            )
     return 0
 
 
