@@ -228,3 +228,23 @@ def test_a_bounded_barrier_runs_at_the_slowest_pace_under_persistent_heterogenei
     assert abs(fast - slow) <= bound
     fast, slow = late_steps(sim(tmp_path, "asp", "algorithm=asp", *overrides))
     assert (fast, slow) == (150, 50)  # ASP: each at its own pace
+
+
+@pytest.mark.timeout(60)
+def test_a_network_delay_slows_asp_but_adds_no_staleness(tmp_path):
+    """Why the SDDE sweep takes N, not a latency, as its staleness axis: every worker waits
+    for its reply, so a delay on every push lengthens every round trip alike; the updates
+    between a gradient's read and its application stay N − 1."""
+    common = [
+        "algorithm=asp",
+        "cluster.num_workers=4",
+        "cluster.slowdown=[1,1,1,1]",
+        "cluster.compute_ms=10",
+        "budget.max_updates=0",
+        "budget.max_wall_s=2",
+    ]
+    fast = sim(tmp_path, "fast", *common, "cluster.push_latency_ms=0")
+    slow = sim(tmp_path, "slow", *common, "cluster.push_latency_ms=30")
+    assert fast.summary["lag"]["mean"] == pytest.approx(3.0, abs=0.05)
+    assert slow.summary["lag"]["mean"] == pytest.approx(3.0, abs=0.05)
+    assert slow.summary["updates"] < fast.summary["updates"] / 3  # 40 ms round trips, not 10
