@@ -39,19 +39,50 @@ def test_the_sweeps_folder_is_the_sweep_config_group():
     assert {"ssp", "dssp", "psp", "gap_aware", "dana", "nesterov_pp", "sdde", "das"} <= set(PAPERS)
 
 
+def values_in(path: Path) -> dict[str, object]:
+    """The dotted keys a sweep or arm file sets, with their values (interpolations left out)."""
+    raw = yaml.safe_load(path.read_text())
+
+    def flat(node, prefix=""):
+        for key, value in (node or {}).items():
+            if key == "defaults":
+                continue
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            elif not (isinstance(value, str) and "${" in value):
+                yield f"{prefix}{key}", value
+
+    return dict(flat(raw))
+
+
+def lookup(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
 @pytest.mark.parametrize("name", PAPERS)
-def test_every_arm_of_every_sweep_composes_and_its_claims_name_only_arms_it_runs(name):
+def test_every_arm_of_every_sweep_composes_and_keeps_its_values(name):
+    """Composed in the order Hydra's sweeper uses (the grid's overrides first, then
+    `+sweep=<name>`), every arm's own values must survive: an arm setting a key the sweep
+    file also sets would silently lose it (the sweep file is merged after the arm). A full
+    variant's own settings are deliberate overrides at the paper's scale (its η, say)."""
     params = sweep_params(name)
     arms = {k: v for k, v in params.items() if k.startswith("+sweep/arms/")}
     assert arms, f"sweeps/{name}.yaml sweeps no arms"
     others = [f"{k}={v[0]}" for k, v in params.items() if k not in arms and k != "seed"]
+    deliberate = set(values_in(SWEEPS / f"{name}.yaml")) if name.endswith("_full") else set()
     labels = set()
     for key, options in arms.items():
         fixed = [f"{k}={v[0]}" for k, v in arms.items() if k != key]
         for option in options:
-            cfg = compose([f"+sweep={name}", f"{key}={option}", *fixed, *others])
+            cfg = compose([f"{key}={option}", *fixed, *others, f"+sweep={name}"])
             assert cfg.sweep.name == name.removesuffix("_full")
             assert cfg.sweep.claims, name
+            arm = SWEEPS / key.removeprefix("+sweep/") / f"{option}.yaml"
+            for dotted, value in values_in(arm).items():
+                if dotted not in deliberate:
+                    assert lookup(cfg, dotted) == value, (name, option, dotted)
             labels.add(cfg.algorithm.label)
     for claim in cfg.sweep.claims:
         for side in (claim.a, claim.b, claim.c):
