@@ -158,13 +158,16 @@ class CIFAR10(Dataset):
         return found
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Validated uint8 images and int64 labels: train (all five batches), then test."""
-        files = self.files()
-        train = [read_batch(files[name]) for name in TRAIN_FILES]
-        x_test, y_test = read_batch(files[TEST_FILE])
-        x_train = np.concatenate([x for x, _ in train])
-        y_train = np.concatenate([y for _, y in train])
-        return x_train, y_train, x_test, y_test
+        """Validated uint8 images and int64 labels: train (all five batches), then test. Read
+        once per instance: the parent's `prepare` then `load` do not read the files twice."""
+        if not hasattr(self, "_arrays"):
+            files = self.files()
+            train = [read_batch(files[name]) for name in TRAIN_FILES]
+            x_test, y_test = read_batch(files[TEST_FILE])
+            x_train = np.concatenate([x for x, _ in train])
+            y_train = np.concatenate([y for _, y in train])
+            self._arrays = (x_train, y_train, x_test, y_test)
+        return self._arrays
 
     def prepare(self) -> None:
         self.arrays()  # reads every batch: a corrupt file fails here, before any process
