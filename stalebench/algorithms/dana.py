@@ -93,6 +93,7 @@ class Dana(SGD):
     round's average of them is not DANA either."""
 
     per_worker = True
+    keeps_sent = False  # a subclass that measures against each look-ahead sent sets True
 
     def __init__(self, cfg: DanaConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
@@ -100,8 +101,9 @@ class Dana(SGD):
         if not self.slim:
             self.bufs = params.new_zeros((num_workers, *params.shape))  # v_i, one row each
             self.buf_sum = params.new_zeros(params.shape)  # S = Σ_i v_i
-        # θ̂_i for delay compensation: the look-ahead sent to worker i
-        self.sent = per_worker_copies(params, num_workers) if cfg.variant == "dc" else None
+        # θ̂_i, the look-ahead sent to worker i: for delay compensation (and the gap)
+        keep = self.dc or self.keeps_sent
+        self.sent = per_worker_copies(params, num_workers) if keep else None
         if not self.slim and self.sent is None:
             self.ahead = params.new_zeros(params.shape)  # what `params_for` returns
 
@@ -168,10 +170,10 @@ class DanaGapAware(Dana):
     buffer before the step; DANA has one per worker, and the pushing worker's v_i is the one
     its step moves, so that is the one observed (a decision: the paper's code is not public)."""
 
+    keeps_sent = True  # the gap is taken against the look-ahead each worker was sent
+
     def __init__(self, cfg: DanaGapAwareConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
-        if self.sent is None:
-            self.sent = per_worker_copies(params, num_workers)  # the look-aheads sent
         self.gap = GapStatistics(params, cfg.beta, cfg.eps)
         self.penalty: torch.Tensor | None = None  # G of the last gradient applied
 
