@@ -11,24 +11,23 @@ def profile(**kw):
     return Profile(ClusterConfig(name="profile", **kw))
 
 
+def symmetric(num_workers, latency_ms, bandwidth_gbps):
+    """The same latency and bandwidth in both directions."""
+    return profile(
+        num_workers=num_workers,
+        push_latency_ms=latency_ms,
+        pull_latency_ms=latency_ms,
+        push_bandwidth_gbps=bandwidth_gbps,
+        pull_bandwidth_gbps=bandwidth_gbps,
+    )
+
+
 def test_symmetric_ring_is_2_n_minus_1_steps_of_latency_plus_chunk():
     # N = 4, 4,000 bytes: chunks of 1,000 B = 8,000 bit over 0.1 Gbit/s = 80 µs, + 1 ms
-    p = profile(
-        num_workers=4,
-        push_latency_ms=1,
-        pull_latency_ms=1,
-        push_bandwidth_gbps=0.1,
-        pull_bandwidth_gbps=0.1,
-    )
+    p = symmetric(4, latency_ms=1, bandwidth_gbps=0.1)
     assert p.allreduce_s(4000) == pytest.approx(6 * 0.00108, rel=1e-12)  # 6.48 ms
     # N = 2: two steps of half the message (2,000 B = 160 µs at 0.1 Gbit/s)
-    p2 = profile(
-        num_workers=2,
-        push_latency_ms=1,
-        pull_latency_ms=1,
-        push_bandwidth_gbps=0.1,
-        pull_bandwidth_gbps=0.1,
-    )
+    p2 = symmetric(2, latency_ms=1, bandwidth_gbps=0.1)
     assert p2.allreduce_s(4000) == pytest.approx(2 * 0.00116, rel=1e-12)
 
 
