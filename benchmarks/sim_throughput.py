@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from stalebench import experiment  # noqa: E402
 from stalebench.data import shard_batches  # noqa: E402
-from stalebench.experiment import Job  # noqa: E402
+from stalebench.job import Job  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 MODEL = [

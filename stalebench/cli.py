@@ -3,7 +3,6 @@ naming the config key and value, before any process starts."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
-from stalebench.registry import load_plugins
+from stalebench.plugins import load as load_plugins
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
@@ -39,26 +38,31 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
         from stalebench import experiment
 
-        if rank == 0:
-            experiment.prepare(cfg)
+        engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
     except ConfigError as exc:
         _remove_if_unused(Path(hc.runtime.output_dir))
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)
     if "RANK" in os.environ and rank > 0:
-        from stalebench.runtime.real import run_rank
+        from stalebench.runtime.launch import run_rank
 
-        sys.exit(run_rank(cfg, rank, int(os.environ["WORLD_SIZE"]), None))
+        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
     tail = _follow(cfg, dcfg, hc)
     summary = None
     try:
         if "RANK" in os.environ:
-            from stalebench.runtime.real import run_rank
+            from stalebench.runtime.launch import read_summary, run_rank
 
-            code = run_rank(cfg, 0, int(os.environ["WORLD_SIZE"]), None)
-            summary = json.loads((Path(cfg.run_dir) / "summary.json").read_text())
+            try:
+                code = run_rank(cfg, engine, 0, int(os.environ["WORLD_SIZE"]), None)
+                error = None if code == 0 else f"{engine.rank_name(0)} exited with code {code}"
+            except Exception as exc:
+                code, error = 1, f"{engine.rank_name(0)}: {exc}"
+            # rank 0 may have failed before it wrote summary.json: it is written from the
+            # events then, with status failed
+            summary = read_summary(cfg, engine, error)
         else:
-            code, summary = 0, experiment.launch(cfg)
+            code, summary = 0, experiment.launch(cfg, engine)
     finally:
         tail.close(summary)
     if cfg.logger.name != "none":
@@ -110,6 +114,7 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
 
 
 GROUPS = (
+    "engine",
     "algorithm",
     "algorithm/barrier",
     "algorithm/update",

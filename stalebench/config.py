@@ -13,20 +13,29 @@ from stalebench.algorithms.pipeline import OptimizerConfig, PipelineConfig
 from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig
+from stalebench.registry import ComponentConfig, Registry
 from stalebench.sweep import SweepConfig
 
 RUNTIMES = ("real", "sim")
-ENGINES = ("ps", "allreduce", "pipeline")
 LOGGERS = ("none", "local", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclasses.dataclass
+class EngineConfig(ComponentConfig):
+    """An engine's config slot (`engine=<name>`): an engine with settings of its own
+    registers a subclass; the built-in engines need none."""
+
+
+# how a run trains (parameter server, all-reduce, pipeline...): stalebench.engines registers
+ENGINES: Registry = Registry("engine", "engine", "engine")
 
 
 @dataclasses.dataclass
 class AlgorithmConfig:
     # the preset's name; empty = "<barrier>+<update>" or "<schedule>+<optimizer>"
     name: str = ""
-    # engine=ps and engine=allreduce: when a worker may step, how a gradient is applied
+    # data-parallel engines (ps, allreduce): when a worker may step, how a gradient is applied
     barrier: Optional[BarrierConfig] = None  # noqa: UP045  (OmegaConf reads the annotation)
     update: Optional[UpdateConfig] = None  # noqa: UP045
     # engine=pipeline: the schedule, and the optimizer every stage runs on its own weights
@@ -112,8 +121,8 @@ class RunConfig:
     sweep: SweepConfig = dataclasses.field(default_factory=SweepConfig)
     # real: one OS process per role over torch.distributed; sim: discrete-event, virtual time
     runtime: str = "real"
-    # ps: parameter server (rank 0) and workers (ranks 1..N); allreduce: N replicas, DDP-style
-    engine: str = "ps"
+    # how the run trains: ps (a server and N workers), allreduce (N replicas), pipeline...
+    engine: EngineConfig = MISSING
     device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)
     seed: int = 0
     num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
@@ -123,20 +132,6 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine: unknown {self.engine!r}; known: {', '.join(ENGINES)}")
-        a = self.algorithm
-        if self.engine == "pipeline":
-            if a.pipeline is None or a.optimizer is None:
-                raise ConfigError(
-                    "engine=pipeline needs algorithm.pipeline and algorithm.optimizer: use a "
-                    "pipeline preset (algorithm=nesterov_pp, pipedream, gpipe)"
-                )
-        elif a.barrier is None or a.update is None:
-            raise ConfigError(
-                f"engine={self.engine} needs algorithm.barrier and algorithm.update; "
-                f"algorithm={a.name or '?'} is a pipeline algorithm: it runs on engine=pipeline"
-            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.num_threads < 1:

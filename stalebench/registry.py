@@ -3,13 +3,13 @@
 The decorator that registers a class also stores its config dataclass in Hydra's
 ConfigStore under the registry's group, so `algorithm/barrier=ssp` on the command line
 selects exactly the schema the class is built from (the dataclass is the config).
+Loading the built-ins and the plugins is `stalebench.plugins.load`, above every registry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
 from hydra.core.config_store import ConfigStore
@@ -17,8 +17,6 @@ from hydra.core.config_store import ConfigStore
 from stalebench.errors import ConfigError
 
 T = TypeVar("T")
-
-PLUGIN_GROUP = "stalebench.plugins"
 
 
 @dataclasses.dataclass
@@ -50,11 +48,9 @@ class Registry(Generic[T]):
         return decorator
 
     def names(self) -> list[str]:
-        load_plugins()
         return sorted(self._entries)
 
     def get(self, name: str) -> tuple[type[T], type[ComponentConfig]]:
-        load_plugins()
         if name not in self._entries:
             raise ConfigError(
                 f"{self.config_path}.name: unknown {self.kind} {name!r}; "
@@ -65,21 +61,3 @@ class Registry(Generic[T]):
     def build(self, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> T:
         cls, _ = self.get(cfg.name)
         return cls(cfg, *args, **kwargs)
-
-
-_plugins_loaded = False
-
-
-def load_plugins() -> None:
-    """Import built-in components and every module of the `stalebench.plugins` entry points."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    import stalebench.algorithms  # noqa: F401  (registers built-ins)
-    import stalebench.cluster  # noqa: F401
-    import stalebench.data  # noqa: F401
-    import stalebench.models  # noqa: F401
-
-    for ep in entry_points(group=PLUGIN_GROUP):
-        ep.load()

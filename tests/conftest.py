@@ -89,7 +89,7 @@ def compose(overrides: list[str]):
 
     from stalebench.cli import to_run_config
     from stalebench.config import register_configs
-    from stalebench.registry import load_plugins
+    from stalebench.plugins import load as load_plugins
 
     register_configs()
     load_plugins()

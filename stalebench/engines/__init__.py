@@ -1,1 +1,5 @@
-"""Engines: the training protocols, as pure state machines driven by a runtime."""
+"""Engines: how a run trains. Importing this package registers the built-in engines
+(`ps`, `allreduce`, `pipeline`); see `base` for the contract a new one implements."""
+
+from stalebench.engines import allreduce, pipeline, ps  # noqa: F401  (registers built-ins)
+from stalebench.engines.base import ENGINES, Engine, EngineConfig  # noqa: F401

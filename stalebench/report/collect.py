@@ -116,7 +116,7 @@ def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
             "num_workers": cfg.get("cluster.num_workers"),
             "seed": cfg.get("seed"),
             "runtime": cfg.get("runtime"),
-            "engine": cfg.get("engine"),
+            "engine": cfg.get("engine.name"),
         }
         for key, value in fallback.items():
             if labels.get(key) is None and value is not None:

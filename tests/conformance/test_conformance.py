@@ -11,7 +11,7 @@ import pytest
 
 from stalebench.algorithms import BARRIERS, UPDATES
 from stalebench.metrics.events import schema_errors
-from stalebench.registry import load_plugins
+from stalebench.plugins import load as load_plugins
 from tests.conftest import SUMMARY_FIELDS, run_job
 
 load_plugins()

@@ -9,7 +9,7 @@ from importlib.resources import files
 import pytest
 
 from stalebench.algorithms.pipeline import OPTIMIZERS
-from stalebench.registry import load_plugins
+from stalebench.plugins import load as load_plugins
 from tests.conftest import SUMMARY_FIELDS
 from tests.unit.test_pipeline_rules import sim
 

@@ -31,7 +31,7 @@ def modelled(overrides):
     """(seconds of one all-reduce of the engine's message, bytes all ranks send in one, the
     per-worker constant step times) for a config, from the profile."""
     from stalebench.cluster import Profile
-    from stalebench.experiment import Job
+    from stalebench.job import Job
 
     cfg = compose(fast_with(overrides))
     job = Job.build(cfg)

@@ -114,7 +114,7 @@ def test_ssp_zero_per_round_equals_bsp(job):
     for key in bsp_params:
         assert torch.equal(bsp_params[key], ssp_params[key]), key
     # and it is a real trajectory, not a fixed point
-    from stalebench.experiment import Job
+    from stalebench.job import Job
     from tests.conftest import compose
 
     init = (
@@ -128,7 +128,7 @@ def test_ssp_zero_per_round_equals_bsp(job):
 @pytest.mark.timeout(120)
 def test_one_worker_asp_equals_sequential_sgd(job):
     from stalebench.data import shard_batches
-    from stalebench.experiment import Job
+    from stalebench.job import Job
     from tests.conftest import FAST, compose
 
     overrides = [

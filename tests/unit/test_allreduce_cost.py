@@ -4,7 +4,7 @@ and the sizes the allreduce engine counts."""
 import pytest
 
 from stalebench.cluster import ClusterConfig, Profile
-from stalebench.runtime.allreduce import ring_volume, round_bytes
+from stalebench.engines.allreduce import ring_volume, round_bytes
 
 
 def profile(**kw):

@@ -1,29 +1,64 @@
-"""DESIGN.md's rules kept by a test: no algorithm names outside stalebench/algorithms/, and
-the pure layers import no process or runtime machinery."""
+"""The architecture's rules kept by tests: algorithm names only in stalebench/algorithms/,
+engine names only in the engine's own module, imports pointing down only (the contracts
+of `lint-imports` in pyproject.toml), and no circle of imports."""
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from stalebench.algorithms import BARRIERS, UPDATES
 from stalebench.algorithms.pipeline import OPTIMIZERS, SCHEDULES
+from stalebench.config import ENGINES
+from stalebench.plugins import load as load_plugins
 
-PACKAGE = Path(__file__).resolve().parents[2] / "stalebench"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "stalebench"
+
+load_plugins()
 
 
-def modules(exclude: str | None = None):
+def modules(exclude=()):
     for path in PACKAGE.rglob("*.py"):
-        if exclude is None or exclude not in path.relative_to(PACKAGE).parts:
+        rel = path.relative_to(PACKAGE)
+        if not any(rel.parts[: len(e)] == e for e in exclude):
             yield path, ast.parse(path.read_text())
+
+
+def constants(tree, names):
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
 
 
 def test_no_algorithm_name_outside_the_algorithms_package():
     names = set(BARRIERS.names()) | set(UPDATES.names()) | set(OPTIMIZERS.names()) | set(SCHEDULES)
     found = [
         f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}"
-        for path, tree in modules(exclude="algorithms")
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and node.value in names
+        for path, tree in modules(exclude=[("algorithms",)])
+        for node in constants(tree, names)
     ]
+    assert not found, found
+
+
+def test_no_engine_name_outside_its_own_module():
+    """`if cfg.engine == "ps"` anywhere but in the ps engine is a seam left open: the
+    runtime, the experiment and the CLI ask the engine, they never test its name."""
+    found = []
+    for name in ENGINES.names():
+        engine_cls, _ = ENGINES.get(name)
+        module = engine_cls.__module__.split(".")  # stalebench.engines.<name>[...]
+        own = tuple(module[1:3])  # ("engines", "<name>"): its module or package
+        own_file = (*own[:-1], own[-1] + ".py")
+        for path, tree in modules(exclude=[own, own_file]):
+            found += [
+                f"{path.relative_to(PACKAGE)}:{n.lineno} {name!r}" for n in constants(tree, {name})
+            ]
     assert not found, found
 
 
@@ -35,20 +70,96 @@ def imports(tree):
             yield node.module
 
 
-def test_pure_layers_do_not_import_processes_or_runtimes():
-    for part in ("algorithms", "engines"):
-        for path in (PACKAGE / part).rglob("*.py"):
-            bad = [
-                m
-                for m in imports(ast.parse(path.read_text()))
-                if m.startswith(
-                    (
-                        "torch.distributed",
-                        "torch.multiprocessing",
-                        "multiprocessing",
-                        "stalebench.runtime",
-                        "subprocess",
-                    )
-                )
-            ]
-            assert not bad, (path.name, bad)
+def test_pure_parts_start_no_process():
+    pure = [*(PACKAGE / "algorithms").rglob("*.py")]
+    pure += [PACKAGE / "engines" / "ps" / "state.py", PACKAGE / "engines" / "pipeline" / "stage.py"]
+    for path in pure:
+        bad = [
+            m
+            for m in imports(ast.parse(path.read_text()))
+            if m.startswith(("torch.distributed", "torch.multiprocessing", "stalebench.runtime"))
+        ]
+        assert not bad, (path.name, bad)
+
+
+def test_imports_point_down():
+    """The layers of pyproject.toml's [tool.importlinter]: runtime never imports an engine
+    or the experiment, algorithms no engine or runtime, reports no engine, runtime or torch
+    (`lint-imports` from the repository root is the same check)."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.fail("lint-imports is not installed: pip install -e '.[test]'")
+    out = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
+
+
+def import_graph():
+    """module -> the stalebench modules it imports (at any depth of the file: function-level
+    imports count), resolved to modules that exist."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    graph = {}
+    for name, path in names.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.add(full if full in names else base)
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+        graph[name] = {t for t in targets if t in names and t != name}
+    return graph
+
+
+def find_cycles(graph):
+    """The circles of a graph: its strongly connected components of more than one module
+    (Tarjan's algorithm)."""
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                cycles.append(sorted(scc))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_circle_of_imports():
+    assert not find_cycles(import_graph())
+
+
+def test_the_cycle_check_finds_a_circle():
+    """The check above can fail: the circle this layout removed (the runtime importing
+    the experiment back) is found when put back."""
+    graph = import_graph()
+    assert "stalebench.runtime.launch" in graph["stalebench.experiment"]
+    graph["stalebench.runtime.launch"].add("stalebench.experiment")
+    assert ["stalebench.experiment", "stalebench.runtime.launch"] in [
+        [m for m in c if m in ("stalebench.experiment", "stalebench.runtime.launch")]
+        for c in find_cycles(graph)
+    ]

@@ -15,7 +15,7 @@ from stalebench.data.regression import Regression, RegressionConfig, linear_prob
 from stalebench.errors import ConfigError
 from stalebench.evaluation import evaluate, objective
 from stalebench.models import MODELS, LinearConfig
-from stalebench.runtime.common import gradient
+from stalebench.runtime.record import gradient
 from tests.conftest import run_job
 
 

@@ -1,4 +1,4 @@
-"""The pipeline engine in both runtimes.
+"""The pipeline engine's processes, in both runtimes.
 
 real: one OS process per stage over torch.distributed (gloo; a stage computes on its own
 GPU when there is one, and activations and gradients travel as CPU tensors). Stage k
@@ -10,7 +10,7 @@ updates. Every stage appends its own `update` events to events.jsonl; at the end
 send their weight snapshots to stage 0, which evaluates the whole model and writes
 summary.json.
 
-sim: the same `Stage` calls in one process in microbatch order (ALGORITHMS.md §10.7), each
+sim: the same `Stage` calls in one process in microbatch order (docs/algorithms.md §10.7), each
 stage forwarding at the version the schedule gives it; virtual time comes from a replay of
 the schedule with per-op costs from cluster.compute_ms.
 """
@@ -24,16 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from stalebench.config import RunConfig
 from stalebench.data import shard_batches
-from stalebench.engines.pipeline import Applied, Stage, Timeline, ops, split
+from stalebench.engines.pipeline.stage import Applied, Stage, Timeline, ops, split
 from stalebench.errors import RunError
 from stalebench.evaluation import Snapshot
-from stalebench.experiment import Job
+from stalebench.job import Job
 from stalebench.metrics.events import EventLog
-from stalebench.runtime.common import HEADER, RunRecord, spent
+from stalebench.runtime.record import RunRecord, spent
+
+HEADER = 8  # float32 slots before a message's payload: the microbatch (int32), the loss
 
 STOP = -1  # a forward message's microbatch slot: no more microbatches
 
@@ -87,11 +88,11 @@ def summary_extra(cfg: RunConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- sim
 
 
-def simulate(cfg: RunConfig) -> dict[str, Any]:
+def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
+    cfg = job.cfg
     torch.set_num_threads(cfg.num_threads)
-    job = Job.build(cfg)
     pipe, budget = cfg.algorithm.pipeline, cfg.budget
-    record = RunRecord(job, Path(cfg.run_dir), flush_s=0.2)
+    record = RunRecord(job, run_dir, flush_s=0.2)
     model, modules = build_stages(job)
     cpu = torch.device("cpu")
     stages = [Stage(k, mod, pipe, cfg.algorithm.optimizer, cpu) for k, mod in enumerate(modules)]
@@ -291,7 +292,7 @@ def stage_process(job: Job, rank: int, run_dir: Path, transport) -> dict[str, An
         rank, modules[rank], cfg.algorithm.pipeline, cfg.algorithm.optimizer, job.device(rank)
     )
     record = RunRecord(job, run_dir) if rank == 0 else None
-    dist.barrier()  # the run directory and events.jsonl exist before anyone appends
+    transport.barrier()  # the run directory and events.jsonl exist before anyone appends
     events = record.events if record else EventLog(run_dir / "events.jsonl")
     run = StageRun(job, stage, Links(transport, shape), events)
     try:

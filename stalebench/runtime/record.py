@@ -1,31 +1,21 @@
-"""What every runtime does the same way: build the run's pieces, judge the budget and
-divergence, compute a worker's gradient, and close the run directory."""
+"""The run record every engine writes the same way (events, θ snapshots, the final files),
+the budget and divergence tests, and a worker's gradient step."""
 
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import vector_to_parameters
 
-from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.config import BudgetConfig
-from stalebench.engines.ps import ParameterServer
 from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
-from stalebench.experiment import Job, meta
+from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
 from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
-
-HEADER = 8  # float32 slots before the payload of every parameter-server message
-
-
-def message_bytes(num_params: int) -> int:
-    """Size of one push or pull on the wire."""
-    return 4 * (HEADER + num_params)
 
 
 class RunRecord:
@@ -37,7 +27,7 @@ class RunRecord:
         self.snapshots = Snapshots(job.cfg.eval)
         # the host's load goes to summary.json only: events stay a function of config and
         # seed (byte-identical in the sim runtime)
-        labels = {k: v for k, v in meta(job.cfg).items() if k != "host"}
+        labels = {k: v for k, v in job.meta.items() if k != "host"}
         self.events.emit("system", 0.0, event="start", sharding=job.sharding, **labels)
 
     def finish(
@@ -79,17 +69,9 @@ class RunRecord:
         cfg = self.job.cfg
         self.events.close()
         extra = {"sharding": self.job.sharding, **(summary_extra or {})}
-        return finalize(self.run_dir, meta(cfg), status, error, cfg.budget.target_accuracy, extra)
-
-
-def parameter_server(job: Job, emit) -> tuple[torch.nn.Module, ParameterServer]:
-    """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
-    cfg, n = job.cfg, job.cfg.cluster.num_workers
-    model = job.model()
-    params = parameters_to_vector(model.parameters()).detach().clone()
-    barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
-    rule = UPDATES.build(cfg.algorithm.update, params, n)
-    return model, ParameterServer(params, barrier, rule, n, emit)
+        return finalize(
+            self.run_dir, self.job.meta, status, error, cfg.budget.target_accuracy, extra
+        )
 
 
 def spent(budget: BudgetConfig, version: int, t: float) -> bool:
@@ -104,13 +86,6 @@ def diverged(loss: float, params: torch.Tensor | None = None) -> bool:
     if not math.isfinite(loss):
         return True
     return params is not None and not bool(torch.isfinite(params).all())
-
-
-def pad_to(start: float, target_s: float) -> None:
-    """Sleep until `target_s` seconds have passed since `start` (perf_counter), if not yet."""
-    remaining = target_s - (time.perf_counter() - start)
-    if remaining > 0:
-        time.sleep(remaining)
 
 
 def gradient(

@@ -1,0 +1,214 @@
+"""engine=allreduce: BSP the way DDP does it. Every rank holds a replica, averages the
+round's gradients with one all-reduce, and takes the same local optimizer step (the
+configured update rule with the mean gradient, worker −1, lag 0). Rank 0 writes the run
+directory.
+
+Real runtime: one all-reduce per round carries the gradient and, in a tail of 3·N + 1
+slots, each rank's compute time and loss and rank 0's stop flag, so all replicas stop on
+the same round. The cluster profile's network is paid by the transport (a ring all-reduce
+of that whole message per round), its faults and step times by the compute step.
+
+Simulator: the parameter server's loop with a synchronous barrier, its communication
+charged as one ring all-reduce per round (`RingAllReduce`), its events reported as this
+engine reports them (`RoundReport`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.cluster import Profile
+from stalebench.engines.base import ENGINES, EngineConfig
+from stalebench.engines.ps import DataParallel
+from stalebench.errors import ConfigError
+from stalebench.job import Job
+from stalebench.runtime.faults import Faults, Shaped, WorkerDied, pad_to
+from stalebench.runtime.record import RunRecord, diverged, gradient, spent
+from stalebench.runtime.transport import Transport
+
+Emit = Callable[..., Any]  # emit(kind, t, **fields)
+
+
+def round_slots(num_params: int, num_workers: int) -> int:
+    """Float32 slots one round all-reduces: the gradient, then 3 per rank (compute time,
+    loss, seconds paused by a fault) and a stop flag."""
+    return num_params + 3 * num_workers + 1
+
+
+def round_bytes(num_params: int, num_workers: int) -> int:
+    """Size of the message one round all-reduces (the tail counts: it travels with it)."""
+    return 4 * round_slots(num_params, num_workers)
+
+
+def ring_volume(nbytes: int, num_workers: int) -> int:
+    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
+    return 2 * (num_workers - 1) * nbytes
+
+
+@ENGINES.register("allreduce", EngineConfig)
+class AllReduceEngine(DataParallel):
+    def validate(self, splits) -> None:
+        super().validate(splits)
+        barrier = self.run.algorithm.barrier.name
+        if not BARRIERS.get(barrier)[0].synchronous:
+            sync = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].synchronous]
+            raise ConfigError(
+                f"engine=allreduce is synchronous: algorithm.barrier must be one of "
+                f"{', '.join(sync)}, got {barrier!r}"
+            )
+
+    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        return replica(job, rank, ctx.run_dir, ctx.transport)
+
+    def simulate(self, job, run_dir) -> dict[str, Any]:
+        from stalebench.engines.ps.sim import simulate
+
+        return simulate(job, run_dir, RingAllReduce.build)
+
+
+def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
+    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    device = job.device(rank)
+    model = job.model()
+    params = parameters_to_vector(model.parameters()).detach().clone()
+    rule = UPDATES.build(cfg.algorithm.update, params, n)
+    net = job.model().to(device)
+    net_params = list(net.parameters())
+    d = params.numel()
+    buf = torch.zeros(round_slots(d, n))
+    batches = job.batches(rank)
+    profile = job.profile
+    network = Shaped(transport, profile)  # a round costs the profile's ring all-reduce
+    faults = Faults(profile, rank)
+    record = RunRecord(job, run_dir) if rank == 0 else None
+    status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
+    gradient(net, net_params, (job.splits.x_train[:1], job.splits.y_train[:1]), device)  # warm-up
+    network.barrier()
+    t0 = time.perf_counter()
+    try:
+        while True:
+            now = time.perf_counter() - t0
+            paused = faults.strike(now, lambda at, s: time.sleep(s)) - now  # stalls the round
+            start = time.perf_counter()
+            vector_to_parameters(params.to(device), net_params)
+            grad, loss = gradient(net, net_params, next(batches), device)
+            target_s = profile.step_s(rank)
+            pad_to(start, target_s)
+            compute = time.perf_counter() - start
+            buf.zero_()
+            buf[:d] = grad
+            buf[d + 3 * rank : d + 3 * rank + 3] = torch.tensor([compute, loss, paused])
+            buf[-1] = float(stop)
+            # the modelled network is part of the all-reduce's time (comm_s), as in the sim
+            reduce_start = time.perf_counter()
+            network.all_reduce(buf)
+            reduce_s = time.perf_counter() - reduce_start
+            if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
+                break
+            rule.step(params, buf[:d].div_(n), -1, 0)
+            version += 1
+            bytes_sent += ring_volume(buf.numel() * 4, n)
+            if record is not None:
+                t = time.perf_counter() - t0
+                stats = buf[d:-1].view(n, 3)
+                slowest = float(stats[:, 0].max())
+                for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
+                    record.events.emit(
+                        "worker", t, worker=w, event="pause", duration_s=float(stats[w, 2])
+                    )
+                for w in range(n):
+                    record.events.emit(
+                        "update",
+                        t,
+                        worker=w,
+                        clock=version - 1,
+                        version=version,
+                        lag=0,
+                        loss=float(stats[w, 1]),
+                        compute_s=float(stats[w, 0]),
+                        wait_s=slowest - float(stats[w, 0]),
+                        comm_s=max(reduce_s - (slowest - compute), 0.0),
+                        clock_gap=0,
+                    )
+                record.snapshots.maybe(t, version, params)
+                if diverged(float(stats[:, 1].sum()), params):
+                    status, stop = "diverged", True
+                stop = stop or spent(cfg.budget, version, t)
+    except WorkerDied:
+        raise  # its process exits; the others lose it in the next all-reduce
+    except Exception as exc:
+        status, error = "failed", str(exc)
+        if record is None:
+            raise
+    if record is None:
+        return None
+    return record.finish(
+        model, params, version, time.perf_counter() - t0, status, error, bytes_sent=bytes_sent
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RingAllReduce:
+    """One ring all-reduce of a round's message per synchronous round: it starts when the
+    slowest worker ends its compute, takes `round_s`, and leaves the mean with every worker.
+
+    As push delays: every gradient reaches the update `round_s` after its worker's compute
+    ends, and parameters need no further delay; under a barrier that waits for the whole
+    round this ends each round exactly at max(compute) + round_s, since
+    max_w(c_w + a) = max_w(c_w) + a. It is only meaningful for such barriers.
+    """
+
+    round_s: float
+    volume: int  # bytes all workers send in one all-reduce
+    num_workers: int
+
+    @classmethod
+    def build(cls, profile: Profile, num_params: int) -> RingAllReduce:
+        n = profile.cfg.num_workers
+        nbytes = round_bytes(num_params, n)  # the real engine's message, tail included
+        return cls(profile.allreduce_s(nbytes), ring_volume(nbytes, n), n)
+
+    def push_s(self) -> float:
+        return self.round_s
+
+    def pull_s(self) -> float:
+        return 0.0
+
+    def bytes_sent(self, updates: int) -> int:
+        return updates * self.volume
+
+    def reporting(self, emit: Emit) -> Emit:
+        return RoundReport(emit, self.num_workers, self.round_s)
+
+
+class RoundReport:
+    """Update events as the allreduce engine reports them: a round's events go out together
+    once its slowest worker is known, each with wait_s = slowest − own compute (the wait of
+    this round, not of the previous one as a server reports it) and comm_s = the all-reduce.
+    """
+
+    def __init__(self, emit: Emit, num_workers: int, comm_s: float):
+        self.emit, self.num_workers, self.comm_s = emit, num_workers, comm_s
+        self.round: list[tuple[float, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, t: float, **fields: Any) -> None:
+        if kind != "update":
+            self.emit(kind, t, **fields)
+            return
+        self.round.append((t, fields))
+        if len(self.round) < self.num_workers:
+            return  # a round's updates are emitted back to back: the rest follow at once
+        slowest = max(f["compute_s"] for _, f in self.round)
+        for at, f in self.round:
+            self.emit(
+                "update", at, **{**f, "wait_s": slowest - f["compute_s"], "comm_s": self.comm_s}
+            )
+        self.round.clear()

@@ -1,0 +1,105 @@
+"""The engine contract: how a run trains, as one registered class.
+
+An engine is chosen by `engine=<name>` and registered like a barrier or an update rule:
+
+    @ENGINES.register("sequential", EngineConfig)
+    class Sequential(Engine):
+        ...
+
+It answers a small fixed set of questions, and the runtimes ask nothing else:
+
+- `validate(splits)`: everything about the input it can refuse, before any process starts
+  (the base checks the algorithm's config slots it reads and the cluster fields it cannot
+  model, by name);
+- `world_size()` and `rank_name(rank)`: the processes of a real run and how errors name
+  them; `num_workers`: those that compute; `one_stream`: whether they read one stream of
+  data over the whole split (a pipeline) instead of a shard each;
+- `run_rank(job, rank, ctx)`: what one process does in the real runtime (rank 0 owns the
+  run directory and returns the summary; the others return None);
+- `simulate(job, run_dir)`: the whole run in the simulator, on a virtual clock.
+
+The runtime gives every engine the cluster profile: a transport that pays the profile's
+network delays, the worker's faults, and its step times (`stalebench.runtime.faults`).
+An engine that cannot apply a profile field lists it in `ignores` and is refused with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from stalebench.config import ENGINES, EngineConfig, RunConfig
+from stalebench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from stalebench.data import Splits
+    from stalebench.job import Job
+    from stalebench.runtime.launch import RankContext
+
+__all__ = ["ENGINES", "Engine", "EngineConfig"]
+
+
+class Engine:
+    # the AlgorithmConfig fields this engine reads; each must be set
+    slots: tuple[str, ...] = ("barrier", "update")
+    # ClusterConfig fields this engine cannot model: a run that sets one is refused
+    ignores: tuple[str, ...] = ()
+    # the runtimes it runs in
+    runtimes: tuple[str, ...] = ("real", "sim")
+    one_stream = False
+
+    def __init__(self, cfg: EngineConfig, run: RunConfig):
+        self.cfg, self.run = cfg, run
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def num_workers(self) -> int:
+        return self.run.cluster.num_workers
+
+    def world_size(self) -> int:
+        return self.num_workers
+
+    def rank_name(self, rank: int) -> str:
+        return f"worker {rank} (rank {rank})"
+
+    def validate(self, splits: Splits) -> None:
+        """Refuse what this engine cannot run, naming the key and value; the base checks
+        the runtime, the algorithm slots and the cluster fields in `ignores`."""
+        run, name = self.run, self.name
+        if run.runtime not in self.runtimes:
+            raise ConfigError(
+                f"runtime={run.runtime}: engine={name} runs in {', '.join(self.runtimes)}"
+            )
+        if run.runtime == "sim" and run.cluster.compute_ms <= 0:
+            raise ConfigError(
+                "runtime=sim needs a step time: set cluster.compute_ms > 0 (virtual ms per step)"
+            )
+        for slot in self.slots:
+            if getattr(run.algorithm, slot) is None:
+                raise ConfigError(
+                    f"engine={name} needs algorithm.{slot}; algorithm={run.algorithm.name or '?'}"
+                    f" sets {', '.join(self.set_slots()) or 'none'} of it: choose an algorithm "
+                    f"preset for engine={name}, or another engine"
+                )
+        for key in self.ignores:
+            value = getattr(run.cluster, key)
+            if value:
+                raise ConfigError(
+                    f"cluster.{key}={value}: engine={name} does not model this; leave it unset "
+                    f"(cluster=homogeneous)"
+                )
+
+    def set_slots(self) -> list[str]:
+        a = self.run.algorithm
+        return [f.name for f in dataclasses.fields(a) if f.name != "name" and getattr(a, f.name)]
+
+    def run_rank(self, job: Job, rank: int, ctx: RankContext) -> dict[str, Any] | None:
+        raise NotImplementedError(f"engine={self.name} has no real runtime")
+
+    def simulate(self, job: Job, run_dir: Path) -> dict[str, Any]:
+        raise NotImplementedError(f"engine={self.name} has no simulator")

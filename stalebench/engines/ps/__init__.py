@@ -1,0 +1,64 @@
+"""engine=ps: a parameter server (rank 0) and N workers (ranks 1..N).
+
+The server is a pure state machine (`state`); its loop (`loop.serve`) is written once and
+driven by the real runtime over gloo (`real`) and by the simulator on a virtual clock
+(`sim`). Which algorithm runs is the barrier's and the update rule's business."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.engines.base import ENGINES, Engine, EngineConfig
+from stalebench.engines.ps.state import ParameterServer, Push, Reply
+from stalebench.errors import ConfigError
+
+__all__ = ["ParameterServer", "ParameterServerEngine", "Push", "Reply"]
+
+
+class DataParallel(Engine):
+    """What the data-parallel engines share: N workers, each on its shard, computing the
+    model's gradient; the barrier and the update rule of `algorithm` decide the rest."""
+
+    def validate(self, splits) -> None:
+        super().validate(splits)
+        a = self.run.algorithm
+        BARRIERS.get(a.barrier.name)
+        rule_cls, _ = UPDATES.get(a.update.name)
+        if a.barrier.apply == "per_round" and rule_cls.per_worker:
+            raise ConfigError(
+                f"algorithm.update={a.update.name} keeps per-worker state and cannot take a "
+                "round's averaged gradient (algorithm.barrier.apply=per_round); use a barrier "
+                "that applies per arrival"
+            )
+        n_train, n, batch = len(splits.y_train), self.num_workers, self.run.dataset.batch_size
+        if n_train < batch:
+            raise ConfigError(f"dataset.batch_size={batch} exceeds the {n_train} training samples")
+        if self.run.dataset.sharding == "disjoint" and n_train // n < batch:
+            raise ConfigError(
+                f"dataset.batch_size={batch} exceeds a worker's shard of {n_train // n} "
+                f"samples ({n_train} training samples over cluster.num_workers={n}); "
+                "dataset.sharding=replicated lets every worker sample the whole split"
+            )
+
+
+@ENGINES.register("ps", EngineConfig)
+class ParameterServerEngine(DataParallel):
+    def world_size(self) -> int:
+        return self.num_workers + 1
+
+    def rank_name(self, rank: int) -> str:
+        return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
+
+    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        from stalebench.engines.ps.real import Server, work
+
+        if rank == 0:
+            return Server(job, ctx.run_dir, ctx.transport).run()
+        work(job, rank - 1, ctx.transport)
+        return None
+
+    def simulate(self, job, run_dir) -> dict[str, Any]:
+        from stalebench.engines.ps.sim import simulate
+
+        return simulate(job, run_dir)

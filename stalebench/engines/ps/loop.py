@@ -1,0 +1,63 @@
+"""The parameter server's loop, written once: the real runtime drives it with messages
+over gloo, the simulator with an event queue on a virtual clock (each a `Port`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.config import BudgetConfig
+from stalebench.engines.ps.state import ParameterServer, Push, Reply
+from stalebench.job import Job
+from stalebench.runtime.record import RunRecord, diverged, spent
+
+
+class Port(Protocol):
+    """How the server reaches its workers in one runtime."""
+
+    def now(self) -> float:
+        """Run time: seconds since the start (real or virtual)."""
+
+    def next_push(self) -> Push | None:
+        """The next push to arrive; None when the wall budget runs out first."""
+
+    def send(self, replies: list[Reply]) -> None:
+        """Parameters to the workers the barrier admitted: each starts its next step."""
+
+    def stop(self, waiting: set[int]) -> None:
+        """The run ends: release the workers waiting for a reply (the runtime tells the rest
+        when they next push)."""
+
+
+def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, ParameterServer]:
+    """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
+    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    model = job.model()
+    params = parameters_to_vector(model.parameters()).detach().clone()
+    barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
+    rule = UPDATES.build(cfg.algorithm.update, params, n)
+    return model, ParameterServer(params, barrier, rule, n, emit)
+
+
+def serve(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig) -> str:
+    """Feed every arriving push to the server and send its replies, snapshot θ, and keep
+    the budget; returns the status: completed or diverged."""
+    record.snapshots.maybe(0.0, 0, ps.params)
+    port.send(ps.start(0.0))
+    while True:
+        push = port.next_push()
+        if push is None:  # the wall budget ran out while no push arrived
+            port.stop(set(ps.held))
+            return "completed"
+        replies = ps.on_push(push, port.now())
+        t = port.now()
+        snapped = record.snapshots.maybe(t, ps.version, ps.params)
+        status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
+        if status or spent(budget, ps.version, t):  # θ is checked at snapshots
+            port.stop(set(ps.held) | {r.worker for r in replies})
+            return status or "completed"
+        port.send(replies)

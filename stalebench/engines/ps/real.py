@@ -1,0 +1,247 @@
+"""The parameter server in the real runtime: rank 0 serves (the loop of `loop.serve`, fed
+by a receiver thread per worker), ranks 1..N are workers.
+
+Wire format: one float32 tensor per message, HEADER slots then a model-sized payload.
+Integer header slots are written through an int32 view, so clocks and versions are exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stalebench.algorithms.base import UPDATES
+from stalebench.engines.ps.loop import build_server, serve
+from stalebench.engines.ps.state import Push
+from stalebench.errors import RunError
+from stalebench.job import Job
+from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.record import RunRecord, flatten_parameters, gradient
+from stalebench.runtime.transport import Transport
+
+log = logging.getLogger("stalebench")
+
+HEADER = 8  # float32 slots before the payload of every message
+# int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push)
+# float slots: 3 loss, 4 compute_s, 5 rtt_s, 6 paused_s
+PUSH, PARAMS, STOP = 1, 2, 3
+
+
+def message_bytes(num_params: int) -> int:
+    """Size of one push or pull on the wire."""
+    return 4 * (HEADER + num_params)
+
+
+def _ints(buf: torch.Tensor) -> torch.Tensor:
+    return buf[:HEADER].view(torch.int32)
+
+
+class Receiver(threading.Thread):
+    """Gloo completes a posted receive only through wait(), so the server waits on each
+    worker in a thread of its own. It posts the next receive only once armed (after the
+    server replied), so its timeout measures the worker's silence, not barrier holds."""
+
+    def __init__(self, transport: Transport, worker: int, size: int, inbox: queue.Queue):
+        super().__init__(daemon=True, name=f"recv-worker-{worker}")
+        self.transport, self.worker, self.size, self.inbox = transport, worker, size, inbox
+        self.armed = threading.Event()
+        self.armed_at: float | None = None  # server time of the reply it waits to follow
+        self.closed = False
+
+    def arm(self, now: float) -> None:
+        self.armed_at = now
+        self.armed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.armed.set()
+
+    def run(self) -> None:
+        while True:
+            self.armed.wait()
+            self.armed.clear()
+            if self.closed:
+                return
+            buf = torch.empty(self.size)
+            try:  # the server judges silence itself (it knows whom it waits for): no
+                # gloo timeout here, which would also break the other workers' receives
+                self.transport.recv(buf, self.worker + 1, timedelta(days=1))
+            except Exception as exc:  # a dead or silent peer: the server ends the run
+                self.inbox.put((self.worker, exc))
+                return
+            self.inbox.put((self.worker, buf))
+
+
+class Server:
+    """Rank 0: the `serve` loop's port over gloo. It also reports the workers' pauses,
+    tells the workers still computing to stop once the run has ended, and writes the run
+    directory."""
+
+    def __init__(self, job: Job, run_dir: Path, transport: Transport):
+        cfg = job.cfg
+        self.job, self.cfg, self.transport = job, cfg, transport
+        self.n = cfg.cluster.num_workers
+        self.record = RunRecord(job, run_dir)
+        self.model, self.ps = build_server(job, self.record.events.emit)
+        self.size = HEADER + self.ps.params.numel()
+        self.inbox: queue.Queue = queue.Queue()
+        self.receivers = [Receiver(transport, w, self.size, self.inbox) for w in range(self.n)]
+        self.out = torch.empty(self.size)
+        self.active = set(range(self.n))  # workers not yet sent STOP
+
+    def run(self) -> dict[str, Any]:
+        status, error = "completed", None
+        self.t0 = time.perf_counter()
+        try:
+            for r in self.receivers:
+                r.start()
+            status = serve(self.ps, self, self.record, self.cfg.budget)
+            while self.active:  # a push that crossed our decision to stop: discard it
+                w, _ = self._next(0.0)
+                self.stop({w})
+        except Exception as exc:
+            status, error = "failed", str(exc)
+            log.error("server: %s\n%s", exc, traceback.format_exc())
+            self.stop(set(self.ps.held))
+        return self.record.finish(
+            self.model,
+            self.ps.params,
+            self.ps.version,
+            self.now(),
+            status,
+            error,
+            bytes_sent=self.transport.bytes_sent,
+        )
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def next_push(self) -> Push | None:
+        item = self._next(self.cfg.budget.max_wall_s)
+        if item is None:
+            return None
+        w, buf = item
+        ints = _ints(buf)
+        if int(ints[0]) != PUSH:
+            raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
+        if float(buf[6]) > 0:
+            self.record.events.emit(
+                "worker", self.now(), worker=w, event="pause", duration_s=float(buf[6])
+            )
+        return Push(
+            worker=w,
+            clock=int(ints[1]),
+            version_read=int(ints[2]),
+            grad=buf[HEADER:],
+            loss=float(buf[3]),
+            compute_s=float(buf[4]),
+            rtt_s=float(buf[5]),
+        )
+
+    def _next(self, max_wall_s: float):
+        """The next (worker, push buffer); None when the wall budget ran out first; a
+        RunError naming the worker when one stays silent longer than timeout_s."""
+        timeout = self.cfg.timeout_s
+        while True:
+            awaited = [
+                r for r in self.receivers if r.worker in self.active and r.armed_at is not None
+            ]
+            first = min(awaited, key=lambda r: r.armed_at, default=None)
+            now = self.now()
+            wait = first.armed_at + timeout - now if first else timeout
+            if max_wall_s:
+                wait = min(wait, max_wall_s - now)
+            try:
+                w, item = self.inbox.get(timeout=max(wait, 0.0) + 1e-3)
+            except queue.Empty:
+                now = self.now()
+                if max_wall_s and now >= max_wall_s:
+                    return None
+                if first and now - first.armed_at >= timeout:
+                    raise RunError(
+                        f"worker {first.worker} (rank {first.worker + 1}) silent for "
+                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}"
+                    ) from None
+                continue
+            self.receivers[w].armed_at = None
+            if isinstance(item, Exception):
+                if w not in self.active:
+                    continue  # it had been told to stop: its exit is not a failure
+                raise item
+            return w, item
+
+    def send(self, replies) -> None:
+        for r in replies:
+            _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, 0], dtype=torch.int32)
+            self.out[HEADER:] = r.params
+            self.transport.send(self.out, r.worker + 1)
+            self.receivers[r.worker].arm(self.now())
+
+    def stop(self, waiting: set[int]) -> None:
+        """Tell the workers waiting for a reply to stop; the others (still computing) are
+        told at their next push."""
+        _ints(self.out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
+        for w in sorted(waiting & self.active):
+            self.active.discard(w)
+            self.receivers[w].close()
+            try:
+                self.transport.send(self.out, w + 1)
+                self.record.events.emit("worker", self.now(), worker=w, event="stop")
+            except Exception as exc:  # best effort on the failure path
+                log.warning("could not stop worker %d: %s", w, exc)
+
+
+def work(job: Job, worker: int, transport: Transport) -> None:
+    """Rank worker+1: read θ, compute a gradient on the next minibatch of its shard, last
+    the profile's step time, push it with the version read; until told to stop. The
+    profile's network delays are paid by the transport, its faults when a step starts."""
+    cfg, profile = job.cfg, job.profile
+    transport = Shaped(transport, profile)
+    device = job.device(worker)
+    model = job.model().to(device)
+    flat = flatten_parameters(model)
+    params = list(model.parameters())
+    size = HEADER + flat.numel()
+    inbox, out = torch.empty(size), torch.empty(size)
+    batches = job.batches(worker)
+    rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
+    rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
+    faults = Faults(profile, worker)
+    # One throwaway step before t = 0, so first-call set-up is not timed as compute.
+    warmup = slice(0, cfg.dataset.batch_size)
+    gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
+    clock, pushed_at, t0 = 0, None, None
+    while True:
+        transport.recv(inbox, 0)
+        received = time.perf_counter()
+        t0 = received if t0 is None else t0
+        kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
+        if kind == STOP:
+            return
+        now = received - t0
+        paused = faults.strike(now, lambda at, s: _pause(worker, at, s)) - now
+        start = time.perf_counter()
+        flat.copy_(inbox[HEADER:])
+        grad, loss_value = gradient(model, params, next(batches), device)
+        out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
+        pad_to(start, profile.step_s(worker))  # the profile's slowness, beyond real compute
+        compute = time.perf_counter() - start
+        rtt = received - pushed_at if pushed_at is not None else 0.0
+        _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)
+        out[3:7] = torch.tensor([loss_value, compute, rtt, paused])
+        pushed_at = time.perf_counter()
+        transport.send(out, 0)
+        clock += 1
+
+
+def _pause(worker: int, at: float, seconds: float) -> None:
+    log.warning("worker %d: injected fault pause at %.3f s", worker, at)
+    time.sleep(seconds)

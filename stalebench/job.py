@@ -1,0 +1,105 @@
+"""The pieces of a run every process builds identically from the config, and the run's
+identity as summary.json reports it.
+
+This module sits below the runtimes and the engines: it knows the config and the
+components, not how a run is executed. What depends on the engine (how many processes
+compute, whether they share one stream of data) is handed in by the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from typing import TYPE_CHECKING, Any
+
+from stalebench.cluster import Profile
+from stalebench.config import RunConfig
+from stalebench.data import DATASETS, Splits, resolve_sharding, shard_batches
+from stalebench.models import MODELS
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
+    """The run's identity, as summary.json reports it (`num_workers`: the processes that
+    compute, which the engine knows)."""
+    barrier, update = cfg.algorithm.parts  # in a pipeline: the schedule and the optimizer
+    return {
+        "algorithm": cfg.algorithm.label,
+        "barrier": barrier,
+        "update_rule": update,
+        "engine": cfg.engine.name,
+        "runtime": cfg.runtime,
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "cluster": cfg.cluster.preset,
+        "num_workers": num_workers,
+        "seed": cfg.seed,
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg": list(os.getloadavg()),
+        },
+    }
+
+
+@dataclasses.dataclass
+class Job:
+    """The pieces every process of a run builds identically from the config.
+
+    `num_workers` are the processes that compute (workers, replicas or stages); with
+    `one_stream` they read one stream over the whole training split (a pipeline), otherwise
+    each worker reads its shard as `dataset.sharding` says.
+    """
+
+    cfg: RunConfig
+    splits: Splits
+    profile: Profile
+    num_workers: int
+    one_stream: bool = False
+
+    @classmethod
+    def build(cls, cfg: RunConfig, num_workers: int | None = None, one_stream: bool = False):
+        n = cfg.cluster.num_workers if num_workers is None else num_workers
+        splits = DATASETS.build(cfg.dataset).load()
+        return cls(cfg, splits, Profile(cfg.cluster, cfg.seed), n, one_stream)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return meta(self.cfg, self.num_workers)
+
+    @property
+    def sharding(self) -> str:
+        c = self.cfg
+        if self.one_stream:
+            return "replicated"  # one stream of microbatches, over the whole split
+        return resolve_sharding(
+            c.dataset.sharding,
+            len(self.splits.y_train),
+            c.cluster.num_workers,
+            c.dataset.batch_size,
+        )
+
+    def batches(self, worker: int):
+        """The endless minibatch stream of one worker."""
+        c = self.cfg
+        return shard_batches(
+            self.splits, worker, c.cluster.num_workers, c.dataset.batch_size, c.seed, self.sharding
+        )
+
+    def model(self) -> nn.Module:
+        """The model with its seeded initial parameters θ₀ (the same in every process)."""
+        import torch
+
+        torch.manual_seed(self.cfg.seed)
+        return MODELS.build(self.cfg.model, self.splits.input_shape, self.splits.num_classes)
+
+    def device(self, worker: int) -> torch.device:
+        import torch
+
+        if self.cfg.device != "cpu" and torch.cuda.is_available():
+            return torch.device("cuda", worker % torch.cuda.device_count())
+        return torch.device("cpu")

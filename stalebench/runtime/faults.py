@@ -1,0 +1,99 @@
+"""The cluster profile as a wrapper around what an engine does, the way torchft wraps a
+process group: a transport that pays the profile's network delays, and a worker's compute
+step that strikes its scheduled faults and lasts the profile's step time.
+
+The same objects serve both runtimes. In the real runtime a delay is a sleep and a dead
+worker's process exits with `FAULT_EXIT`; in the simulator the engine adds the same
+seconds to its virtual clock and a death ends the run with `WorkerDied`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+
+from stalebench.cluster import FaultConfig, Profile
+from stalebench.errors import RunError
+from stalebench.runtime.transport import Transport
+
+FAULT_EXIT = 3  # exit code of a process that an injected fault killed
+
+
+class WorkerDied(RunError):
+    """A `die` fault of cluster.faults struck."""
+
+    def __init__(self, worker: int, at_s: float):
+        super().__init__(
+            f"worker {worker} died at {at_s:.3f} s (a fault injected by cluster.faults)"
+        )
+        self.worker, self.at_s = worker, at_s
+
+
+class Faults:
+    """One worker's scheduled faults, struck in time order when its steps start."""
+
+    def __init__(self, profile: Profile, worker: int):
+        self.worker = worker
+        self.pending: list[FaultConfig] = profile.faults(worker)
+
+    def strike(self, now: float, pause: Callable[[float, float], None]) -> float:
+        """Strike the faults due by `now` (run seconds); returns when the step can start.
+        A pause calls `pause(at, seconds)` and pushes the start back (a later fault may then
+        fall due); a death raises `WorkerDied`."""
+        while self.pending and self.pending[0].at_s <= now:
+            fault = self.pending.pop(0)
+            if fault.action == "die":
+                raise WorkerDied(self.worker, now)
+            pause(now, fault.duration_s)
+            now += fault.duration_s
+        return now
+
+
+def pad_to(start: float, target_s: float) -> None:
+    """Sleep until `target_s` seconds have passed since `start` (perf_counter), if not yet:
+    a real step lasts the profile's step time (a profile slows compute, never speeds it)."""
+    remaining = target_s - (time.perf_counter() - start)
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+class Shaped(Transport):
+    """A worker's transport with the profile's network: a send waits the push direction's
+    delay for its size, a receive the pull direction's once the message is in, an
+    all-reduce the ring all-reduce's time (`Profile.allreduce_s`)."""
+
+    def __init__(self, inner: Transport, profile: Profile):
+        self.inner, self.profile = inner, profile
+
+    @property
+    def bytes_sent(self) -> int:  # type: ignore[override]
+        return self.inner.bytes_sent
+
+    def send(self, buf: torch.Tensor, dst: int) -> None:
+        time.sleep(self.profile.push_s(_size(buf)))
+        self.inner.send(buf, dst)
+
+    def isend(self, buf: torch.Tensor, dst: int):
+        time.sleep(self.profile.push_s(_size(buf)))
+        return self.inner.isend(buf, dst)
+
+    def wait(self, work, dst: int) -> None:
+        self.inner.wait(work, dst)
+
+    def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
+        self.inner.recv(buf, src, timeout)
+        time.sleep(self.profile.pull_s(_size(buf)))
+
+    def all_reduce(self, buf: torch.Tensor) -> None:
+        time.sleep(self.profile.allreduce_s(_size(buf)))
+        self.inner.all_reduce(buf)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+
+def _size(buf: torch.Tensor) -> int:
+    return buf.numel() * buf.element_size()

@@ -1,0 +1,203 @@
+"""The real runtime's processes: start every rank of a run (spawned on this machine, or
+by `torchrun`), form the gloo process group, hand each rank to its engine, supervise, and
+make sure summary.json exists and no process outlives the run.
+
+The runtime knows an engine only through its hooks (`world_size`, `rank_name`,
+`num_workers`, `one_stream`, `run_rank`); rank 0 owns the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stalebench.config import RunConfig
+from stalebench.errors import RunError
+from stalebench.job import Job, meta
+from stalebench.metrics.summary import finalize, write_json
+from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
+from stalebench.runtime.transport import Gloo
+
+log = logging.getLogger("stalebench")
+
+
+@dataclasses.dataclass
+class RankContext:
+    """What the runtime gives one rank: where the run is written, and its transport."""
+
+    run_dir: Path
+    transport: Gloo
+    world_size: int
+
+
+def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Store | None) -> int:
+    """One process's part in a run; returns its exit code. With `store` None the process
+    group forms from the environment (torchrun); rank 0 then tells the others the run dir."""
+    torch.set_num_threads(cfg.num_threads)
+    if world_size != engine.world_size():
+        raise RunError(
+            f"world size {world_size} != {engine.world_size()}, what engine={engine.name} "
+            f"needs for cluster.num_workers={cfg.cluster.num_workers}"
+        )
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
+        shared = [cfg.run_dir]
+        dist.broadcast_object_list(shared, src=0)
+        cfg.run_dir = shared[0]
+    run_dir = Path(cfg.run_dir)
+    _setup_logging(run_dir, rank, "INFO")
+    log.info("rank %d of %d (pid %d): process group ready", rank, world_size, os.getpid())
+    ctx = RankContext(run_dir, Gloo(cfg.timeout_s, engine.rank_name), world_size)
+    job = Job.build(cfg, engine.num_workers, engine.one_stream)
+    summary = None
+    try:
+        summary = engine.run_rank(job, rank, ctx)
+        status = f": {summary['status']}" if summary else ""
+        log.info("%s done%s", engine.rank_name(rank), status)
+    except WorkerDied as exc:
+        log.warning("%s: %s", engine.rank_name(rank), exc)
+        return FAULT_EXIT
+    except Exception as exc:
+        log.error("%s: %s\n%s", engine.rank_name(rank), exc, traceback.format_exc())
+        return 1
+    if summary and summary["status"] != "completed":
+        return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
+    dist.destroy_process_group()
+    return 0
+
+
+def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+
+
+def _child(
+    setup: Callable[[], None], cfg: RunConfig, engine, rank: int, world: int, port: int
+) -> None:
+    setup()  # what the parent loaded before it (plugins): registries as the parent saw them
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: stay on loopback
+    timeout = timedelta(seconds=cfg.timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    code = run_rank(cfg, engine, rank, world, store)
+    logging.shutdown()
+    os._exit(code)  # no interpreter teardown: gloo threads must not delay or hang the exit
+
+
+def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
+    """Start every rank as a spawned process on this machine, supervise them, and make sure
+    summary.json exists and no process outlives the run. `setup` runs first in each child
+    (a picklable function, e.g. the plugin loader)."""
+    import torch.multiprocessing as mp
+
+    run_dir = Path(cfg.run_dir)
+    world = engine.world_size()
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.timeout_s),
+    )  # port 0: never collides
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(setup, cfg, engine, r, world, store.port),
+            daemon=True,
+            name=f"stalebench-rank-{r}",
+        )
+        for r in range(world)
+    ]
+    status, error = None, None
+    try:
+        for p in procs:
+            p.start()
+        status, error = _supervise(cfg, engine, procs)
+    except KeyboardInterrupt:
+        status, error = "failed", "interrupted"
+        raise
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if status is not None:
+            finalize(
+                run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy
+            )
+    return read_summary(cfg, engine, error)
+
+
+def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
+    """Wait for rank 0; (status, error) when the supervisor must end the run itself, (None,
+    error) when rank 0 ended it (`error`: what the supervisor saw of the other ranks)."""
+    # Longest a healthy run can take: start-up, the budget, a stop, the evaluation.
+    allowed_s = cfg.budget.max_wall_s + 2 * cfg.timeout_s + 120 if cfg.budget.max_wall_s else None
+    deadline = time.monotonic() + allowed_s if allowed_s else None
+    error, failed_at = None, None
+    while procs[0].exitcode is None:
+        time.sleep(0.05)
+        dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
+        if dead and failed_at is None:
+            # the cause before its consequences: a rank killed by a signal or an injected
+            # fault, not a neighbour that then lost it (a pipeline stage exits with 1)
+            codes = {r: procs[r].exitcode for r in dead}
+            r = min(dead, key=lambda r: (0 < codes[r] != FAULT_EXIT, r))
+            error = f"{engine.rank_name(r)} (pid {procs[r].pid}) exited with " + _exit(codes[r])
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > min(cfg.timeout_s, 15):
+            return "failed", error  # rank 0 did not wind down in time: stop it ourselves
+        if deadline is not None and time.monotonic() > deadline:
+            return "timeout", f"the run did not end within {allowed_s:.0f} s"
+    if procs[0].exitcode != 0:
+        first = f"{engine.rank_name(0)} exited with {_exit(procs[0].exitcode)}"
+        return "failed", first + (f"; {error}" if error else "")
+    return None, error
+
+
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    if code == FAULT_EXIT:
+        return f"code {code} (a fault injected by cluster.faults)"
+    return f"code {code}"
+
+
+def read_summary(cfg: RunConfig, engine, error: str | None = None) -> dict[str, Any]:
+    """summary.json of a run whose ranks have ended; when rank 0 died before writing it,
+    one is written from the events with status failed (and `error`, what was seen)."""
+    run_dir = Path(cfg.run_dir)
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return finalize(
+            run_dir,
+            meta(cfg, engine.num_workers),
+            "failed",
+            error or f"{engine.rank_name(0)} ended without a summary",
+            cfg.budget.target_accuracy,
+        )
+    summary = json.loads(path.read_text())
+    if error and summary["status"] == "failed" and error not in (summary["error"] or ""):
+        summary["error"] = f"{summary['error']}; {error}"  # what the supervisor saw too
+        write_json(path, summary)
+    return summary
