@@ -119,8 +119,14 @@ def read_trace(path: str) -> list[np.ndarray]:
         rows = csv.DictReader(f)
         if not rows.fieldnames or not {"worker", "ms"} <= set(rows.fieldnames):
             raise ConfigError(f"cluster.trace_file: {str(p)!r} needs the columns worker,ms")
-        for row in rows:
-            times.setdefault(int(row["worker"]), []).append(float(row["ms"]))
+        for line, row in enumerate(rows, 2):
+            try:
+                times.setdefault(int(row["worker"]), []).append(float(row["ms"]))
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"cluster.trace_file: {str(p)!r} line {line}: worker,ms must be an integer "
+                    f"and a number, got {row['worker']!r},{row['ms']!r}"
+                ) from None
     if not times or any(t < 0 for ts in times.values() for t in ts):
         raise ConfigError(f"cluster.trace_file: {str(p)!r} has no rows or negative times")
     return [np.asarray(times[w]) for w in sorted(times)]
