@@ -178,6 +178,11 @@ def _remove_if_unused(run_dir: Path) -> None:
 def main() -> None:
     register_configs()
     load_plugins()
+    if sys.argv[1:] == ["list"]:
+        from stalebench.catalog import render
+
+        print(render())
+        return
     try:
         check_choices(sys.argv[1:])
     except ConfigError as exc:

@@ -55,6 +55,8 @@ def ring_volume(nbytes: int, num_workers: int) -> int:
 
 @ENGINES.register("allreduce", EngineConfig)
 class AllReduceEngine(DataParallel):
+    """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
+
     def validate(self, splits) -> None:
         super().validate(splits)
         barrier = self.run.algorithm.barrier.name

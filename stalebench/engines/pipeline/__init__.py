@@ -27,6 +27,8 @@ UNMODELLED = (
 
 @ENGINES.register("pipeline", EngineConfig)
 class PipelineEngine(Engine):
+    """The model cut into K stages, one process each; microbatches flow through them."""
+
     slots = ("pipeline", "optimizer")
     ignores = UNMODELLED
     one_stream = True  # one stream of microbatches over the whole split

@@ -44,6 +44,8 @@ class DataParallel(Engine):
 
 @ENGINES.register("ps", EngineConfig)
 class ParameterServerEngine(DataParallel):
+    """A parameter server (rank 0) applies the workers' gradients; N workers (ranks 1..N)."""
+
     def world_size(self) -> int:
         return self.num_workers + 1
 

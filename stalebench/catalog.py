@@ -1,0 +1,66 @@
+"""`stalebench list`: every component a run can name, with one line each, plugins
+included (the registries after `plugins.load`, and the YAML presets and sweeps)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from stalebench import plugins
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.pipeline import OPTIMIZERS
+from stalebench.config import ENGINES
+from stalebench.data import DATASETS
+from stalebench.models import MODELS
+from stalebench.registry import Registry
+
+
+def first_line(text: str | None, width: int = 96) -> str:
+    """The first sentence of a docstring or comment, cut to `width` characters."""
+    paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
+    sentence = paragraph.split(". ")[0].rstrip(".")
+    return sentence if len(sentence) <= width else sentence[: width - 1].rstrip() + "…"
+
+
+def yaml_summary(text: str) -> str:
+    """A preset's opening comment (after `# @package`), cut to its first sentence."""
+    comment = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if "@package" not in line:
+            comment.append(line.lstrip("# ").strip())
+    return first_line("\n".join(comment))
+
+
+def registered(registry: Registry) -> list[tuple[str, str]]:
+    return [(n, first_line(registry.get(n)[0].__doc__)) for n in registry.names()]
+
+
+def presets(group: str) -> list[tuple[str, str]]:
+    folder = files("stalebench.conf").joinpath(group)
+    found = [f for f in folder.iterdir() if f.name.endswith(".yaml")] if folder.is_dir() else []
+    return sorted((f.name.removesuffix(".yaml"), yaml_summary(f.read_text())) for f in found)
+
+
+def sections() -> list[tuple[str, list[tuple[str, str]]]]:
+    plugins.load()
+    return [
+        ("engines (engine=)", registered(ENGINES)),
+        ("barriers (algorithm/barrier=)", registered(BARRIERS)),
+        ("update rules (algorithm/update=)", registered(UPDATES)),
+        ("pipeline optimizers (algorithm/optimizer=)", registered(OPTIMIZERS)),
+        ("algorithm presets (algorithm=)", presets("algorithm")),
+        ("models (model=)", registered(MODELS)),
+        ("datasets (dataset=)", registered(DATASETS)),
+        ("cluster profiles (cluster=)", presets("cluster")),
+        ("sweeps (+sweep=)", presets("sweep")),
+    ]
+
+
+def render() -> str:
+    out = []
+    for title, rows in sections():
+        out.append(title)
+        width = max((len(n) for n, _ in rows), default=0)
+        out += [f"  {name:<{width}}  {text}".rstrip() for name, text in rows]
+    return "\n".join(out)

@@ -1,0 +1,48 @@
+"""`stalebench list`: every registered component and YAML preset, one line each, plugins
+included."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.catalog import first_line, sections, yaml_summary
+from stalebench.config import ENGINES
+from stalebench.models import MODELS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def listed(*imports: str) -> str:
+    code = "".join(f"import {m}; " for m in imports) + "from stalebench.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "list"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_list_names_every_component_with_a_description():
+    text = listed()
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
+    for registry in (ENGINES, BARRIERS, UPDATES, MODELS):
+        for name in registry.names():
+            assert name in lines, name
+            assert len(lines[name].split()) > 2, f"{name} has no description"
+    for preset in ("ssp", "gpipe", "heterogeneous", "slow_network", "dssp_full"):
+        assert len(lines[preset].split()) > 2, preset
+    titles = [title for title, _ in sections()]
+    assert all(title in text for title in titles)
+
+
+def test_list_includes_a_plugin_registered_outside_the_package():
+    text = listed("tests.integration.test_engine_registry")
+    (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == ["sequential"]]
+    assert "One process trains alone" in line
+
+
+def test_descriptions_are_first_sentences():
+    assert first_line("Never wait.\n\nMore text.") == "Never wait"
+    assert first_line("A long\nwrapped sentence. Then more.") == "A long wrapped sentence"
+    assert first_line("x" * 200, width=10) == "x" * 9 + "…"
+    assert yaml_summary("# @package _global_\n# One. Two.\n# three\nkey: 1\n") == "One"
