@@ -81,10 +81,11 @@ class Engine:
             )
         for slot in self.slots:
             if getattr(run.algorithm, slot) is None:
+                sets = ", ".join(f"algorithm.{f}" for f in self.set_slots()) or "none of them"
                 raise ConfigError(
-                    f"engine={name} needs algorithm.{slot}; algorithm={run.algorithm.name or '?'}"
-                    f" sets {', '.join(self.set_slots()) or 'none'} of it: choose an algorithm "
-                    f"preset for engine={name}, or another engine"
+                    f"engine={name} needs algorithm.{slot}, which algorithm="
+                    f"{run.algorithm.name or '?'} does not set (it sets {sets}): choose a "
+                    f"preset made for engine={name}, or another engine"
                 )
         for key in self.ignores:
             value = getattr(run.cluster, key)
