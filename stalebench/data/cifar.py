@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stalebench.data import DATASETS, Dataset, DatasetConfig, Splits
+from stalebench.data.base import DATASETS, Dataset, DatasetConfig, Splits
 from stalebench.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from stalebench.data import DATASETS, Dataset, DatasetConfig, Splits
+from stalebench.data.base import DATASETS, Dataset, DatasetConfig, Splits
 from stalebench.errors import ConfigError
 
 

@@ -263,3 +263,28 @@ def test_batch_size_larger_than_shard_raises():
     assert "dataset.batch_size" in str(info.value)
     assert "6" in str(info.value)
     next(shard_batches(splits, 0, 4, batch_size=5, seed=0))  # exactly the shard is fine
+
+
+# --------------------------------------------------------------------------- package layout
+
+
+def test_package_reexports_each_module_and_registers_every_dataset():
+    """`stalebench.data` is split into modules; the names other modules import from the
+    package are the modules' own objects, and importing the package registers all six."""
+    import stalebench.data as data
+    from stalebench.data import base, chars, mnist, mnist1d, sharding, synthetic
+
+    for module in (base, sharding, synthetic, mnist1d, mnist, chars):
+        for name in dir(module):
+            if name in data.__all__:
+                assert getattr(data, name) is getattr(module, name), name
+    assert data.shard_batches is sharding.shard_batches
+    assert data.Splits is base.Splits and data.DATASETS is base.DATASETS
+    assert set(data.DATASETS._entries) >= {
+        "synthetic",
+        "mnist1d",
+        "mnist",
+        "chars",
+        "cifar10",
+        "regression",
+    }

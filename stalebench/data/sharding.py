@@ -1,0 +1,66 @@
+"""Each worker's minibatches: the training split cut into seeded shards (or replicated), and
+the choice between the two."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from stalebench.data.base import Splits
+from stalebench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@functools.lru_cache(maxsize=4)
+def _permutation(n: int, seed: int) -> torch.Tensor:
+    """The seeded order that splits the training set into shards (computed once per run,
+    not once per worker: a simulator with 1,000 workers builds 1,000 shards)."""
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+def resolve_sharding(mode: str, num_train: int, num_workers: int, batch_size: int) -> str:
+    """auto: disjoint shards when each holds a minibatch, else every worker samples the whole
+    training split (the DANA/GA simulators' single data stream, §1.4, for many workers)."""
+    if mode != "auto":
+        return mode
+    return "disjoint" if num_train // num_workers >= batch_size else "replicated"
+
+
+def shard_batches(
+    splits: Splits,
+    worker: int,
+    num_workers: int,
+    batch_size: int,
+    seed: int,
+    sharding: str = "disjoint",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless minibatches for one worker: a seeded disjoint shard of the training split
+    (`replicated`: the whole split), reshuffled every epoch with a stream of its own (same
+    seed, same order). With `splits.augment` set, each minibatch's x is augmented from a
+    second per-worker stream, so the sample order is the same with augmentation on or off."""
+    import torch
+
+    n = len(splits.y_train)
+    order = _permutation(n, seed)
+    shard = order if sharding == "replicated" else order[worker::num_workers]
+    if len(shard) < batch_size:
+        raise ConfigError(
+            f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "
+            f"training samples ({n} split over cluster.num_workers={num_workers})"
+        )
+    stream = seed * 1_000_003 + worker + 1
+    gen = torch.Generator().manual_seed(stream)
+    augment = splits.augment
+    # offset by 2**32: never the seed of any worker's order stream in the same run
+    aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
+    while True:
+        order = shard[torch.randperm(len(shard), generator=gen)]
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            idx = order[start : start + batch_size]
+            x = splits.x_train[idx]
+            yield (augment(x, aug_gen) if augment else x), splits.y_train[idx]
