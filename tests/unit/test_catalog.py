@@ -27,6 +27,8 @@ def test_list_names_every_component_with_a_description():
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ")}
     for registry in (ENGINES, BARRIERS, UPDATES, MODELS):
         for name in registry.names():
+            if not registry.get(name)[0].__module__.startswith("stalebench."):
+                continue  # registered by another test in this process, not in `list`'s
             assert name in lines, name
             assert len(lines[name].split()) > 2, f"{name} has no description"
     for preset in ("ssp", "gpipe", "heterogeneous", "slow_network", "dssp_full"):
