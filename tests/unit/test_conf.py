@@ -177,3 +177,10 @@ def test_pipeline_presets_compose_as_before(preset):
     assert got == expected
     assert OmegaConf.select(cfg, "algorithm.barrier") is None
     assert OmegaConf.select(cfg, "algorithm.update") is None
+
+
+def test_pipeline_presets_share_one_setup_file():
+    for preset in PIPELINE_PRESETS:
+        defaults = yaml.safe_load((CONF / "algorithm" / f"{preset}.yaml").read_text())["defaults"]
+        assert "/shared/pipeline" in defaults, preset
+        assert not any(str(d).startswith("override /") for d in defaults), preset
