@@ -1,4 +1,4 @@
-"""The run's schema: every default lives here; YAML under stalebench/conf only composes."""
+"""The run's schema: every default lives here; YAML under conf/ only composes."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The papers' sweeps: every sweep and arm composes into a valid run config whose claims
 validate, a claim names only arms its sweep runs, a paper sweep runs end to end through the
 installed `stalebench` command from outside the checkout (report, claims.json, a verdict per
-claim), and a wheel of the project ships the sweeps."""
+claim), and a wheel of the project ships the configs and the sweeps."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import yaml
 from tests.conftest import TINY_DSSP_SWEEP, compose
 
 ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
 SWEEPS = ROOT / "sweeps"
 PAPERS = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
@@ -35,6 +36,9 @@ def sweep_params(name: str) -> dict[str, list[str]]:
 
 
 def test_the_sweeps_folder_is_the_sweep_config_group():
+    # conf/ and sweeps/ sit at the top of the checkout; the package sees them through symlinks
+    assert (ROOT / "stalebench" / "conf").resolve() == CONF.resolve()
+    assert (CONF / "sweep").resolve() == SWEEPS.resolve()
     assert (ROOT / "stalebench" / "conf" / "sweep").resolve() == SWEEPS.resolve()
     assert {"ssp", "dssp", "psp", "gap_aware", "dana", "nesterov_pp", "sdde", "das"} <= set(PAPERS)
 
@@ -138,7 +142,7 @@ def test_a_paper_sweep_runs_end_to_end_from_outside_the_checkout(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_wheel_of_the_project_ships_every_sweep_and_arm(tmp_path):
+def test_a_wheel_of_the_project_ships_every_config_sweep_and_arm(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path), str(ROOT)],
@@ -153,3 +157,13 @@ def test_a_wheel_of_the_project_ships_every_sweep_and_arm(tmp_path):
         "stalebench/conf/sweep/" + str(p.relative_to(SWEEPS)) for p in SWEEPS.rglob("*.yaml")
     }
     assert expected and expected <= shipped, sorted(expected - shipped)
+    # conf/ itself (config.yaml, the presets) is the package `stalebench.conf` in the wheel
+    configs = {
+        "stalebench/conf/" + str(p.relative_to(CONF))
+        for p in CONF.rglob("*.yaml")
+        if "sweep" not in p.relative_to(CONF).parts
+    }
+    assert "stalebench/conf/config.yaml" in configs
+    assert "stalebench/conf/algorithm/gpipe.yaml" in configs
+    assert configs <= shipped, sorted(configs - shipped)
+    assert "stalebench/conf/__init__.py" in shipped
