@@ -18,8 +18,11 @@ class SignSGDConfig(UpdateConfig):
 
 @UPDATES.register("signsgd", SignSGDConfig)
 class SignSGD(UpdateRule):
-    """signSGD (Bernstein et al., ICML 2018): θ ← θ − η·sign(g + wd·θ)."""
+    """signSGD (Bernstein et al., ICML 2018): θ ← θ − η·sign(g + wd·θ).
+
+    η is `self.lr`, the scheduled learning rate every rule reads (η/N → η over
+    `warmup_updates`), not `self.cfg.lr`, which would skip the warm-up."""
 
     def apply(self, params, grad, worker, lag):
         step = grad.add(params, alpha=self.cfg.weight_decay) if self.cfg.weight_decay else grad
-        params.add_(step.sign(), alpha=-self.cfg.lr)
+        params.add_(step.sign(), alpha=-self.lr)
