@@ -1,4 +1,4 @@
-"""PSP's step-distribution experiment (ALGORITHMS.md §6.3, the Owl book): 200 workers,
+"""PSP's step-distribution experiment (docs/algorithms.md §6.3, the Owl book): 200 workers,
 Gamma(1, 1) seconds per step, 200 virtual seconds, in the sim runtime. Reports, per barrier,
 the distribution of the workers' final steps beside the published figures.
 

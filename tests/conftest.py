@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("STALEBENCH_CACHE", str(Path(__file__).parent / ".cache"))
 
-# summary.json's fields as DESIGN.md's run-directory contract lists them
+# summary.json's fields as docs/design.md's run-directory contract lists them
 SUMMARY_FIELDS = {
     "status",
     "error",

@@ -1,4 +1,4 @@
-"""Issue-level behaviour of every paradigm, end to end: the invariants of ALGORITHMS.md §12
+"""Issue-level behaviour of every paradigm, end to end: the invariants of docs/algorithms.md §12
 on whole runs (the sim runtime is deterministic, so equal algorithms give equal runs), the
 DSSP threshold range, PSP's gaps against β, and allreduce BSP against PS-BSP."""
 

@@ -1,5 +1,5 @@
 """Real processes over gloo on CPU: semantics read back from events.jsonl, invariants of
-ALGORITHMS.md §12 on final parameters, and failure handling. Every test has a timeout."""
+docs/algorithms.md §12 on final parameters, and failure handling. Every test has a timeout."""
 
 from __future__ import annotations
 

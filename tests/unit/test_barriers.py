@@ -1,4 +1,4 @@
-"""Barrier admission rules against their definitions (ALGORITHMS.md §2–§4, §12)."""
+"""Barrier admission rules against their definitions (docs/algorithms.md §2–§4, §12)."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""DSSP against its definition (ALGORITHMS.md §5, §12, A-DSSP-1/2)."""
+"""DSSP against its definition (docs/algorithms.md §5, §12, A-DSSP-1/2)."""
 
 import heapq
 import random

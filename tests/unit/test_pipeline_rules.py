@@ -1,4 +1,4 @@
-"""The pipeline engine against ALGORITHMS.md §10: each stage optimizer's rule, the 1F1B and
+"""The pipeline engine against docs/algorithms.md §10: each stage optimizer's rule, the 1F1B and
 GPipe op orders and their timelines, the stage split, and the simulator's numerics against
 references written here from the definitions (§10.7 and the §12 reductions)."""
 

@@ -1,4 +1,4 @@
-"""PSP against its definition (ALGORITHMS.md §6, §12, A-PSP-1/2)."""
+"""PSP against its definition (docs/algorithms.md §6, §12, A-PSP-1/2)."""
 
 import itertools
 import random

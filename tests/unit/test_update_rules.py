@@ -1,4 +1,4 @@
-"""Staleness-mitigating and momentum-family update rules against ALGORITHMS.md: formulas on
+"""Staleness-mitigating and momentum-family update rules against docs/algorithms.md: formulas on
 hand-computed tensors (§7, §8, §9, §11.1) and the reductions of §12, each by driving two rules
 with the same gradients."""
 

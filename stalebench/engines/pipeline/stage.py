@@ -5,7 +5,7 @@ A `Stage` holds one contiguous slice of the model, its optimizer, and the points
 versions) its in-flight microbatches were forwarded with. Both runtimes drive stages
 through the same three calls, `forward`, `backward`, `apply`, so the single-process
 simulation and the multi-process pipeline compute the same numbers by construction
-(ALGORITHMS.md §10.7): the sim calls them in microbatch order with the version each stage
+(docs/algorithms.md §10.7): the sim calls them in microbatch order with the version each stage
 would hold at that moment, the real runtime in 1F1B order with the version it does hold.
 
 A backward recomputes the stage's forward from its stored input (PipeDream's
