@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stalebench import experiment  # noqa: E402
+from stalebench.engines.allreduce import round_bytes  # noqa: E402
 from stalebench.job import Job  # noqa: E402
 from stalebench.metrics.events import read_events  # noqa: E402
-from stalebench.engines.allreduce import round_bytes  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 # the network dominates: 315 KB of gradient behind 2 ms and 0.1 Gbit/s each way, 20 ms steps

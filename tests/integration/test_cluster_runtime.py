@@ -140,9 +140,9 @@ def test_real_fault_pause_and_network_delay(tmp_path):
 def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     import torch
 
+    from stalebench.engines.ps.sim import SimWorker, _step
     from stalebench.job import Job
     from stalebench.runtime.record import flatten_parameters
-    from stalebench.engines.ps.sim import SimWorker, _step
     from tests.conftest import compose, fast_with
 
     cfg = compose(

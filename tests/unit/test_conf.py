@@ -126,7 +126,8 @@ def test_the_check_finds_a_restated_default():
 
 
 # The pipeline presets' values as they were when each preset spelled out its model, dataset,
-# cluster, budget and eval (before the common file in conf/presets/, and before the restated defaults went).
+# cluster, budget and eval (before the common file in conf/presets/ and before the restated
+# defaults went).
 PIPELINE_EXPECTED = {
     "engine.name": "pipeline",
     "model.name": "transformer",

@@ -22,12 +22,12 @@ from stalebench.algorithms.pipeline import (
     stage_hyper,
 )
 from stalebench.data import Chars, CharsConfig, generated_corpus
+from stalebench.engines.pipeline.run import build_stages, microbatches
 from stalebench.engines.pipeline.stage import Timeline, ops, split
 from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.metrics.events import read_events
 from stalebench.models.nets import decoder
-from stalebench.engines.pipeline.run import build_stages, microbatches
 from tests.conftest import compose
 
 # a small 4-block decoder on a short generated corpus: a sim step takes milliseconds
