@@ -124,3 +124,15 @@ def job(tmp_path):
     """job(*overrides) runs a real job into a fresh directory under tmp_path."""
     count = iter(range(1000))
     return lambda *overrides: run_job(tmp_path / f"run{next(count)}", list(overrides))
+
+
+def preset_engines() -> dict[str, str]:
+    """Every algorithm preset and the engine it composes to (`algorithm=<preset>`)."""
+    from importlib.resources import files
+
+    names = [
+        f.name.removesuffix(".yaml")
+        for f in files("stalebench.conf").joinpath("algorithm").iterdir()
+        if f.name.endswith(".yaml")
+    ]
+    return {n: compose([f"algorithm={n}"]).engine.name for n in sorted(names)}

@@ -5,21 +5,16 @@ without a new test."""
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 import pytest
 
 from stalebench.algorithms import BARRIERS, UPDATES
 from stalebench.metrics.events import schema_errors
 from stalebench.plugins import load as load_plugins
-from tests.conftest import SUMMARY_FIELDS, run_job
+from tests.conftest import SUMMARY_FIELDS, preset_engines, run_job
 
 load_plugins()
-PRESETS = sorted(
-    f.name.removesuffix(".yaml")
-    for f in files("stalebench.conf").joinpath("algorithm").iterdir()
-    if f.name.endswith(".yaml") and "engine: pipeline" not in f.read_text()
-)  # the pipeline presets: tests/conformance/test_pipeline_conformance.py
+# the pipeline presets are tested in tests/conformance/test_pipeline_conformance.py
+PRESETS = [p for p, engine in preset_engines().items() if engine != "pipeline"]
 # Each barrier with plain SGD; each update rule behind ASP; each preset as shipped.
 CASES = (
     [

@@ -4,21 +4,15 @@ A new optimizer registration is picked up here without a new test."""
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 import pytest
 
 from stalebench.algorithms.pipeline import OPTIMIZERS
 from stalebench.plugins import load as load_plugins
-from tests.conftest import SUMMARY_FIELDS
+from tests.conftest import SUMMARY_FIELDS, preset_engines
 from tests.unit.test_pipeline_rules import sim
 
 load_plugins()
-PIPELINE_PRESETS = sorted(
-    f.name.removesuffix(".yaml")
-    for f in files("stalebench.conf").joinpath("algorithm").iterdir()
-    if f.name.endswith(".yaml") and "engine: pipeline" in f.read_text()
-)
+PIPELINE_PRESETS = [p for p, engine in preset_engines().items() if engine == "pipeline"]
 CASES = [
     pytest.param([f"algorithm/optimizer={o}", f"algorithm.pipeline.schedule={s}"], id=f"{o}-{s}")
     for o in OPTIMIZERS.names()
