@@ -137,8 +137,8 @@ class DSSP(Barrier):
                 self._ok(worker, clocks)
         # else: a worker that is not the fastest waits until the gap is ≤ s_low
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
-        gap = clocks[worker] - min(clocks)
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
+        gap = clocks[worker] - slowest
         if self.ok_step[worker] == clocks[worker]:
             return gap <= self.s_high
         return gap <= self.s_low
