@@ -28,8 +28,8 @@ class SSP(Barrier):
         super().__init__(cfg, num_workers, seed)
         self.staleness = cfg.staleness
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
-        return clocks[worker] - min(clocks) <= self.staleness
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
+        return clocks[worker] - slowest <= self.staleness
 
 
 @dataclasses.dataclass
@@ -71,5 +71,5 @@ class ASPConfig(BarrierConfig):
 class ASP(Barrier):
     """Asynchronous Parallel (Hogwild!/Downpour PS form): never wait."""
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         return True

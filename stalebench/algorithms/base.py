@@ -73,9 +73,11 @@ class Barrier:
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
         """Called after a push from `worker` has been counted (clocks already advanced)."""
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         """May `worker` start step `clocks[worker]` now? Asked right after its push and
-        again after every later push while it waits."""
+        again after every later push while it waits. `slowest` = min(clocks), kept by the
+        server in O(1): use it rather than scanning `clocks` (asked once per held worker
+        per push, a scan would cost O(N²) per round at N workers)."""
         raise NotImplementedError
 
 

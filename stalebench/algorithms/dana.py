@@ -75,75 +75,130 @@ class DanaConfig(UpdateConfig):
             )
 
 
+class ServerMomentum:
+    """zero (§9.2): per-worker buffers at the server, v_i ← γv_i + (g + wd·θ), θ ← θ − ηv_i,
+    with their running sum S; a worker is sent the look-ahead θ − ηγS at the current η
+    (small during warm-up). `keep_sent`: keep each worker's look-ahead θ̂_i (θ₀ until sent)."""
+
+    def __init__(self, rule: Dana, params: torch.Tensor, keep_sent: bool):
+        self.rule = rule
+        n = rule.num_workers
+        self.bufs = params.new_zeros((n, *params.shape))  # v_i, one row per worker
+        self.buf_sum = params.new_zeros(params.shape)  # S = Σ_i v_i
+        self.sent = per_worker_copies(params, n) if keep_sent else None
+        if self.sent is None:
+            self.ahead = params.new_zeros(params.shape)  # what `params_for` returns
+
+    def correct(self, params: torch.Tensor, grad: torch.Tensor, i: int) -> torch.Tensor:
+        return grad
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, i: int) -> None:
+        g = self.rule.direction(params, self.correct(params, grad, i))
+        v = self.bufs[i]
+        self.buf_sum.sub_(v)  # S ← S − v_old + v_new
+        v.mul_(self.rule.cfg.momentum).add_(g)
+        self.buf_sum.add_(v)
+        params.add_(v, alpha=-self.rule.lr)
+
+    def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
+        if self.sent is None:
+            # One buffer for every admitted worker: θ and S do not change until the replies
+            # are sent, so workers admitted together are sent the same look-ahead.
+            ahead = self.ahead
+        else:
+            ahead = self.sent[worker_slot(self.rule, worker, self.rule.num_workers)]
+        ahead.copy_(params).add_(self.buf_sum, alpha=-self.rule.lr * self.rule.cfg.momentum)
+        return ahead
+
+    @staticmethod
+    def worker_message(cfg: DanaConfig, grad: torch.Tensor, state: dict) -> torch.Tensor:
+        return grad
+
+
+class DelayCompensated(ServerMomentum):
+    """dc (§9.4): zero, with g ← g + λ·g⊙g⊙(θ − θ̂_i) before weight decay and momentum, θ̂_i
+    the look-ahead last sent to worker i (so it always keeps them)."""
+
+    def __init__(self, rule: Dana, params: torch.Tensor, keep_sent: bool):
+        super().__init__(rule, params, keep_sent=True)
+
+    def correct(self, params: torch.Tensor, grad: torch.Tensor, i: int) -> torch.Tensor:
+        correction = params.sub(self.sent[i]).mul_(grad).mul_(grad)
+        return grad.add(correction, alpha=self.rule.cfg.dc_lambda)
+
+
+class WorkerMomentum:
+    """slim (§9.3): the workers keep their buffers (`worker_message` sends m = γv_i + g, v_i
+    already updated); the server keeps only Φ, applies Φ ← Φ − η(m + wd·Φ) and sends Φ.
+    It equals zero's look-ahead exactly only for constant η and wd = 0 (weight decay and a
+    changing η act on Φ, not on θ)."""
+
+    sent = None
+
+    def __init__(self, rule: Dana, params: torch.Tensor, keep_sent: bool):
+        self.rule = rule
+
+    def apply(self, params: torch.Tensor, grad: torch.Tensor, i: int) -> None:
+        params.add_(self.rule.direction(params, grad), alpha=-self.rule.lr)
+
+    def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
+        return params  # Φ is already the look-ahead
+
+    @staticmethod
+    def worker_message(cfg: DanaConfig, grad: torch.Tensor, state: dict) -> torch.Tensor:
+        """v ← γv + g (v kept in `state`, zeros at first); send γv + g."""
+        v = state.get("v")
+        if v is None:
+            v = state["v"] = grad.new_zeros(grad.shape)
+        v.mul_(cfg.momentum).add_(grad)
+        return grad.add(v, alpha=cfg.momentum)
+
+
+# the variant's state and steps, chosen once when the rule is built
+VARIANT_CLASSES = {"zero": ServerMomentum, "slim": WorkerMomentum, "dc": DelayCompensated}
+
+
 @UPDATES.register("dana", DanaConfig)
 class Dana(SGD):
     """DANA: each worker computes its gradient at the look-ahead θ − ηγ·Σ_j v_j, where θ will be
     after every worker's momentum applies once more, Hakimi et al., arXiv 1907.11612
-    (ALGORITHMS.md §9).
+    (ALGORITHMS.md §9). `cfg.variant` picks where the momentum lives and what is sent:
+    zero (`ServerMomentum`), dc (`DelayCompensated`) or slim (`WorkerMomentum`).
 
-    zero (§9.2): per-worker buffers v_i ← γv_i + (g + wd·θ), θ ← θ − ηv_i, running sum S of
-    the v_i; `params_for` sends θ − ηγS with the current η (small during warm-up).
-    dc (§9.4): zero, with g ← g + λ·g⊙g⊙(θ − θ̂_i) before weight decay and momentum, θ̂_i the
-    look-ahead last sent to worker i (θ₀ until then).
-    slim (§9.3): the workers keep their buffers (`worker_message` sends m = γv_i + g, v_i
-    already updated); the server keeps only Φ, applies Φ ← Φ − η(m + wd·Φ) and sends Φ.
-    It equals zero's look-ahead exactly only for constant η and wd = 0 (weight decay and a
-    changing η act on Φ, not on θ); it keeps no per-worker server state, but `per_worker`
-    is a class attribute and stays True: its messages belong to one worker's momentum, so a
-    round's average of them is not DANA either."""
+    slim keeps no per-worker server state, but `per_worker` is a class attribute and stays
+    True: its messages belong to one worker's momentum, so a round's average of them is not
+    DANA either."""
 
     per_worker = True
     keeps_sent = False  # a subclass that measures against each look-ahead sent sets True
 
     def __init__(self, cfg: DanaConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
-        self.slim, self.dc = cfg.variant == "slim", cfg.variant == "dc"
-        if not self.slim:
-            self.bufs = params.new_zeros((num_workers, *params.shape))  # v_i, one row each
-            self.buf_sum = params.new_zeros(params.shape)  # S = Σ_i v_i
-        # θ̂_i, the look-ahead sent to worker i: for delay compensation (and the gap)
-        keep = self.dc or self.keeps_sent
-        self.sent = per_worker_copies(params, num_workers) if keep else None
-        if not self.slim and self.sent is None:
-            self.ahead = params.new_zeros(params.shape)  # what `params_for` returns
+        self.variant = VARIANT_CLASSES[cfg.variant](self, params, keep_sent=self.keeps_sent)
+
+    @property
+    def bufs(self) -> torch.Tensor:
+        return self.variant.bufs  # v_i (not slim)
+
+    @property
+    def buf_sum(self) -> torch.Tensor:
+        return self.variant.buf_sum  # S = Σ_i v_i (not slim)
+
+    @property
+    def sent(self) -> torch.Tensor | None:
+        return self.variant.sent  # θ̂_i, the look-ahead sent to worker i, when kept
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         i = worker_slot(self, worker, self.num_workers)  # slim too: m is one worker's momentum
-        if self.slim:
-            params.add_(self.direction(params, grad), alpha=-self.lr)
-            return
-        if self.dc:
-            correction = params.sub(self.sent[i]).mul_(grad).mul_(grad)
-            grad = grad.add(correction, alpha=self.cfg.dc_lambda)
-        g = self.direction(params, grad)
-        v = self.bufs[i]
-        self.buf_sum.sub_(v)  # S ← S − v_old + v_new
-        v.mul_(self.cfg.momentum).add_(g)
-        self.buf_sum.add_(v)
-        params.add_(v, alpha=-self.lr)
+        self.variant.apply(params, grad, i)
 
     def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
-        if self.slim:
-            return params  # Φ is already the look-ahead
-        if self.sent is None:
-            # One buffer for every admitted worker: θ and S do not change until the replies
-            # are sent, so workers admitted together are sent the same look-ahead.
-            ahead = self.ahead
-        else:
-            ahead = self.sent[worker_slot(self, worker, self.num_workers)]
-        ahead.copy_(params).add_(self.buf_sum, alpha=-self.lr * self.cfg.momentum)
-        return ahead
+        return self.variant.params_for(params, worker)
 
     @classmethod
     def worker_message(cls, cfg: DanaConfig, grad: torch.Tensor, state: dict) -> torch.Tensor:
-        """slim: v ← γv + g (v kept in `state`, zeros at first); send γv + g. Else: g."""
-        if cfg.variant != "slim":
-            return grad
-        v = state.get("v")
-        if v is None:
-            v = state["v"] = grad.new_zeros(grad.shape)
-        v.mul_(cfg.momentum).add_(grad)
-        return grad.add(v, alpha=cfg.momentum)
+        """slim: the worker's momentum message (`WorkerMomentum`). Else: g."""
+        return VARIANT_CLASSES[cfg.variant].worker_message(cfg, grad, state)
 
 
 @dataclasses.dataclass

@@ -60,11 +60,43 @@ def sync_controller(
     return best_k, best_wait
 
 
+class GrantController:
+    """How many extra steps r* to grant the fastest worker p when it is past s_low (§5.2):
+    from the last two push times of p and of the slowest worker q, the r* ≤ r_max after which
+    p would push closest to q's next push (`sync_controller`), searching only the room left
+    below s_high so that the effective threshold stays in [s_low, s_high]."""
+
+    def __init__(self, cfg: DSSPConfig, num_workers: int):
+        self.s_high = cfg.s_high
+        self.r_max = cfg.s_high - cfg.s_low
+        self.multi = cfg.controller == "multi"
+        # the last two push times of each worker (server clock, seconds), newest last
+        self.push_times: list[list[float]] = [[] for _ in range(num_workers)]
+
+    def record(self, worker: int, now: float) -> None:
+        times = self.push_times[worker]
+        times.append(now)
+        del times[:-2]
+
+    def decide(self, p: int, clocks: Sequence[int], gap: int) -> tuple[int, float | None]:
+        """(r*, the predicted wait |T_p(r*) − T_q| or None before both have an interval)."""
+        slowest = min(clocks)
+        q = next(i for i, c in enumerate(clocks) if c == slowest)  # ties: lowest index
+        tp, tq = self.push_times[p], self.push_times[q]
+        if len(tp) < 2 or len(tq) < 2:  # no interval to predict from yet
+            return 0, None
+        # Grant only what keeps the step within s_high: the effective threshold stays in
+        # [s_low, s_high] by construction (the paper's r_max alone would let a fastest
+        # worker be re-granted after each grant ran out, without bound).
+        room = min(self.r_max, self.s_high - gap)
+        return sync_controller(tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], max(room, 0), self.multi)
+
+
 @BARRIERS.register("dssp", DSSPConfig)
 class DSSP(Barrier):
     """Dynamic Stale Synchronous Parallel (Zhao et al., ICDCS 2019): a worker runs at most
     s_low steps ahead of the slowest, except that the fastest one may be granted r* ≤ r_max
-    extra steps, chosen from recent push intervals so that it next pushes when the slowest does.
+    extra steps (`GrantController`), so that it next pushes when the slowest does.
 
     Decisions are taken at each push of p (`observe_push`, §5.2): use up a remaining grant
     (r[p] > 0), else proceed within s_low, else — for the fastest worker only — ask the
@@ -73,18 +105,15 @@ class DSSP(Barrier):
     Bound: the effective threshold stays in [s_low, s_high]. The paper's rule alone does not
     ensure it (a grant of r_max with the non-consuming OK runs r_max + 1 steps past s_low, and
     once a grant is used up the controller may grant again without limit), so the controller
-    searches only k ≤ min(r_max, s_high − gap), the room left below s_high; `admit` also
-    refuses any step past s_high as a safety net (`bound_holds` counts it, and stays 0).
+    searches only the room left below s_high; `admit` also refuses any step past s_high as a
+    safety net (`bound_holds` counts it, and stays 0).
     """
 
     def __init__(self, cfg: DSSPConfig, num_workers: int, seed: int = 0):
         super().__init__(cfg, num_workers, seed)
         self.s_low, self.s_high = cfg.s_low, cfg.s_high
-        self.r_max = cfg.s_high - cfg.s_low
-        self.multi = cfg.controller == "multi"
         self.consumes_ok = cfg.grant_consumes_ok
-        # the last two push times of each worker (server clock, seconds), newest last
-        self.push_times: list[list[float]] = [[] for _ in range(num_workers)]
+        self.controller = GrantController(cfg, num_workers)
         self.remaining = [0] * num_workers  # r[i]: extra steps still granted to worker i
         # the step each worker was told it may start beyond s_low (−1: none); the grant holds
         # for that step only, so admission re-checks can't leak it into a later step
@@ -93,9 +122,7 @@ class DSSP(Barrier):
         self.bound_holds = 0  # pushes whose OK the s_high bound deferred
 
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
-        times = self.push_times[worker]
-        times.append(now)
-        del times[:-2]
+        self.controller.record(worker, now)
         gap = clocks[worker] - min(clocks)
         if self.remaining[worker] > 0:
             self.remaining[worker] -= 1
@@ -110,8 +137,8 @@ class DSSP(Barrier):
                 self._ok(worker, clocks)
         # else: a worker that is not the fastest waits until the gap is ≤ s_low
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
-        gap = clocks[worker] - min(clocks)
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
+        gap = clocks[worker] - slowest
         if self.ok_step[worker] == clocks[worker]:
             return gap <= self.s_high
         return gap <= self.s_low
@@ -122,19 +149,7 @@ class DSSP(Barrier):
             self.bound_holds += 1
 
     def _decide(self, p: int, clocks: Sequence[int], gap: int, now: float) -> int:
-        slowest = min(clocks)
-        q = next(i for i, c in enumerate(clocks) if c == slowest)  # ties: lowest index
-        tp, tq = self.push_times[p], self.push_times[q]
-        if len(tp) < 2 or len(tq) < 2:  # no interval to predict from yet
-            extra, wait = 0, None
-        else:
-            # Grant only what keeps the step within s_high: the effective threshold stays in
-            # [s_low, s_high] by construction (the paper's r_max alone would let a fastest
-            # worker be re-granted after each grant ran out, without bound).
-            room = min(self.r_max, self.cfg.s_high - gap)
-            extra, wait = sync_controller(
-                tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], max(room, 0), self.multi
-            )
+        extra, wait = self.controller.decide(p, clocks, gap)
         self.emit(
             "barrier",
             now,

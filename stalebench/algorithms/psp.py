@@ -59,7 +59,7 @@ class PSP(Barrier):
         self.admitted_first = 0
         self.admitted_after_wait = 0
 
-    def admit(self, worker: int, clocks: Sequence[int]) -> bool:
+    def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         step = clocks[worker]
         first = self.checked_step[worker] != step
         self.checked_step[worker] = step

@@ -17,5 +17,5 @@ class MeanLeadConfig(BarrierConfig):
 class MeanLead(Barrier):
     """Start step c only while c − mean_j clock_j ≤ lead."""
 
-    def admit(self, worker, clocks):
+    def admit(self, worker, clocks, slowest):
         return clocks[worker] - sum(clocks) / len(clocks) <= self.cfg.lead

@@ -43,7 +43,7 @@ class Driver:
     def release(self) -> list[int]:
         out = []
         for w in list(self.held):
-            decisions = [b.admit(w, self.clocks) for b in self.barriers]
+            decisions = [b.admit(w, self.clocks, min(self.clocks)) for b in self.barriers]
             assert len(set(decisions)) == 1, (w, self.clocks, decisions)
             if decisions[0]:
                 self.held.remove(w)
@@ -174,12 +174,12 @@ def test_a_worker_that_is_not_the_fastest_waits_for_s_low_without_a_decision():
         barrier = dssp(3, 1, 5)
         events = record(barrier)
         barrier.observe_push(1, [ahead, 1, 0], 0.0)
-        assert barrier.admit(1, [ahead, 1, 0])
+        assert barrier.admit(1, [ahead, 1, 0], min([ahead, 1, 0]))
         barrier.observe_push(1, [ahead, 2, 0], 1.0)  # 2 ahead of the slowest
         assert len(events) == decisions  # the controller runs for the fastest worker only
         assert [e["worker"] for e in events] == [1] * decisions
-        assert not barrier.admit(1, [ahead, 2, 0])
-        assert barrier.admit(1, [ahead, 2, 1])
+        assert not barrier.admit(1, [ahead, 2, 0], min([ahead, 2, 0]))
+        assert barrier.admit(1, [ahead, 2, 1], min([ahead, 2, 1]))
 
 
 def test_no_grant_before_both_workers_have_two_push_times():

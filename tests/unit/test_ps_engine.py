@@ -93,7 +93,7 @@ def test_pushing_a_wrong_clock_is_an_error():
 class Never(Barrier):
     """A barrier that admits nobody after the first step (a broken plugin)."""
 
-    def admit(self, worker, clocks):
+    def admit(self, worker, clocks, slowest):
         return clocks[worker] == 0
 
 

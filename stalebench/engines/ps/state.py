@@ -122,7 +122,7 @@ class ParameterServer:
     def _release(self, now: float) -> list[Reply]:
         replies = []
         for w in list(self.held):
-            if self.barrier.admit(w, self.clocks):
+            if self.barrier.admit(w, self.clocks, self.min_clock):
                 self.wait_s[w] = now - self.held.pop(w)
                 self.gap[w] = self.clocks[w] - self.min_clock
                 replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
