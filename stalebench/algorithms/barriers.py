@@ -1,4 +1,4 @@
-"""Barriers of the parameter-server family: BSP, ASP, SSP (ALGORITHMS.md §2–§4)."""
+"""Barriers of the parameter-server family: BSP, ASP, SSP (docs/algorithms.md §2–§4)."""
 
 from __future__ import annotations
 

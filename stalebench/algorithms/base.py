@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without
 @dataclasses.dataclass
 class BarrierConfig(ComponentConfig):
     # per_arrival: apply each gradient as it arrives; per_round: average the gradients of one
-    # clock from every worker and apply them once (BSP, ALGORITHMS.md §2.1, §4.5)
+    # clock from every worker and apply them once (BSP, docs/algorithms.md §2.1, §4.5)
     apply: str = "per_arrival"
 
     def __post_init__(self) -> None:
@@ -35,7 +35,7 @@ class UpdateConfig(ComponentConfig):
     lr: float = 0.1  # learning rate η
     weight_decay: float = 0.0  # L2 coefficient, added to the gradient at the server's θ
     # linear warm-up of the learning rate from η/N to η over this many server updates
-    # (the DANA/GA simulators' schedule, ALGORITHMS.md §3.1); 0 = constant η
+    # (the DANA/GA simulators' schedule, docs/algorithms.md §3.1); 0 = constant η
     warmup_updates: int = 0
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """Momentum for asynchronous workers: one server buffer per worker (Multi-ASGD) and DANA's
 look-ahead, which sends each worker where θ will be once every worker's momentum has
-applied once more (ALGORITHMS.md §3.2, §9).
+applied once more (docs/algorithms.md §3.2, §9).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class MultiMomentumConfig(UpdateConfig):
 @UPDATES.register("multi_momentum", MultiMomentumConfig)
 class MultiMomentum(SGD):
     """Multi-ASGD: the server keeps one heavy-ball buffer per worker, v_i ← γv_i + (g + wd·θ);
-    θ ← θ − ηv_i (the DANA paper's baseline, ALGORITHMS.md §3.2; DANA-Zero without its
+    θ ← θ − ηv_i (the DANA paper's baseline, docs/algorithms.md §3.2; DANA-Zero without its
     look-ahead)."""
 
     per_worker = True
@@ -162,7 +162,7 @@ VARIANT_CLASSES = {"zero": ServerMomentum, "slim": WorkerMomentum, "dc": DelayCo
 class Dana(SGD):
     """DANA: each worker computes its gradient at the look-ahead θ − ηγ·Σ_j v_j, where θ will be
     after every worker's momentum applies once more, Hakimi et al., arXiv 1907.11612
-    (ALGORITHMS.md §9). `cfg.variant` picks where the momentum lives and what is sent:
+    (docs/algorithms.md §9). `cfg.variant` picks where the momentum lives and what is sent:
     zero (`ServerMomentum`), dc (`DelayCompensated`) or slim (`WorkerMomentum`).
 
     slim keeps no per-worker server state, but `per_worker` is a class attribute and stays

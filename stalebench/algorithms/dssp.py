@@ -1,4 +1,4 @@
-"""DSSP: a staleness threshold that moves inside [s_low, s_high] (ALGORITHMS.md §5)."""
+"""DSSP: a staleness threshold that moves inside [s_low, s_high] (docs/algorithms.md §5)."""
 
 from __future__ import annotations
 

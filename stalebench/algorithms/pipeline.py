@@ -1,4 +1,4 @@
-"""Pipeline-parallel algorithms (ALGORITHMS.md §10): the schedule a pipeline runs and the
+"""Pipeline-parallel algorithms (docs/algorithms.md §10): the schedule a pipeline runs and the
 optimizer each stage applies to its own weights.
 
 A stage optimizer owns one stage's flat weight vector and takes one gradient per update.

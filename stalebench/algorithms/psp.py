@@ -1,4 +1,4 @@
-"""PSP: SSP's barrier applied to a random sample of workers (ALGORITHMS.md §6)."""
+"""PSP: SSP's barrier applied to a random sample of workers (docs/algorithms.md §6)."""
 
 from __future__ import annotations
 

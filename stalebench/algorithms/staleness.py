@@ -1,6 +1,6 @@
 """Staleness mitigation at the server: rules that shrink a stale gradient before it is applied,
 by its lag (SA), by how far θ actually moved since the worker read it (Gap-Aware), or that
-correct it with a first-order Taylor term (DC-ASGD). ALGORITHMS.md §7, §8, §11.1.
+correct it with a first-order Taylor term (DC-ASGD). docs/algorithms.md §7, §8, §11.1.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def per_worker_copies(params: torch.Tensor, num_workers: int) -> torch.Tensor:
 class PenalisedStep(SGD):
     """SGD, or one momentum buffer shared by all workers, applied to a direction that the
     subclass has already penalised; the arithmetic is Momentum's, op for op, so a penalty of
-    exactly 1 reproduces SGD / Momentum bit for bit (ALGORITHMS.md §12)."""
+    exactly 1 reproduces SGD / Momentum bit for bit (docs/algorithms.md §12)."""
 
     def __init__(self, cfg: MomentumConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
@@ -74,7 +74,7 @@ class StalenessAwareConfig(MomentumConfig):
 @UPDATES.register("staleness_aware", StalenessAwareConfig)
 class StalenessAware(PenalisedStep):
     """SA: a gradient of lag τ enters the step divided by max(τ, 1), Zhang et al., IJCAI 2016
-    (as used by the Gap-Aware paper, ALGORITHMS.md §7, A-SA-1).
+    (as used by the Gap-Aware paper, docs/algorithms.md §7, A-SA-1).
 
     Without momentum θ ← θ − (η/max(τ,1))(g + wd·θ): the weight-decay term is divided too,
     as Gap-Aware does with its penalty. With momentum the divided direction enters the shared
@@ -134,7 +134,7 @@ class GapAwareConfig(MomentumConfig):
 @UPDATES.register("gap_aware", GapAwareConfig)
 class GapAware(PenalisedStep):
     """Gap-Aware: divide the gradient element-wise by G = 1 + |θ − θ̂_i| / C, where C is the
-    typical one-step move, Barkai, Hakimi & Schuster, ICLR 2020 (ALGORITHMS.md §8, FTPipe).
+    typical one-step move, Barkai, Hakimi & Schuster, ICLR 2020 (docs/algorithms.md §8, FTPipe).
 
     Order as FTPipe's (A-GA-2): first the EMA of u² with u = the momentum buffer *before*
     this step (or the raw gradient without momentum) and the step count k; then
@@ -187,7 +187,7 @@ DC_MS_EPS = 1e-7
 @UPDATES.register("dc_asgd", DCASGDConfig)
 class DCASGD(SGD):
     """DC-ASGD: g̃ = g + λ·g⊙g⊙(θ − θ̂_i), then θ ← θ − η(g̃ + wd·θ), Zheng et al., ICML 2017
-    (ALGORITHMS.md §11.1).
+    (docs/algorithms.md §11.1).
 
     λ is constant (DC-ASGD-c) or adaptive (DC-ASGD-a): MeanSquare ← m·MeanSquare + (1 − m)·g²
     with the arriving raw gradient first, then λ = lam0/√(MeanSquare + 1e-7) element-wise

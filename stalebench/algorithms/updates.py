@@ -20,7 +20,7 @@ class SGDConfig(UpdateConfig):
 
 @UPDATES.register("sgd", SGDConfig)
 class SGD(UpdateRule):
-    """θ ← θ − η (g + wd·θ), whatever the gradient's lag (ASGD, ALGORITHMS.md §3.1)."""
+    """θ ← θ − η (g + wd·θ), whatever the gradient's lag (ASGD, docs/algorithms.md §3.1)."""
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         params.add_(self.direction(params, grad), alpha=-self.lr)
@@ -49,7 +49,7 @@ class MomentumConfig(UpdateConfig):
 @UPDATES.register("momentum", MomentumConfig)
 class Momentum(SGD):
     """One momentum buffer at the server shared by all workers (NAG-ASGD when nesterov,
-    ALGORITHMS.md §3.2): v ← γv + g; θ ← θ − ηv, or θ ← θ − η(g + γv)."""
+    docs/algorithms.md §3.2): v ← γv + g; θ ← θ − ηv, or θ ← θ − η(g + γv)."""
 
     def __init__(self, cfg: MomentumConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
