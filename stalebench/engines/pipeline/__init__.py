@@ -1,6 +1,6 @@
 """engine=pipeline: the model cut into K stages, one process each (set by the pipeline
 presets). `stage` holds the pure parts (a stage's numerics, the op order, the timeline);
-`run` drives them in the real runtime and in the simulator."""
+`real` drives them in processes, `sim` in the simulator, `run` holds what both share."""
 
 from __future__ import annotations
 
@@ -78,11 +78,11 @@ class PipelineEngine(Engine):
         split(model, pipe.stages)
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        from stalebench.engines.pipeline.run import stage_process
+        from stalebench.engines.pipeline.real import stage_process
 
         return stage_process(job, rank, ctx.run_dir, ctx.transport)
 
     def simulate(self, job, run_dir) -> dict[str, Any]:
-        from stalebench.engines.pipeline.run import simulate
+        from stalebench.engines.pipeline.sim import simulate
 
         return simulate(job, run_dir)
