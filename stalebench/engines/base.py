@@ -38,7 +38,10 @@ if TYPE_CHECKING:
     from stalebench.job import Job
     from stalebench.runtime.launch import RankContext
 
-__all__ = ["ENGINES", "Engine", "EngineConfig"]
+__all__ = ["ENGINES", "NETWORK", "Engine", "EngineConfig"]
+
+# the cluster profile's network: an engine without messages between its processes ignores it
+NETWORK = ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps", "pull_bandwidth_gbps")
 
 
 class Engine:

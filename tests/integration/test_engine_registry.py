@@ -17,7 +17,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.engines.base import ENGINES, Engine, EngineConfig
+from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
 from stalebench.runtime.faults import pad_to
 from stalebench.runtime.record import RunRecord, diverged, gradient, spent
 
@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @ENGINES.register("sequential", EngineConfig)
 class Sequential(Engine):
     """One process trains alone with the configured update rule: no server, no messages."""
+
+    ignores = ("faults", *NETWORK)  # one process: no network, and no faults modelled
 
     @property
     def num_workers(self) -> int:
@@ -131,3 +133,14 @@ def test_the_engine_guide_shows_this_engine_verbatim():
     source = Path(__file__).read_text()
     engine = source[source.index("@ENGINES.register") : source.index("COMMON = [")]
     assert shown.strip() == engine.replace("  # fmt: skip", "").strip()
+
+
+def test_an_engine_refuses_the_profile_fields_it_does_not_model(tmp_path):
+    code = "import tests.integration.test_engine_registry; from stalebench.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", code, *COMMON, f"run_dir={tmp_path}", "engine=sequential",
+         "cluster.push_latency_ms=3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "cluster.push_latency_ms=3.0: engine=sequential does not model this" in out.stderr

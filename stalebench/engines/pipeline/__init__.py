@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from stalebench.algorithms.pipeline import OPTIMIZERS
-from stalebench.engines.base import ENGINES, Engine, EngineConfig
+from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
@@ -16,10 +16,7 @@ UNMODELLED = (
     "slowdown",
     "slow_fraction",
     "straggler_prob",
-    "push_latency_ms",
-    "pull_latency_ms",
-    "push_bandwidth_gbps",
-    "pull_bandwidth_gbps",
+    *NETWORK,
     "faults",
     "trace_file",
 )
