@@ -12,7 +12,7 @@ from stalebench.algorithms.dssp import DSSP, DSSPConfig
 from stalebench.algorithms.updates import SGD, SGDConfig
 from stalebench.engines.ps import ParameterServer, Push
 from stalebench.errors import ConfigError
-from stalebench.registry import load_plugins
+from stalebench.plugins import load as load_plugins
 
 
 def ssp(s: int, **kw) -> SSP:
