@@ -1,0 +1,71 @@
+"""Update rules that read the lag or per-worker state, driven through the parameter-server
+state machine (not called directly): each scenario is built by hand and its expected θ
+computed by hand, so a server that passes the rule a wrong lag or a wrong worker fails."""
+
+import pytest
+import torch
+
+from stalebench.algorithms.barriers import ASP, ASPConfig
+from stalebench.algorithms.dana import MultiMomentum, MultiMomentumConfig
+from stalebench.algorithms.staleness import (
+    DCASGD,
+    DCASGDConfig,
+    StalenessAware,
+    StalenessAwareConfig,
+)
+from stalebench.engines.ps import ParameterServer, Push
+
+
+def asp_server(rule_cls, cfg, n):
+    params = torch.zeros(2)
+    return ParameterServer(
+        params, ASP(ASPConfig(name="asp"), n), rule_cls(cfg, params, n), n, lambda *a, **k: None
+    )
+
+
+def push(w, clock, version, grad):
+    return Push(w, clock, version, torch.tensor(grad), loss=1.0, compute_s=0.1, rtt_s=0.0)
+
+
+def test_staleness_aware_divides_by_the_lag_the_server_counts():
+    # four workers read θ₀; their pushes arrive in order, so their lags are 0, 1, 2, 3 and
+    # SA divides the steps by max(lag, 1) = 1, 1, 2, 3
+    ps = asp_server(StalenessAware, StalenessAwareConfig(name="staleness_aware", lr=1.0), 4)
+    ps.start(0.0)
+    for w in range(4):
+        ps.on_push(push(w, 0, 0, [6.0, 0.0]), 1.0 + w)
+    torch.testing.assert_close(ps.params, torch.tensor([-(6 + 6 + 3 + 2.0), 0.0]))
+    # worker 0 read version 1 after its push; three updates later its lag is 3
+    ps.on_push(push(0, 1, 1, [0.0, 6.0]), 9.0)
+    torch.testing.assert_close(ps.params, torch.tensor([-17.0, -2.0]))
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_dc_asgd_compensates_with_what_that_worker_read(order):
+    # both read θ₀ = 0; the first push moves θ by its gradient (no gap yet); the second
+    # worker's θ̂ is still θ₀, so its gap is θ₁ − θ₀ = −g_first and
+    # g̃ = g + λ·g⊙g⊙gap; with g_first = [1, 0], g_second = [1, 1], λ = 0.5:
+    # g̃ = [1 − 0.5, 1] and θ₂ = [−1.5, −1]
+    ps = asp_server(DCASGD, DCASGDConfig(name="dc_asgd", lr=1.0, lam=0.5), 2)
+    ps.start(0.0)
+    first, second = order
+    ps.on_push(push(first, 0, 0, [1.0, 0.0]), 1.0)
+    ps.on_push(push(second, 0, 0, [1.0, 1.0]), 2.0)
+    torch.testing.assert_close(ps.params, torch.tensor([-1.5, -1.0]))
+    # the first worker was sent θ₁ after its push: its next gradient, computed there, has
+    # gap θ₂ − θ₁ = [−0.5, −1]; g = [2, 2] gives g̃ = [2 − 1, 2 − 2] = [1, 0]
+    ps.on_push(push(first, 1, 1, [2.0, 2.0]), 3.0)
+    torch.testing.assert_close(ps.params, torch.tensor([-2.5, -1.0]))
+
+
+def test_multi_momentum_keeps_a_buffer_per_worker_the_server_names():
+    # γ = 0.5, η = 1: worker 0 pushes [1, 0] twice, worker 1 pushes [0, 1] between; each
+    # buffer sees only its own worker: v₀ = [1, 0] then [1.5, 0], v₁ = [0, 1]
+    ps = asp_server(
+        MultiMomentum, MultiMomentumConfig(name="multi_momentum", lr=1.0, momentum=0.5), 2
+    )
+    ps.start(0.0)
+    ps.on_push(push(0, 0, 0, [1.0, 0.0]), 1.0)
+    ps.on_push(push(1, 0, 0, [0.0, 1.0]), 2.0)
+    ps.on_push(push(0, 1, 1, [1.0, 0.0]), 3.0)
+    torch.testing.assert_close(ps.params, torch.tensor([-2.5, -1.0]))
