@@ -198,6 +198,21 @@ def test_a_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_killed_server_fails_the_run_and_leaves_no_process(tmp_path):
+    """Rank 0 owns the run directory: when it is killed, the supervisor writes summary.json
+    from the events, names the server and the signal, and stops the workers."""
+    run_dir = tmp_path / "run"
+    args = ["algorithm=asp", "budget.max_wall_s=60", "timeout_s=10", *FAST[:-1]]
+    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=5, rank=0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("server (rank 0) exited with signal SIGKILL"), summary
+    assert summary["updates"] > 20  # what the events recorded before the kill
+    assert ended_after < 30, ended_after
+    assert not [r for r, pid in pids.items() if _alive(pid)]
+
+
+@pytest.mark.timeout(120)
 def test_out_of_tree_plugin_is_found_through_entry_points(tmp_path):
     # Make examples/plugin importable as an installed distribution: a dist-info directory
     # with its entry point, on PYTHONPATH (what `pip install` would write).
