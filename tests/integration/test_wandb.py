@@ -117,3 +117,51 @@ def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
         f"verdict/{v['id']}" + (f"[{v['scope']}]" if v["scope"] else ""): v["verdict"]
         for v in verdicts
     }
+
+
+BREAK_WANDB = """
+import wandb.sdk.wandb_run as wandb_run
+calls = [0]
+log = wandb_run.Run.log
+def failing_log(self, *args, **kwargs):
+    calls[0] += 1
+    if {fail_log} and calls[0] > 2:
+        raise RuntimeError("W&B lost its connection")
+    return log(self, *args, **kwargs)
+def failing_finish(self, *args, **kwargs):
+    raise RuntimeError("W&B could not finish")
+wandb_run.Run.log = failing_log
+if {fail_finish}:
+    wandb_run.Run.finish = failing_finish
+from stalebench.cli import main
+main()
+"""
+
+
+@pytest.mark.timeout(160)
+@pytest.mark.parametrize(
+    "fail_log, fail_finish, warning",
+    [(True, False, "W&B lost its connection"), (False, True, "W&B could not finish")],
+)
+def test_wandb_failing_after_init_never_fails_the_run(tmp_path, fail_log, fail_finish, warning):
+    """W&B started, then its `log` (mid-run) or its `finish` (at the end) raises: the run
+    completes, the sink is switched off with one warning, and the run directory is whole."""
+    env = {
+        **os.environ,
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+    }
+    env.pop("WANDB_MODE", None)
+    code = BREAK_WANDB.format(fail_log=fail_log, fail_finish=fail_finish)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "logger=wandb", "hydra.run.dir=run", *FAST],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"stalebench: warning: Wandb switched off: {warning}" in done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["updates"]) == ("completed", 120)
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    assert events[-1]["kind"] in ("eval", "system")
+    assert any(e["kind"] == "system" and e["event"] == "end" for e in events)
