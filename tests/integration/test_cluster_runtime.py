@@ -35,7 +35,8 @@ def test_sim_events_are_byte_identical_for_a_seed(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_sim_compute_times_are_the_profiles_draws(tmp_path):
-    from stalebench.cluster import Profile
+    import numpy as np
+
     from tests.conftest import FAST, compose
 
     overrides = [
@@ -47,11 +48,14 @@ def test_sim_compute_times_are_the_profiles_draws(tmp_path):
         "budget.max_updates=60",
     ]
     run = run_job(tmp_path, overrides)
-    cfg = compose(FAST + overrides)
-    profile = Profile(cfg.cluster, cfg.seed)
-    for w in range(4):
+    seed = compose(FAST + overrides).seed
+    for w, slowdown in enumerate([1, 2, 1, 1]):
         mine = [e["compute_s"] for e in ups(run) if e["worker"] == w]
-        assert mine == pytest.approx([profile.step_s(w) for _ in mine], rel=1e-9)
+        # the profile's definition, computed here: worker w draws from its own stream,
+        # seeded by (seed, w), Gamma(k, compute_ms / k) ms times its slowdown
+        rng = np.random.default_rng([seed, w, 0x5B])
+        drawn = [rng.gamma(3, 10 / 3) * slowdown / 1000 for _ in mine]
+        assert mine == pytest.approx(drawn, rel=1e-9)
 
 
 @pytest.mark.timeout(60)
