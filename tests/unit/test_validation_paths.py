@@ -1,0 +1,323 @@
+"""Every validation path, in process: each case is bad input that must be refused before
+any process starts, with a message naming the config key and the bad value. Cases that
+need a file or a registry are below the table. `python -m coverage` over tests/unit
+reports which `raise ConfigError` sites this leaves unexecuted (see the README)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stalebench import experiment
+from stalebench.errors import ConfigError
+from tests.conftest import compose, fast_with
+
+PIPE = ["algorithm=gpipe", "dataset=chars", "model=transformer"]
+
+# (overrides, a fragment of the message: the key and the value it names)
+CASES = [
+    # budget, eval, logger, run
+    (["budget.max_updates=-1"], "budget.max_updates must be >= 0, got -1"),
+    (["budget.max_wall_s=-1"], "budget.max_wall_s must be >= 0, got -1.0"),
+    (["budget.max_updates=0", "budget.max_wall_s=0"], "budget.max_updates or budget.max_wall_s"),
+    (["budget.target_accuracy=2"], "budget.target_accuracy must be in [0, 1], got 2.0"),
+    (["eval.every_updates=-1"], "eval.every_updates must be >= 0, got -1"),
+    (["eval.train_samples=-1"], "eval.train_samples must be >= 0, got -1"),
+    (["eval.every_s=-1"], "eval.every_s must be >= 0, got -1.0"),
+    (["eval.batch_size=0"], "eval.batch_size must be >= 1, got 0"),
+    (["logger.name=foo"], "logger: unknown logger 'foo'"),
+    (
+        ["logger.wandb_mode=foo"],
+        "logger.wandb_mode must be one of offline, online, disabled, got 'foo'",
+    ),
+    (["runtime=foo"], "runtime: unknown 'foo'"),
+    (["device=tpu"], "device must be auto, cpu or cuda, got 'tpu'"),
+    (["num_threads=0"], "num_threads must be >= 1, got 0"),
+    (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
+    # cluster
+    (["cluster.num_workers=0"], "cluster.num_workers must be >= 1, got 0"),
+    (
+        ["cluster.compute=foo"],
+        "cluster.compute must be one of constant, gamma, lognormal, trace, got 'foo'",
+    ),
+    (["cluster.push_latency_ms=-1"], "cluster.push_latency_ms must be >= 0, got -1.0"),
+    (
+        ["cluster.compute=gamma", "cluster.compute_ms=0"],
+        "cluster.compute_ms must be > 0 for compute=gamma, got 0.0",
+    ),
+    (["cluster.gamma_shape=0"], "cluster.gamma_shape must be > 0, got 0.0"),
+    (["cluster.lognormal_sigma=-1"], "cluster.lognormal_sigma must be >= 0, got -1.0"),
+    (["cluster.compute=trace"], "cluster.trace_file must be a CSV path for compute=trace, got ''"),
+    (
+        ["cluster.slowdown=[1,1]"],
+        "cluster.slowdown must be one multiplier per worker (cluster.num_workers=4), "
+        "got [1.0, 1.0]",
+    ),
+    (
+        ["cluster.slowdown=[1,0.5,1,1]"],
+        "cluster.slowdown must be multipliers >= 1, got [1.0, 0.5, 1.0, 1.0]",
+    ),
+    (["cluster.slow_fraction=2"], "cluster.slow_fraction must be in [0, 1], got 2.0"),
+    (["cluster.slow_factor=0.5"], "cluster.slow_factor must be >= 1, got 0.5"),
+    (
+        ["cluster.slow_factor=2", "cluster.slow_factor_max=1.5"],
+        "cluster.slow_factor_max must be >= cluster.slow_factor (or 0), got 1.5",
+    ),
+    (["cluster.straggler_prob=2"], "cluster.straggler_prob must be in [0, 1], got 2.0"),
+    (["cluster.straggler_factor=0.5"], "cluster.straggler_factor must be >= 1, got 0.5"),
+    (["cluster.faults=[{worker:9}]"], "cluster.faults[0].worker must be in [0, 4), got 9"),
+    (
+        ["cluster.faults=[{action:explode}]"],
+        "cluster.faults[0].action must be one of pause, die, got 'explode'",
+    ),
+    (["cluster.faults=[{at_s:-1}]"], "cluster.faults[0] must be at_s >= 0 and duration_s >= 0"),
+    # algorithms
+    (
+        ["algorithm=asp", "algorithm.barrier.apply=per_round"],
+        "algorithm.barrier.apply must be 'per_arrival' for asp, got 'per_round'",
+    ),
+    (["algorithm.barrier.staleness=-1"], "algorithm.barrier.staleness must be >= 0, got -1"),
+    ([*PIPE, "algorithm.pipeline.stages=0"], "algorithm.pipeline.stages must be >= 1, got 0"),
+    (
+        [*PIPE, "algorithm.pipeline.schedule=foo"],
+        "algorithm.pipeline.schedule must be one of async_1f1b, gpipe, got 'foo'",
+    ),
+    (
+        [*PIPE, "algorithm.pipeline.microbatches=0"],
+        "algorithm.pipeline.microbatches must be >= 1, got 0",
+    ),
+    (
+        [*PIPE, "algorithm.pipeline.clip_norm=-1"],
+        "algorithm.pipeline.clip_norm must be >= 0, got -1.0",
+    ),
+    (
+        [*PIPE, "algorithm.pipeline.lr_correction_steps=-1"],
+        "algorithm.pipeline.lr_correction_steps must be >= 0, got -1",
+    ),
+    ([*PIPE, "algorithm.optimizer.lr=0"], "algorithm.optimizer.lr must be > 0, got 0.0"),
+    (
+        [*PIPE, "algorithm.optimizer.warmup_steps=-1"],
+        "algorithm.optimizer.warmup_steps must be >= 0, got -1",
+    ),
+    (
+        [*PIPE, "algorithm.optimizer.cosine_steps=-1"],
+        "algorithm.optimizer.cosine_steps must be >= 0, got -1",
+    ),
+    (
+        [*PIPE, "algorithm.optimizer.min_lr_ratio=2"],
+        "algorithm.optimizer.min_lr_ratio must be in [0, 1], got 2.0",
+    ),
+    (
+        [*PIPE, "algorithm.optimizer.beta1=1.5"],
+        "algorithm.optimizer.beta1 must be in [0, 1), got 1.5",
+    ),
+    (
+        [*PIPE, "algorithm.optimizer.weight_decay=-1"],
+        "algorithm.optimizer.weight_decay must be >= 0, got -1.0",
+    ),
+    (
+        [*PIPE, "algorithm.optimizer.beta2=1"],
+        "algorithm.optimizer.beta2 must be in [0, 1), got 1.0",
+    ),
+    # datasets and models
+    (["dataset.batch_size=0"], "dataset.batch_size must be >= 1, got 0"),
+    (
+        ["dataset.sharding=foo"],
+        "dataset.sharding must be one of auto, disjoint, replicated, got 'foo'",
+    ),
+    (["dataset=chars", "dataset.context=1"], "dataset.context must be >= 2, got 1"),
+    (
+        ["dataset=chars", "dataset.val_fraction=0"],
+        "dataset.val_fraction must be in (0, 1), got 0.0",
+    ),
+    (["dataset=chars", "dataset.corpus_chars=10"], "dataset.corpus_chars must be >= 1000, got 10"),
+    (["dataset=mnist1d", "dataset.num_samples=10"], "dataset.num_samples must be >= 20, got 10"),
+    (
+        ["dataset=mnist1d", "dataset.train_split=1"],
+        "dataset.train_split must be in (0, 1), got 1.0",
+    ),
+    (
+        ["dataset=regression", "dataset.conditioning=0.5"],
+        "dataset.conditioning must be >= 1, got 0.5",
+    ),
+    (["model.hidden=[0]"], "model.hidden widths must be >= 1, got [0]"),
+    (["model=cnn", "model.channels=[]"], "model.channels must be non-empty, all >= 1, got []"),
+    (["model=cnn", "model.kernel_size=2"], "model.kernel_size must be odd and >= 1, got 2"),
+    # engines (checked by experiment.prepare, after the data are loaded)
+    (["engine=allreduce", "algorithm=asp"], "algorithm.barrier must be one of bsp, got 'asp'"),
+    (
+        ["runtime=sim", "cluster.compute_ms=0"],
+        "runtime=sim needs a step time: set cluster.compute_ms > 0",
+    ),
+    (
+        ["engine=pipeline", "algorithm=ssp"],
+        "engine=pipeline needs algorithm.pipeline, which algorithm=ssp does not set",
+    ),
+    (
+        [*PIPE, "cluster.push_latency_ms=5"],
+        "cluster.push_latency_ms=5.0: engine=pipeline does not model this",
+    ),
+    (
+        [*PIPE, "dataset.batch_size=30"],
+        "dataset.batch_size=30 must be a multiple of algorithm.pipeline.microbatches=4",
+    ),
+    (
+        [*PIPE, "eval.every_updates=0"],
+        "eval.every_updates=0: engine=pipeline snapshots every stage",
+    ),
+    (
+        [*PIPE, "dataset=synthetic"],
+        "dataset=synthetic gives inputs of shape (20,), not token sequences",
+    ),
+    (
+        [*PIPE, "dataset.batch_size=4000000"],
+        "dataset.batch_size=4000000 exceeds the",
+    ),
+    (["algorithm=gpipe", "dataset=chars", "model=mlp"], "model=mlp is not built that way"),
+    (
+        ["algorithm=bsp", "algorithm/update=gap_aware"],
+        "algorithm.update=gap_aware keeps per-worker state",
+    ),
+    (
+        ["dataset.num_train=100", "dataset.batch_size=200"],
+        "dataset.batch_size=200 exceeds the 100 training samples",
+    ),
+    (
+        ["dataset.sharding=disjoint", "dataset.batch_size=1500"],
+        "dataset.batch_size=1500 exceeds a worker's shard of 1000 samples",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(o) for o, _ in CASES])
+def test_bad_input_is_refused_before_any_process_naming_the_key(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cfg = compose(fast_with(["budget.max_updates=5", *overrides]))
+        cfg.run_dir = str(tmp_path / "run")
+        experiment.prepare(cfg)
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "worker,ms\n0,10\n1,abc\n",
+            "line 3: worker,ms must be an integer and a number, got '1','abc'",
+        ),
+        ("worker,ms\n0,-1\n", "has no rows or negative times"),
+        ("worker,ms\n", "has no rows or negative times"),
+        ("step,ms\n0,10\n", "needs the columns worker,ms"),
+    ],
+)
+def test_a_bad_trace_file_is_refused_naming_the_key(tmp_path, text, message):
+    trace = tmp_path / "trace.csv"
+    trace.write_text(text)
+    cfg = compose(
+        fast_with(["budget.max_updates=5", "cluster.compute=trace", f"cluster.trace_file={trace}"])
+    )
+    with pytest.raises(ConfigError, match="cluster.trace_file: .*" + re.escape(message)):
+        experiment.prepare(cfg)
+
+
+def test_an_unknown_name_in_a_group_override_is_named_before_composition():
+    from stalebench.cli import check_choices
+
+    with pytest.raises(ConfigError, match=re.escape("algorithm/barrier: unknown 'nope'")):
+        check_choices(["-m", "algorithm/barrier=ssp,nope"])
+
+
+def test_an_unknown_registered_name_lists_the_registered_ones():
+    from stalebench.algorithms.base import BARRIERS
+
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.barrier\.name: unknown barrier 'nope'; registered: asp, bsp"
+    ):
+        BARRIERS.get("nope")
+
+
+def test_an_engine_refuses_a_runtime_it_does_not_run_in():
+    from stalebench.engines.ps import ParameterServerEngine
+
+    class SimOnly(ParameterServerEngine):
+        runtimes = ("sim",)
+
+    cfg = compose(fast_with(["budget.max_updates=5"]))
+    engine = SimOnly(cfg.engine, cfg)
+    with pytest.raises(ConfigError, match=re.escape("runtime=real: engine=ps runs in sim")):
+        engine.validate(None)
+
+
+def test_a_run_without_a_directory_is_refused():
+    cfg = compose(fast_with(["budget.max_updates=5"]))
+    cfg.run_dir = ""
+    with pytest.raises(ConfigError, match="run_dir is empty"):
+        experiment.launch(cfg)
+
+
+def test_cuda_asked_for_where_there_is_none_is_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    cfg = compose(fast_with(["budget.max_updates=5", "device=cuda"]))
+    with pytest.raises(ConfigError, match=re.escape("device=cuda but CUDA is not available here")):
+        experiment.prepare(cfg)
+
+
+CLAIM = {
+    "id": "c",
+    "metric": "final_accuracy",
+    "a": {"algorithm": "ssp"},
+    "b": {"algorithm": "bsp"},
+}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"id": ""}, "claim.id must be a non-empty name, got ''"),
+        ({"kind": "foo"}, "claim.kind must be one of"),
+        ({"better": "sideways"}, "claim.better must be one of lower, higher, got 'sideways'"),
+        ({"metric": ""}, "claim.metric must be a run metric for kind=ordering, got ''"),
+        ({"a": {}}, "claim.a must be a run selector"),
+        ({"b": {}}, "claim.b must be a run selector for kind=ordering"),
+        ({"kind": "gap_closed", "c": {}}, "claim.c must be a run selector for kind=gap_closed"),
+        ({"kind": "trend"}, "claim.over must be a key (e.g. num_workers) for kind=trend, got ''"),
+        (
+            {"metric": "time_to_target"},
+            "claim.target must be {split, key, value} for metric=time_to_target, got None",
+        ),
+        (
+            {"metric": "time_to_target", "target": {"split": "test", "key": "f1", "value": 0.5}},
+            "claim.target.key must be one of",
+        ),
+        (
+            {
+                "metric": "time_to_target",
+                "better": "higher",
+                "target": {"split": "test", "key": "accuracy", "value": 0.5},
+            },
+            "claim.better must be lower for metric=time_to_target",
+        ),
+        ({"colour": "red"}, "claim: unknown keys ['colour']"),
+    ],
+)
+def test_a_bad_claim_is_refused_naming_the_key(change, message):
+    from stalebench.sweep import claim_from_dict
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        claim_from_dict({**CLAIM, **change})
+
+
+def test_a_sweep_with_a_bad_scale_or_a_claim_used_twice_is_refused():
+    from stalebench.sweep import SweepConfig, claim_from_dict
+
+    with pytest.raises(
+        ConfigError, match=re.escape("sweep.scale must be one of small, full, got 'huge'")
+    ):
+        SweepConfig(scale="huge")
+    claim = claim_from_dict(CLAIM)
+    with pytest.raises(ConfigError, match=re.escape("sweep.claims[1].id 'c' is used twice")):
+        SweepConfig(claims=[claim, claim])
