@@ -321,3 +321,15 @@ def test_a_sweep_with_a_bad_scale_or_a_claim_used_twice_is_refused():
     claim = claim_from_dict(CLAIM)
     with pytest.raises(ConfigError, match=re.escape("sweep.claims[1].id 'c' is used twice")):
         SweepConfig(claims=[claim, claim])
+
+
+def test_a_transformer_refuses_inputs_that_are_not_token_sequences():
+    from stalebench.models import MODELS
+    from stalebench.registry import ComponentConfig
+
+    _, config = MODELS.get("transformer")
+    assert issubclass(config, ComponentConfig)
+    with pytest.raises(
+        ConfigError, match=re.escape("model=transformer needs token sequences, got shape (28, 28)")
+    ):
+        MODELS.build(config(name="transformer"), (28, 28), 10)
