@@ -217,8 +217,10 @@ def test_a_bad_trace_file_is_refused_naming_the_key(tmp_path, text, message):
     cfg = compose(
         fast_with(["budget.max_updates=5", "cluster.compute=trace", f"cluster.trace_file={trace}"])
     )
+    cfg.run_dir = str(tmp_path / "run")
     with pytest.raises(ConfigError, match="cluster.trace_file: .*" + re.escape(message)):
         experiment.prepare(cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unknown_name_in_a_group_override_is_named_before_composition():
