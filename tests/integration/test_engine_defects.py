@@ -1,6 +1,7 @@
 """Defects found when the engines were read, each kept fixed by a test: the allreduce
 engine applies the cluster's faults, a bad trace file is refused before any process
-starts (every malformed kind: tests/unit/test_validation_paths.py), and a torchrun run whose rank 0 fails still ends with a summary."""
+starts (every malformed kind: tests/unit/test_validation_paths.py), and a torchrun run
+whose rank 0 fails still ends with a summary."""
 
 from __future__ import annotations
 
