@@ -2,6 +2,8 @@
 state machine (not called directly): each scenario is built by hand and its expected θ
 computed by hand, so a server that passes the rule a wrong lag or a wrong worker fails."""
 
+import math
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from stalebench.algorithms.dana import MultiMomentum, MultiMomentumConfig
 from stalebench.algorithms.staleness import (
     DCASGD,
     DCASGDConfig,
+    GapAware,
+    GapAwareConfig,
     StalenessAware,
     StalenessAwareConfig,
 )
@@ -69,3 +73,19 @@ def test_multi_momentum_keeps_a_buffer_per_worker_the_server_names():
     ps.on_push(push(1, 0, 0, [0.0, 1.0]), 2.0)
     ps.on_push(push(0, 1, 1, [1.0, 0.0]), 3.0)
     torch.testing.assert_close(ps.params, torch.tensor([-2.5, -1.0]))
+
+
+def test_gap_aware_penalises_by_the_gap_from_what_that_worker_read():
+    # β = 0.5, η = 1. Worker 0's g = [2, 2] meets no gap: θ₁ = [−2, −2]. Worker 1's
+    # g = [1, 0], computed on θ₀: the EMA of u² is [1.5, 1], bias-corrected by 1 − 0.25
+    # to [2, 4/3], so C = [√2, √(4/3)]; its gap is |θ₁ − θ₀| = [2, 2] and
+    # G = 1 + 2/C; the first coordinate moves by 1/(1 + √2) = √2 − 1
+    cfg = GapAwareConfig(name="gap_aware", lr=1.0, beta=0.5)
+    ps = asp_server(GapAware, cfg, 2)
+    ps.start(0.0)
+    ps.on_push(push(0, 0, 0, [2.0, 2.0]), 1.0)
+    ps.on_push(push(1, 0, 0, [1.0, 0.0]), 2.0)
+    expected = torch.tensor([-2.0 - (math.sqrt(2) - 1), -2.0])
+    torch.testing.assert_close(ps.params, expected)
+    g = 1 + 2 / torch.tensor([math.sqrt(2), math.sqrt(4 / 3)])
+    torch.testing.assert_close(ps.rule.penalty, g)
