@@ -89,3 +89,6 @@ def test_gap_aware_penalises_by_the_gap_from_what_that_worker_read():
     torch.testing.assert_close(ps.params, expected)
     g = 1 + 2 / torch.tensor([math.sqrt(2), math.sqrt(4 / 3)])
     torch.testing.assert_close(ps.rule.penalty, g)
+    # each worker's θ̂ is what the server last sent that worker: θ₁ to 0, θ₂ to 1
+    torch.testing.assert_close(ps.rule.sent[0], torch.tensor([-2.0, -2.0]))
+    torch.testing.assert_close(ps.rule.sent[1], expected)
