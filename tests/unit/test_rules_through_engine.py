@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stalebench.algorithms.barriers import ASP, ASPConfig
-from stalebench.algorithms.dana import MultiMomentum, MultiMomentumConfig
+from stalebench.algorithms.dana import Dana, DanaConfig, MultiMomentum, MultiMomentumConfig
 from stalebench.algorithms.staleness import (
     DCASGD,
     DCASGDConfig,
@@ -92,3 +92,23 @@ def test_gap_aware_penalises_by_the_gap_from_what_that_worker_read():
     # each worker's θ̂ is what the server last sent that worker: θ₁ to 0, θ₂ to 1
     torch.testing.assert_close(ps.rule.sent[0], torch.tensor([-2.0, -2.0]))
     torch.testing.assert_close(ps.rule.sent[1], expected)
+
+
+def test_dana_zero_keeps_a_buffer_per_worker_and_sends_the_look_ahead():
+    # γ = 0.5, η = 1; each reply is θ − ηγS, S the sum of the workers' buffers:
+    # w0 g=[1,0]: v0=[1,0], S=[1,0], θ=[−1,0], sent θ − 0.5·S = [−1.5, 0]
+    # w1 g=[0,1]: v1=[0,1], S=[1,1], θ=[−1,−1], sent [−1.5, −1.5]
+    # w0 g=[1,0]: v0=[1.5,0], S=[1.5,1], θ=[−2.5,−1], sent [−3.25, −1.5]
+    ps = asp_server(Dana, DanaConfig(name="dana", lr=1.0, momentum=0.5), 2)
+    assert [r.params.tolist() for r in ps.start(0.0)] == [[0.0, 0.0], [0.0, 0.0]]
+    sent = []
+    for w, clock, version, g in [
+        (0, 0, 0, [1.0, 0.0]),
+        (1, 0, 0, [0.0, 1.0]),
+        (0, 1, 1, [1.0, 0.0]),
+    ]:
+        (reply,) = ps.on_push(push(w, clock, version, g), 1.0)
+        assert reply.worker == w
+        sent.append(reply.params.tolist())
+    assert sent == [[-1.5, 0.0], [-1.5, -1.5], [-3.25, -1.5]]
+    torch.testing.assert_close(ps.params, torch.tensor([-2.5, -1.0]))
