@@ -48,6 +48,32 @@ def round_bytes(num_params: int, num_workers: int) -> int:
     return 4 * round_slots(num_params, num_workers)
 
 
+def report_round(
+    emit: Emit, t: float, version: int, stats: torch.Tensor, reduce_s: float, own_s: float
+) -> None:
+    """Rank 0's events for the round that made `version`: each rank's pause, if a fault
+    paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
+    0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
+    is the round's communication."""
+    slowest = float(stats[:, 0].max())
+    for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
+        emit("worker", t, worker=w, event="pause", duration_s=float(stats[w, 2]))
+    for w, (compute, loss, _) in enumerate(stats.tolist()):
+        emit(
+            "update",
+            t,
+            worker=w,
+            clock=version - 1,
+            version=version,
+            lag=0,
+            loss=loss,
+            compute_s=compute,
+            wait_s=slowest - compute,
+            comm_s=max(reduce_s - (slowest - own_s), 0.0),
+            clock_gap=0,
+        )
+
+
 def ring_volume(nbytes: int, num_workers: int) -> int:
     """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
     return 2 * (num_workers - 1) * nbytes
@@ -121,25 +147,7 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
             if record is not None:
                 t = time.perf_counter() - t0
                 stats = buf[d:-1].view(n, 3)
-                slowest = float(stats[:, 0].max())
-                for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
-                    record.events.emit(
-                        "worker", t, worker=w, event="pause", duration_s=float(stats[w, 2])
-                    )
-                for w in range(n):
-                    record.events.emit(
-                        "update",
-                        t,
-                        worker=w,
-                        clock=version - 1,
-                        version=version,
-                        lag=0,
-                        loss=float(stats[w, 1]),
-                        compute_s=float(stats[w, 0]),
-                        wait_s=slowest - float(stats[w, 0]),
-                        comm_s=max(reduce_s - (slowest - compute), 0.0),
-                        clock_gap=0,
-                    )
+                report_round(record.events.emit, t, version, stats, reduce_s, compute)
                 record.snapshots.maybe(t, version, params)
                 if diverged(float(stats[:, 1].sum()), params):
                     status, stop = "diverged", True

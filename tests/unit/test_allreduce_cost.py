@@ -1,5 +1,5 @@
 """The cost model of a ring all-reduce (Profile.allreduce_s) against hand-computed numbers,
-and the sizes the allreduce engine counts."""
+and the sizes the allreduce engine counts, and what rank 0 reports of a round."""
 
 import pytest
 
@@ -62,3 +62,24 @@ def test_the_engines_message_and_ring_volume():
     # d gradient slots, then compute time, loss and a spare per rank, then the stop flag
     assert round_bytes(100, 3) == 4 * (100 + 9 + 1)
     assert ring_volume(round_bytes(100, 3), 3) == 2 * 2 * 440  # all ranks together
+
+
+def test_rank_zero_reports_each_pause_and_update_of_a_round():
+    import torch
+
+    from stalebench.engines.allreduce import report_round
+
+    events = []
+    # (compute_s, loss, paused_s) per rank; rank 1 was slowest and paused 0.5 s first
+    stats = torch.tensor([[0.125, 2.0, 0.0], [0.375, 1.0, 0.5]])
+    report_round(lambda kind, t, **f: events.append((kind, t, f)), 3.0, 7, stats, 0.5, 0.125)
+    assert events[0] == ("worker", 3.0, {"worker": 1, "event": "pause", "duration_s": 0.5})
+    updates = [f for kind, _, f in events if kind == "update"]
+    assert [(u["worker"], u["version"], u["clock"], u["lag"]) for u in updates] == [
+        (0, 7, 6, 0),
+        (1, 7, 6, 0),
+    ]
+    assert [u["wait_s"] for u in updates] == [0.25, 0.0]  # slowest − own compute
+    # rank 0 spent 0.5 s in the all-reduce, 0.25 s of it waiting for rank 1
+    assert [u["comm_s"] for u in updates] == [0.25, 0.25]
+    assert [u["loss"] for u in updates] == [2.0, 1.0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.base import UPDATES
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
 from stalebench.engines.ps.state import ParameterServer, Push, Reply
 from stalebench.errors import ConfigError
@@ -23,7 +23,6 @@ class DataParallel(Engine):
     def validate(self, splits) -> None:
         super().validate(splits)
         a = self.run.algorithm
-        BARRIERS.get(a.barrier.name)
         rule_cls, _ = UPDATES.get(a.update.name)
         if a.barrier.apply == "per_round" and rule_cls.per_worker:
             raise ConfigError(
