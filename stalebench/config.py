@@ -127,6 +127,9 @@ class RunConfig:
     seed: int = 0
     num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
     timeout_s: float = 60.0  # longest silence tolerated from any peer before the run fails
+    # real runtime: seconds past budget.max_wall_s + 2 * timeout_s (start-up, the stop, the
+    # final evaluation) after which the supervisor stops every rank and records `timeout`
+    grace_s: float = 120.0
     run_dir: str = ""  # set by the CLI from Hydra's output directory
 
     def __post_init__(self) -> None:
@@ -138,6 +141,8 @@ class RunConfig:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not self.grace_s > 0:
+            raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
 
 
 def register_configs() -> None:

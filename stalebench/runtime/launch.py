@@ -151,8 +151,9 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
 def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
     """Wait for rank 0; (status, error) when the supervisor must end the run itself, (None,
     error) when rank 0 ended it (`error`: what the supervisor saw of the other ranks)."""
-    # Longest a healthy run can take: start-up, the budget, a stop, the evaluation.
-    allowed_s = cfg.budget.max_wall_s + 2 * cfg.timeout_s + 120 if cfg.budget.max_wall_s else None
+    # Longest a healthy run can take: the budget, then start-up, a stop, the evaluation.
+    budget_s = cfg.budget.max_wall_s
+    allowed_s = budget_s + 2 * cfg.timeout_s + cfg.grace_s if budget_s else None
     deadline = time.monotonic() + allowed_s if allowed_s else None
     error, failed_at = None, None
     while procs[0].exitcode is None:

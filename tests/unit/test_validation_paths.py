@@ -35,6 +35,7 @@ CASES = [
     (["device=tpu"], "device must be auto, cpu or cuda, got 'tpu'"),
     (["num_threads=0"], "num_threads must be >= 1, got 0"),
     (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
+    (["grace_s=-1"], "grace_s must be > 0, got -1.0"),
     # cluster
     (["cluster.num_workers=0"], "cluster.num_workers must be >= 1, got 0"),
     (
