@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from stalebench.algorithms.barriers import ASP, ASPConfig
-from stalebench.algorithms.dana import Dana, DanaConfig, MultiMomentum, MultiMomentumConfig
+from stalebench.algorithms.dana import (
+    Dana,
+    DanaConfig,
+    DanaGapAware,
+    DanaGapAwareConfig,
+    MultiMomentum,
+    MultiMomentumConfig,
+)
 from stalebench.algorithms.staleness import (
     DCASGD,
     DCASGDConfig,
@@ -112,3 +119,51 @@ def test_dana_zero_keeps_a_buffer_per_worker_and_sends_the_look_ahead():
         sent.append(reply.params.tolist())
     assert sent == [[-1.5, 0.0], [-1.5, -1.5], [-3.25, -1.5]]
     torch.testing.assert_close(ps.params, torch.tensor([-2.5, -1.0]))
+
+
+def test_dana_dc_compensates_against_the_look_ahead_that_worker_was_sent():
+    # γ = 0.5, η = 1, λ = 1; g̃ = g + λ·g⊙g⊙(θ − θ̂_i), θ̂_i the look-ahead sent to worker i
+    # (θ₀ = 0 until sent), then the zero variant's buffers:
+    # w0 g=[1,0]: gap 0, v0=[1,0], θ=[−1,0], sent θ̂0 = θ − 0.5·S = [−1.5, 0]
+    # w1 g=[1,1]: gap θ − θ₀ = [−1,0], g̃ = [1−1, 1] = [0,1]; v1=[0,1], θ=[−1,−1],
+    #   θ̂1 = [−1.5, −1.5]
+    # w0 g=[2,2]: gap θ − θ̂0 = [0.5, −1], g̃ = [2 + 4·0.5, 2 − 4] = [4, −2];
+    #   v0 = [0.5 + 4, −2], S = [4.5, −1], θ = [−5.5, 1], θ̂0 = [−7.75, 1.5]
+    cfg = DanaConfig(name="dana", lr=1.0, momentum=0.5, variant="dc", dc_lambda=1.0)
+    ps = asp_server(Dana, cfg, 2)
+    ps.start(0.0)
+    sent = []
+    for w, clock, version, g in [
+        (0, 0, 0, [1.0, 0.0]),
+        (1, 0, 0, [1.0, 1.0]),
+        (0, 1, 1, [2.0, 2.0]),
+    ]:
+        (reply,) = ps.on_push(push(w, clock, version, g), 1.0)
+        sent.append(reply.params.tolist())
+    assert sent == [[-1.5, 0.0], [-1.5, -1.5], [-7.75, 1.5]]
+    torch.testing.assert_close(ps.params, torch.tensor([-5.5, 1.0]))
+    torch.testing.assert_close(ps.rule.bufs, torch.tensor([[4.5, -2.0], [0.0, 1.0]]))
+
+
+def test_dana_ga_penalises_by_the_gap_from_that_workers_look_ahead():
+    # γ = 0.5, η = 1, β = 0.5, eps = 1e-8. Before each step the EMA of u² sees the pushing
+    # worker's buffer v_i; G = 1 + |θ − θ̂_i| / C, C = √(EMA / (1 − β^k)) + eps.
+    # w0 g=[2,2]: no gap, G = 1: v0 = [2,2], θ = [−2,−2], θ̂0 = θ − 0.5·S = [−3,−3]
+    # w0 g=[1,0]: EMA = 0.5·v0² = [2,2], k = 2, C = √(2/0.75); gap = [1,1], G = 1 + 1/C;
+    #   v0 = [1 + 1/G, 1], θ = [−3 − 1/G, −3]
+    # w1 g=[1,1]: EMA = 0.5·[2,2] + 0.5·v1² (v1 = 0) = [1,1], k = 3, C' = √(1/0.875);
+    #   θ̂1 = θ₀ = 0, gap = [3 + 1/G, 3]; v1 = g / G', θ ← θ − v1
+    cfg = DanaGapAwareConfig(name="dana_ga", lr=1.0, momentum=0.5, beta=0.5, eps=1e-8)
+    ps = asp_server(DanaGapAware, cfg, 2)
+    ps.start(0.0)
+    ps.on_push(push(0, 0, 0, [2.0, 2.0]), 1.0)
+    ps.on_push(push(0, 1, 1, [1.0, 0.0]), 2.0)
+    c = math.sqrt(2 / 0.75) + 1e-8
+    g = 1 + 1 / c
+    torch.testing.assert_close(ps.rule.penalty, torch.tensor([g, g]))
+    torch.testing.assert_close(ps.params, torch.tensor([-3 - 1 / g, -3.0]))
+    ps.on_push(push(1, 0, 0, [1.0, 1.0]), 3.0)
+    c1 = math.sqrt(1 / 0.875) + 1e-8
+    g1 = torch.tensor([1 + (3 + 1 / g) / c1, 1 + 3 / c1])
+    torch.testing.assert_close(ps.rule.penalty, g1)
+    torch.testing.assert_close(ps.params, torch.tensor([-3 - 1 / g, -3.0]) - 1 / g1)
