@@ -52,4 +52,3 @@ def test_a_run_past_its_allowance_ends_as_timeout_with_no_rank_left(tmp_path):
     pids = [int((tmp_path / f"pid-{r}").read_text()) for r in range(2)]  # every rank
     assert not [pid for pid in pids if _alive(pid)]
     assert not multiprocessing.active_children()
-
