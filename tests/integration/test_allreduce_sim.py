@@ -29,17 +29,26 @@ def ups(run):
 
 def modelled(overrides):
     """(seconds of one all-reduce of the engine's message, bytes all ranks send in one, the
-    per-worker constant step times) for a config, from the profile."""
-    from stalebench.cluster import Profile
+    per-worker step times) for a config, computed here from its numbers, not by the profile:
+    a ring of N ranks takes 2(N − 1) steps, each the slower direction's latency plus a chunk
+    of nbytes/N at its bandwidth; a constant step is compute_ms times the worker's slowdown."""
     from stalebench.job import Job
 
     cfg = compose(fast_with(overrides))
-    job = Job.build(cfg)
-    n = cfg.cluster.num_workers
-    d = sum(p.numel() for p in job.model().parameters())
+    c, n = cfg.cluster, cfg.cluster.num_workers
+    d = sum(p.numel() for p in Job.build(cfg).model().parameters())
     nbytes = 4 * (d + 3 * n + 1)  # gradient, 3 slots per rank, the stop flag
-    profile = Profile(cfg.cluster, cfg.seed)
-    return profile.allreduce_s(nbytes), 2 * (n - 1) * nbytes, [profile.step_s(w) for w in range(n)]
+
+    def one_way(latency_ms, gbps):
+        return latency_ms / 1e3 + (nbytes / n * 8 / (gbps * 1e9) if gbps else 0.0)
+
+    ring_step = max(
+        one_way(c.push_latency_ms, c.push_bandwidth_gbps),
+        one_way(c.pull_latency_ms, c.pull_bandwidth_gbps),
+    )
+    slowdown = c.slowdown or [1] * n
+    steps = [c.compute_ms * m / 1e3 for m in slowdown]
+    return 2 * (n - 1) * ring_step, 2 * (n - 1) * nbytes, steps
 
 
 @pytest.mark.timeout(60)
@@ -47,7 +56,8 @@ def test_a_sim_round_is_the_slowest_compute_plus_one_allreduce(tmp_path):
     run = run_job(tmp_path, SIM_AR)
     allreduce_s, volume, steps = modelled(SIM_AR)
     round_s = max(steps) + allreduce_s
-    assert allreduce_s > 0.01  # 4 steps of 2–3 ms latency and a chunk at 50–100 Mbit/s
+    assert steps == [0.005, 0.005, 0.01]
+    assert allreduce_s > 0.012  # 4 steps of 3 ms latency and a chunk at 50 Mbit/s
     s = run.summary
     assert (s["status"], s["engine"], s["runtime"], s["updates"]) == (
         "completed",
