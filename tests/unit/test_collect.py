@@ -1,0 +1,310 @@
+"""stalebench.report.collect in-process: the Hydra config.yaml reader and the labels of a run
+that wrote no summary.json, on run directories built in the formats a run writes."""
+
+import json
+
+import pytest
+
+from stalebench.report.collect import _yaml_scalars, collect
+
+# .hydra/config.yaml as Hydra wrote it for `runtime=sim dataset=synthetic model=mlp
+# budget.max_updates=20 budget.max_wall_s=0 logger=none` (the default ssp preset)
+CONFIG_YAML = """\
+algorithm:
+  name: ssp
+  barrier:
+    name: ssp
+    apply: per_arrival
+    staleness: 3
+  update:
+    name: sgd
+    lr: 0.1
+    weight_decay: 0.0
+    warmup_updates: 0
+  pipeline: null
+  optimizer: null
+model:
+  name: mlp
+  hidden:
+  - 100
+  - 100
+dataset:
+  name: synthetic
+  batch_size: 32
+  sharding: auto
+  num_train: 4000
+  num_test: 1000
+  num_features: 20
+  num_classes: 4
+  separation: 1.0
+  data_seed: 0
+cluster:
+  name: profile
+  preset: heterogeneous
+  num_workers: 4
+  compute: constant
+  compute_ms: 20.0
+  gamma_shape: 100.0
+  lognormal_sigma: 0.5
+  trace_file: ''
+  slowdown: []
+  slow_fraction: 0.5
+  slow_factor: 2.0
+  slow_factor_max: 3.0
+  straggler_prob: 0.0
+  straggler_factor: 5.0
+  push_latency_ms: 0.0
+  pull_latency_ms: 0.0
+  push_bandwidth_gbps: 0.0
+  pull_bandwidth_gbps: 0.0
+  faults: []
+logger:
+  name: none
+  project: stalebench
+  wandb_mode: offline
+budget:
+  max_updates: 20
+  max_wall_s: 0.0
+  target_accuracy: 0.6
+eval:
+  every_updates: 0
+  every_s: 1.0
+  train_samples: 1000
+  batch_size: 1000
+sweep:
+  name: ''
+  paper: ''
+  scale: small
+  params: {}
+  claims: []
+runtime: sim
+engine:
+  name: ps
+device: auto
+seed: 0
+num_threads: 1
+timeout_s: 60.0
+grace_s: 120.0
+run_dir: ''
+"""
+OVERRIDES = [
+    "runtime=sim",
+    "dataset=synthetic",
+    "model=mlp",
+    "budget.max_updates=20",
+    "budget.max_wall_s=0",
+    "logger=none",
+]
+# the same run with `algorithm/barrier=asp` added: Hydra's config keeps the preset's name
+# (ssp), while the run, and its start event, is labelled asp+sgd
+SWAPPED_CONFIG_YAML = CONFIG_YAML.replace(
+    "    name: ssp\n    apply: per_arrival\n    staleness: 3\n",
+    "    name: asp\n    apply: per_arrival\n",
+)
+# an older config: no engine section, and the preset emptied on the command line
+# (`cluster.preset=''`)
+NO_PRESET_CONFIG_YAML = CONFIG_YAML.replace("  preset: heterogeneous\n", "  preset: ''\n").replace(
+    "engine:\n  name: ps\n", ""
+)
+
+START = {
+    "kind": "system",
+    "t": 0.0,
+    "event": "start",
+    "sharding": "disjoint",
+    "algorithm": "asp+sgd",
+    "barrier": "asp",
+    "update_rule": "sgd",
+    "engine": "ps",
+    "runtime": "sim",
+    "model": "mlp",
+    "dataset": "synthetic",
+    "cluster": "heterogeneous",
+    "num_workers": 4,
+    "seed": 0,
+}
+UPDATES = [
+    {
+        "kind": "update",
+        "t": t,
+        "version": v,
+        "lag": v - 1,
+        "worker": v - 1,
+        "clock": 0,
+        "loss": 1.4,
+        "compute_s": t,
+        "wait_s": 0.0,
+        "comm_s": 0.0,
+        "clock_gap": 0,
+    }
+    for v, t in ((1, 0.02), (2, 0.02), (3, 0.04))
+]
+END = {
+    "kind": "system",
+    "t": 0.04,
+    "event": "end",
+    "status": "completed",
+    "updates": 3,
+    "bytes_sent": 0,
+    "virtual_time": True,
+}
+
+
+def make_run_without_summary(tmp_path, config_yaml, events_text, overrides=OVERRIDES):
+    """A run directory as a run leaves it when it dies before summary.json."""
+    run = tmp_path / "multirun" / "0"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(config_yaml)
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (run / "events.jsonl").write_text(events_text)
+    return run
+
+
+def jsonl(events):
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def test_yaml_scalars_dotted_keys_of_nested_mappings_without_comments_or_list_items():
+    text = """\
+# Hydra's resolved config: comments, blank lines, lists and quoted values
+algorithm:
+  name: ssp
+  barrier:
+    name: ssp
+    staleness: 3
+  update:
+    name: 'sgd'
+  pipeline: null
+
+model:
+  name: mlp
+  hidden:
+  - 100
+  - 100
+cluster:
+  # the preset: the profile's name in reports
+  preset: "heterogeneous"
+  num_workers: 4
+  trace_file: ''
+  faults:
+  - worker: 1
+device: XPU
+run_dir: 'outputs/2024-01-02/10:20:30'
+seed: 0
+"""
+    assert _yaml_scalars(text) == {
+        "algorithm.name": "ssp",
+        "algorithm.barrier.name": "ssp",
+        "algorithm.barrier.staleness": "3",
+        "algorithm.update.name": "sgd",
+        "algorithm.pipeline": "null",
+        "model.name": "mlp",
+        "cluster.preset": "heterogeneous",
+        "cluster.num_workers": "4",
+        "cluster.trace_file": "",
+        "device": "XPU",
+        "run_dir": "outputs/2024-01-02/10:20:30",
+        "seed": "0",
+    }
+
+
+FAILED = {"status": "failed", "error": "no summary.json"}
+
+
+@pytest.mark.parametrize(
+    ("config_yaml", "labels"),
+    [
+        (
+            CONFIG_YAML,
+            {
+                "algorithm": "ssp",
+                "cluster": "heterogeneous",  # the preset, not cluster.name
+                "num_workers": 4,
+                "seed": 0,
+                "runtime": "sim",
+                "engine": "ps",
+            },
+        ),
+        (
+            NO_PRESET_CONFIG_YAML,
+            {
+                "algorithm": "ssp",
+                "cluster": "profile",  # no preset: cluster.name
+                "num_workers": 4,
+                "seed": 0,
+                "runtime": "sim",
+            },
+        ),
+    ],
+    ids=["preset", "no-preset-no-engine"],
+)
+def test_a_run_that_died_writing_its_start_event_is_labelled_from_hydra_config(
+    tmp_path, config_yaml, labels
+):
+    # the run died while writing its first line: no event is readable
+    run = make_run_without_summary(
+        tmp_path, config_yaml, '{"kind": "system", "t": 0.0, "event": "start", "shar'
+    )
+    runs, curves, updates = collect([tmp_path])
+    assert runs.to_dict("records") == [
+        {
+            "run_dir": str(run.resolve()),
+            **labels,
+            **FAILED,
+            "wall_time_s": None,
+            "updates": 0,
+        }
+    ]
+    assert curves.empty and updates.empty
+
+
+def test_a_run_without_summary_keeps_every_label_of_its_start_event(tmp_path):
+    # killed during the final evaluation: the end event is written, summary.json is not;
+    # the barrier was swapped on the command line, so config.yaml still names the preset
+    run = make_run_without_summary(
+        tmp_path,
+        SWAPPED_CONFIG_YAML,
+        jsonl([START, *UPDATES, END]),
+        [*OVERRIDES, "algorithm/barrier=asp"],
+    )
+    runs, _, updates = collect([tmp_path])
+    assert runs.to_dict("records") == [
+        {
+            "run_dir": str(run.resolve()),
+            "algorithm": "asp+sgd",
+            "cluster": "heterogeneous",
+            "num_workers": 4,
+            "seed": 0,
+            **FAILED,
+            "sharding": "disjoint",
+            "barrier": "asp",
+            "update_rule": "sgd",
+            "engine": "ps",
+            "runtime": "sim",
+            "model": "mlp",
+            "dataset": "synthetic",
+            "wall_time_s": 0.04,
+            "updates": 3,
+        }
+    ]
+    assert list(updates["algorithm"]) == ["asp+sgd"] * 3
+
+
+def test_labels_come_from_the_config_not_from_another_system_event(tmp_path):
+    # the start line is unreadable and not the last: the end event must not stand in for it
+    make_run_without_summary(tmp_path, CONFIG_YAML, "\0" * 16 + "\n" + jsonl([*UPDATES, END]))
+    with pytest.warns(UserWarning, match="events.jsonl:1: unreadable event line skipped"):
+        runs, _, _ = collect([tmp_path])
+    row = runs.to_dict("records")[0]
+    del row["run_dir"]
+    assert row == {
+        "algorithm": "ssp",
+        "cluster": "heterogeneous",
+        "num_workers": 4,
+        "seed": 0,
+        **FAILED,
+        "runtime": "sim",
+        "engine": "ps",
+        "wall_time_s": 0.04,
+        "updates": 3,
+    }
