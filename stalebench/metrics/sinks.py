@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 from collections import defaultdict
@@ -90,7 +91,7 @@ class Progress(Sink):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
         self.label, self.max_updates, self.max_wall_s = label, max_updates, max_wall_s
-        self.every_s, self._shown = every_s, -1.0
+        self.every_s, self._shown = every_s, -math.inf  # run time of the line last drawn
         self.updates, self.t, self.loss, self.lag_sum, self.count = 0, 0.0, None, 0, 0
 
     def on_event(self, event: dict[str, Any]) -> None:
