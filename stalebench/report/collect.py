@@ -103,6 +103,26 @@ def _yaml_scalars(text: str) -> dict[str, str]:
     return out
 
 
+def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
+    """The algorithm's label as the run gave it: the preset's name, unless a barrier or
+    update rule was swapped on the command line (without `algorithm.name=`) or the name is
+    empty; then `<barrier>+<update>` (a pipeline: `<schedule>+<optimizer>`)."""
+    name = cfg.get("algorithm.name")
+    overrides = []
+    if overrides_file.is_file():
+        overrides = [
+            o.strip().removeprefix("- ").strip("'\"")
+            for o in overrides_file.read_text().splitlines()
+        ]
+    swapped = any(o.startswith(("algorithm/barrier=", "algorithm/update=")) for o in overrides)
+    if name and not (swapped and not any(o.startswith("algorithm.name=") for o in overrides)):
+        return name
+    parts = [cfg.get("algorithm.pipeline.schedule"), cfg.get("algorithm.optimizer.name")]
+    if None in parts:
+        parts = [cfg.get("algorithm.barrier.name"), cfg.get("algorithm.update.name")]
+    return "+".join(parts) if None not in parts else name
+
+
 def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
     """Labels of a run that wrote no summary.json: its start event, else .hydra/config.yaml."""
     start = next((e for e in events if e.get("kind") == "system" and e.get("event") == "start"), {})
@@ -111,7 +131,7 @@ def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
     if config.is_file():
         cfg = _yaml_scalars(config.read_text())
         fallback = {
-            "algorithm": cfg.get("algorithm.name"),
+            "algorithm": _algorithm_label(cfg, run_dir / ".hydra" / "overrides.yaml"),
             "cluster": cfg.get("cluster.preset") or cfg.get("cluster.name"),
             "num_workers": cfg.get("cluster.num_workers"),
             "seed": cfg.get("seed"),

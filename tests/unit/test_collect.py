@@ -308,3 +308,24 @@ def test_labels_come_from_the_config_not_from_another_system_event(tmp_path):
         "wall_time_s": 0.04,
         "updates": 3,
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "label"),
+    [
+        (["algorithm/barrier=asp"], "asp+sgd"),  # no longer the ssp preset, as the CLI says
+        (["algorithm/barrier=asp", "algorithm.name=mine"], "mine"),  # named on purpose
+        (["algorithm.barrier.staleness=4"], "ssp"),  # a field changed: still the preset
+    ],
+    ids=["swapped", "swapped-and-named", "field-changed"],
+)
+def test_a_run_without_events_is_labelled_as_the_cli_labels_it(tmp_path, extra, label):
+    # Hydra's config.yaml keeps the preset's name when a barrier is swapped; the CLI then
+    # labels the run <barrier>+<update> (summary.json and the start event say so), unless
+    # algorithm.name is set too
+    config = SWAPPED_CONFIG_YAML if "algorithm/barrier=asp" in extra else CONFIG_YAML
+    if "algorithm.name=mine" in extra:
+        config = config.replace("  name: ssp\n", "  name: mine\n", 1)
+    make_run_without_summary(tmp_path, config, "", [*OVERRIDES, *extra])
+    runs, _, _ = collect([tmp_path])
+    assert runs.loc[0, "algorithm"] == label
