@@ -60,6 +60,8 @@ def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
         return table
     is_base = table["algorithm"].astype(str).str.lower() == baseline.lower()
     base = table[is_base].set_index(["cluster", "num_workers"])["time_to_target_mean"]
+    # two labels matching the baseline in one cell ("BSP" and "bsp"): no speedup, not a guess
+    base = base[~base.index.duplicated(keep=False)]
     table[f"speedup_vs_{baseline}"] = [
         base.get((c, n), float("nan")) / t if t > 0 else float("nan")
         for c, n, t in zip(

@@ -220,6 +220,26 @@ def test_speedup_needs_the_baseline_in_the_same_cluster_and_a_positive_time():
     assert format_summary(table)["speedup vs BSP"].tolist() == ["1.00×", "—", "4.00×", "—", "—"]
 
 
+def test_two_labels_matching_the_baseline_in_one_cell_give_no_speedup_rather_than_a_guess():
+    # "BSP" (algorithm.name=BSP on the command line) next to the preset's "bsp": the baseline
+    # of that cell is ambiguous, so no ratio; another cell with one baseline still gets its own
+    runs = pd.DataFrame(
+        [
+            run("BSP", 0, ttt=2.0),
+            run("bsp", 0, ttt=4.0),
+            run("asp", 0, ttt=1.0),
+            run("bsp", 1, num_workers=8, ttt=3.0),
+            run("asp", 1, num_workers=8, ttt=1.5),
+        ]
+    )
+    table = summary_table(runs)
+    cells = zip(table["algorithm"], table["num_workers"], strict=True)
+    speedup = dict(zip(cells, table["speedup_vs_BSP"], strict=True))
+    assert all(isinstance(v, float) for v in speedup.values())
+    assert math.isnan(speedup[("asp", 4)]) and math.isnan(speedup[("BSP", 4)])
+    assert speedup[("asp", 8)] == 2.0 and speedup[("bsp", 8)] == 1.0
+
+
 def test_a_run_without_a_cluster_label_keeps_a_row_of_its_own():
     # collect() leaves `cluster` empty for a run with neither summary.json nor a readable
     # start event or .hydra/config.yaml; such a run is counted, never dropped.
