@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from stalebench.algorithms.base import BARRIERS
 from stalebench.algorithms.dana import (
     Dana,
     DanaConfig,
@@ -25,6 +26,7 @@ from stalebench.algorithms.staleness import (
     GapAware,
     GapAwareConfig,
     StalenessAwareConfig,
+    worker_slot,
 )
 from stalebench.errors import ConfigError
 
@@ -332,3 +334,32 @@ def test_psp_without_a_seed_draws_as_seed_zero():
 
     assert samples() == samples(seed=0)
     assert samples(seed=0) != samples(seed=1)  # 20 draws do tell the two streams apart
+
+
+# ---------------------------------------------------------------- per-worker slots and N
+
+
+@pytest.mark.parametrize("worker", [-1, 3, 4])
+def test_a_worker_outside_0_to_n_is_refused_naming_the_class_of_an_unregistered_rule(worker):
+    """worker_slot guards per-worker state of N = 3 workers: slots 0, 1, 2 and nothing else
+    (3 would index past the rows); a rule that was never registered is named by its class."""
+
+    class Unregistered:
+        pass
+
+    assert [worker_slot(Unregistered(), w, 3) for w in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError) as err:
+        worker_slot(Unregistered(), worker, 3)
+    assert str(err.value) == (
+        f"update rule 'Unregistered' keeps per-worker state and needs a worker in [0, 3), "
+        f"got {worker} (a round's averaged gradient has no worker)"
+    )
+
+
+@pytest.mark.parametrize("name", BARRIERS.names())
+def test_every_barrier_knows_its_number_of_workers(name):
+    """The contract's `num_workers` attribute, which a plugin barrier may read, is N as
+    built (seed 0 here, so passing the seed in N's place would show)."""
+    _, config = BARRIERS.get(name)
+    barrier = BARRIERS.build(config(name=name), 5, 0)
+    assert barrier.num_workers == 5
