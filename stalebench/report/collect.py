@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -52,7 +53,8 @@ def find_run_dirs(dirs: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def _natural_key(path: Path):
-    return [int(p) if p.isdigit() else p for p in path.parts]
+    """Multirun jobs 0, 1, …, 10 in numeric order; a named sibling after the numbered ones."""
+    return [(int(p), "") if p.isdigit() else (math.inf, p) for p in path.parts]
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
@@ -172,7 +174,7 @@ def collect(dirs: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFra
         if summary_path.is_file():
             try:
                 row = _flatten(json.loads(summary_path.read_text()))
-            except json.JSONDecodeError as err:
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 row = _labels_without_summary(run_dir, events)
                 row["error"] = f"unreadable summary.json: {err}"
         else:

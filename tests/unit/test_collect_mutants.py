@@ -187,6 +187,24 @@ def test_the_jobs_of_a_multirun_are_in_numeric_order(tmp_path):
     assert jobs == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"]
 
 
+def test_numbered_jobs_come_first_in_numeric_order_then_named_siblings(tmp_path):
+    # a sweep directory holding Hydra's numbered jobs next to a run someone named by hand
+    for job in ["10", "baseline", "2", "ablation"]:
+        make_run(tmp_path / "sweep" / job)
+    runs, _, _ = collect([tmp_path])
+    jobs = [d.rsplit("/", 1)[1] for d in run_dirs(runs)]
+    assert jobs == ["2", "10", "ablation", "baseline"]
+
+
+def test_a_summary_json_with_bytes_that_are_not_utf8_is_an_unreadable_summary(tmp_path):
+    run = make_run(tmp_path / "multirun" / "0", summary=None)
+    (run / "summary.json").write_bytes(b'{"status": "compl\xff')
+    runs, _, _ = collect([tmp_path])
+    (row,) = runs.to_dict("records")
+    assert row["status"] == "failed" and row["algorithm"] == "ssp"
+    assert row["error"].startswith("unreadable summary.json: 'utf-8' codec can't decode byte 0xff")
+
+
 # events.jsonl
 
 
