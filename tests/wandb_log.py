@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK, HEADER = 32768, 7
+WRITE_WAIT_S = 20.0  # bound on the wait for W&B's service to finish writing a run's log
 
 
 def _chunks(data: bytes):
@@ -36,14 +38,44 @@ def _chunks(data: bytes):
             parts = b""
 
 
-def read_run(path: Path) -> dict:
-    """{'run': the run record, 'history': [dict per logged row], 'summary': {key: value}}."""
+def records(path: Path):
+    """The protobuf records of a .wandb log, in order."""
     from wandb.proto import wandb_internal_pb2
 
-    out = {"run": None, "history": [], "summary": {}}
     for raw in _chunks(Path(path).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(raw)
+        yield record
+
+
+def complete(path: Path) -> Path:
+    """`path` once its exit record is written: wandb 0.31's service may still be writing the
+    log after run.finish() returns (seen holding only its 7-byte header), and a test that
+    reads it then sees an empty run. Waits at most WRITE_WAIT_S."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + WRITE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if any(r.WhichOneof("record_type") == "exit" for r in records(path)):
+                return path
+        except (AssertionError, DecodeError):  # caught mid-write
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{path} has no exit record after {WRITE_WAIT_S} s")
+
+
+def run_file(run_dir: Path) -> Path:
+    """The complete .wandb log of the one offline run under `run_dir`."""
+    (path,) = Path(run_dir).glob("wandb/offline-run-*/*.wandb")
+    return complete(path)
+
+
+def read_run(path: Path) -> dict:
+    """{'run': the run record, 'history': [dict per logged row], 'summary': {key: value}} of
+    a complete .wandb log (waits for its exit record)."""
+    out = {"run": None, "history": [], "summary": {}}
+    for record in records(complete(path)):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out["run"] = record.run

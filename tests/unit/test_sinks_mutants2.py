@@ -10,15 +10,11 @@ Expected values are written by hand."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from google.protobuf.message import DecodeError
 
 from stalebench.metrics.sinks import EventTail, Wandb, log_verdicts
-from tests.wandb_log import _chunks, read_run
-
-WRITE_WAIT_S = 20.0  # bound on the wait for W&B's service to finish writing a run's log
+from tests.wandb_log import read_run, records, run_file
 
 
 @pytest.fixture(autouse=True)
@@ -42,31 +38,6 @@ def update(version, t, loss, lag=0, worker=0):
         kind="update", t=t, worker=worker, clock=version - 1, version=version, lag=lag,
         loss=loss, compute_s=0.5, wait_s=0.25, comm_s=0.125, clock_gap=0,
     )  # fmt: skip
-
-
-def records(path):
-    from wandb.proto import wandb_internal_pb2
-
-    for raw in _chunks(path.read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
-        yield record
-
-
-def run_file(run_dir):
-    """The run's .wandb log once complete: wandb 0.31's service may still be writing it
-    after run.finish() returns (seen holding only its 7-byte header), so wait for its exit
-    record, for at most WRITE_WAIT_S."""
-    (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
-    deadline = time.monotonic() + WRITE_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            if any(r.WhichOneof("record_type") == "exit" for r in records(path)):
-                return path
-        except (AssertionError, DecodeError):  # caught mid-write
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"{path} has no exit record after {WRITE_WAIT_S} s")
 
 
 def history(run_dir) -> list[dict]:
