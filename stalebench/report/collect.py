@@ -54,7 +54,7 @@ def find_run_dirs(dirs: Iterable[str | os.PathLike]) -> list[Path]:
 
 def _natural_key(path: Path):
     """Multirun jobs 0, 1, …, 10 in numeric order; a named sibling after the numbered ones."""
-    return [(int(p), "") if p.isdigit() else (math.inf, p) for p in path.parts]
+    return [(int(p), p) if p.isdigit() else (math.inf, p) for p in path.parts]
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:

@@ -329,3 +329,54 @@ def test_a_run_without_events_is_labelled_as_the_cli_labels_it(tmp_path, extra, 
     make_run_without_summary(tmp_path, config, "", [*OVERRIDES, *extra])
     runs, _, _ = collect([tmp_path])
     assert runs.loc[0, "algorithm"] == label
+
+
+ALGORITHM_YAML = CONFIG_YAML[: CONFIG_YAML.index("model:")]
+# a pipeline run composed without a preset: no name, a schedule and an optimizer
+PIPELINE_CONFIG_YAML = CONFIG_YAML.replace(
+    ALGORITHM_YAML,
+    "algorithm:\n  name: ''\n  barrier: null\n  update: null\n"
+    "  pipeline:\n    schedule: gpipe\n    microbatches: 4\n"
+    "  optimizer:\n    name: adamw\n    lr: 0.001\n",
+)
+# the ssp preset with its update rule swapped (`algorithm/update=gap_aware`)
+UPDATE_SWAPPED_CONFIG_YAML = CONFIG_YAML.replace("    name: sgd\n", "    name: gap_aware\n")
+# a config.yaml whose algorithm has a name but neither half of a label
+PARTLESS_CONFIG_YAML = CONFIG_YAML.replace(
+    ALGORITHM_YAML, "algorithm:\n  name: ssp\n  barrier: null\n  update: null\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides_lines", "label"),
+    [
+        (CONFIG_YAML, None, "ssp"),  # no overrides.yaml: nothing was swapped
+        (SWAPPED_CONFIG_YAML, ["- 'algorithm/barrier=asp'"], "asp+sgd"),  # quoted by YAML
+        (UPDATE_SWAPPED_CONFIG_YAML, ["- algorithm/update=gap_aware"], "ssp+gap_aware"),
+        (PIPELINE_CONFIG_YAML, ["- engine=pipeline"], "gpipe+adamw"),
+        (PARTLESS_CONFIG_YAML, ["- algorithm/barrier=asp"], "ssp"),  # no halves: the name
+    ],
+    ids=["no-overrides-file", "quoted-override", "update-swapped", "pipeline", "no-halves"],
+)
+def test_the_label_from_config_yaml_follows_the_overrides_file(
+    tmp_path, config, overrides_lines, label
+):
+    run = make_run_without_summary(tmp_path, config, "")
+    overrides = run / ".hydra" / "overrides.yaml"
+    if overrides_lines is None:
+        overrides.unlink()
+    else:
+        overrides.write_text("".join(f"{line}\n" for line in overrides_lines))
+    runs, _, _ = collect([tmp_path])
+    assert runs.loc[0, "algorithm"] == label
+
+
+def test_the_start_events_labels_win_over_config_yaml(tmp_path):
+    # config.yaml is only the fallback for what the start event does not say
+    config = CONFIG_YAML.replace("  num_workers: 4\n", "  num_workers: 8\n").replace(
+        "\nseed: 0\n", "\nseed: 5\n"
+    )
+    start = {k: v for k, v in START.items() if k != "seed"}
+    make_run_without_summary(tmp_path, config, jsonl([start]))
+    runs, _, _ = collect([tmp_path])
+    assert runs.loc[0, ["algorithm", "num_workers", "seed"]].tolist() == ["asp+sgd", 4, 5]
