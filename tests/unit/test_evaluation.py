@@ -1,0 +1,83 @@
+"""stalebench.evaluation in process: when Snapshots takes θ (by updates, by time, the
+boundaries, what `maybe` returns) and how recalibrate_batch_norm sets BatchNorm's running
+statistics. Expected values are written by hand or computed with torch directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stalebench.config import EvalConfig
+from stalebench.evaluation import Snapshots, recalibrate_batch_norm
+
+THETA = torch.zeros(3)
+
+
+def offers(snapshots, points):
+    """Offer θ at each (t, version); what maybe returned, and the snapshots taken."""
+    returned = [snapshots.maybe(t, v, THETA) for t, v in points]
+    return returned, [(s.t, s.version) for s in snapshots.taken]
+
+
+def test_every_update_is_a_snapshot_with_every_updates_1():
+    snapshots = Snapshots(EvalConfig(every_updates=1, every_s=0))
+    returned, taken = offers(snapshots, [(0.0, 0), (0.1, 1), (0.2, 2), (0.3, 3)])
+    assert returned == [True, True, True, True]
+    assert taken == [(0.0, 0), (0.1, 1), (0.2, 2), (0.3, 3)]
+
+
+def test_updates_cadence_returns_true_only_when_it_takes_one():
+    snapshots = Snapshots(EvalConfig(every_updates=2, every_s=0))
+    returned, taken = offers(snapshots, [(0.0, 0), (0.1, 1), (0.2, 2), (0.3, 3), (0.4, 4)])
+    assert returned == [True, False, True, False, True]
+    assert taken == [(0.0, 0), (0.2, 2), (0.4, 4)]
+
+
+def test_a_snapshot_is_due_exactly_every_s_after_the_last_one():
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0.5))
+    points = [(0.0, 0), (0.25, 1), (0.5, 2), (0.75, 3), (1.0, 4)]  # binary-exact times
+    returned, taken = offers(snapshots, points)
+    assert returned == [True, False, True, False, True]
+    assert taken == [(0.0, 0), (0.5, 2), (1.0, 4)]
+
+
+def test_with_both_cadences_off_only_the_first_is_taken():
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0))
+    returned, taken = offers(snapshots, [(0.0, 0), (5.0, 10), (9.0, 20)])
+    assert returned == [True, False, False]
+    assert taken == [(0.0, 0)]
+
+
+def _bn_model():
+    return torch.nn.Sequential(torch.nn.BatchNorm1d(3))
+
+
+X = torch.arange(24, dtype=torch.float32).reshape(8, 3) ** 1.5  # rows differ in spread
+
+
+@pytest.mark.parametrize("batch_size", [4, 3])
+def test_batch_norm_statistics_are_the_average_over_every_batch_of_the_data(batch_size):
+    model = _bn_model()
+    recalibrate_batch_norm(model, torch.tensor([1.0, 1, 1, 0, 0, 0]), X, batch_size)
+    batches = [X[i : i + batch_size] for i in range(0, len(X), batch_size)]  # 8 rows: 4+4, 3+3+2
+    mean = torch.stack([b.mean(0) for b in batches]).mean(0)  # momentum None: plain average
+    var = torch.stack([b.var(0, unbiased=True) for b in batches]).mean(0)
+    bn = model[0]
+    torch.testing.assert_close(bn.running_mean, mean)
+    torch.testing.assert_close(bn.running_var, var)
+    assert bn.num_batches_tracked.item() == len(batches)
+
+
+def test_batch_norm_is_recalibrated_with_the_given_parameters():
+    model = _bn_model()
+    params = torch.tensor([2.0, 3.0, 4.0, -1.0, 0.0, 1.0])  # weight, then bias
+    recalibrate_batch_norm(model, params, X, 4)
+    assert model[0].weight.tolist() == [2.0, 3.0, 4.0]
+    assert model[0].bias.tolist() == [-1.0, 0.0, 1.0]
+
+
+def test_a_model_without_batch_norm_is_left_untouched():
+    model = torch.nn.Linear(3, 2)
+    before = [p.clone() for p in model.parameters()]
+    recalibrate_batch_norm(model, torch.zeros(8), X, 4)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
