@@ -2,6 +2,7 @@
 model and fault validation, and the per-worker seeded streams."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -48,11 +49,21 @@ def test_trace_is_replayed_per_worker_and_cycled(tmp_path):
     assert list(draws(p, 0, 3)) == [0.010, 0.020, 0.010]
     assert list(draws(p, 1, 2)) == [0.030, 0.030]
     assert list(draws(p, 2, 2)) == [0.020, 0.040]  # worker 2 replays worker 0's series, 2x slow
-    with pytest.raises(ConfigError, match="cluster.trace_file.*does not exist"):
-        profile(compute="trace", trace_file=str(tmp_path / "none.csv"))
+    missing = str(tmp_path / "none.csv")
+    with pytest.raises(ConfigError, match=re.escape(f"cluster.trace_file: {missing!r} does not")):
+        profile(compute="trace", trace_file=missing)
     (tmp_path / "bad.csv").write_text("w,t\n0,1\n")
     with pytest.raises(ConfigError, match="columns worker,ms"):
         profile(compute="trace", trace_file=str(tmp_path / "bad.csv"))
+
+
+def test_a_trace_is_replayed_in_row_order_and_may_hold_steps_under_1_ms(tmp_path):
+    # three rows for one worker (two would read the same forwards and backwards); 0 ms and
+    # 0.5 ms are step times like any other, only negative ones are refused
+    trace = tmp_path / "steps.csv"
+    trace.write_text("worker,ms\n0,0.5\n0,0\n0,30\n")
+    p = profile(num_workers=1, compute="trace", trace_file=str(trace), slowdown=[1])
+    assert list(draws(p, 0, 4)) == [0.0005, 0.0, 0.030, 0.0005]
 
 
 def test_transient_stragglers_hit_at_the_configured_rate():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from stalebench.algorithms.barriers import ASP, ASPConfig
+from stalebench.algorithms.barriers import ASP, BSP, ASPConfig, BSPConfig
 from stalebench.algorithms.dana import (
     Dana,
     DanaConfig,
@@ -167,3 +167,18 @@ def test_dana_ga_penalises_by_the_gap_from_that_workers_look_ahead():
     g1 = torch.tensor([1 + (3 + 1 / g) / c1, 1 + 3 / c1])
     torch.testing.assert_close(ps.rule.penalty, g1)
     torch.testing.assert_close(ps.params, torch.tensor([-3 - 1 / g, -3.0]) - 1 / g1)
+
+
+def test_a_rounds_mean_gradient_reaches_the_rule_as_worker_minus_1():
+    # BSP per_round averages a round's gradients; the mean belongs to no worker, so a rule
+    # with per-worker state (here Multi-ASGD, which the engine's validation keeps away from
+    # per_round) is handed worker −1 and refuses it instead of using some worker's slot
+    params = torch.zeros(2)
+    n = 2
+    rule = MultiMomentum(MultiMomentumConfig(name="multi_momentum", lr=1.0), params, n)
+    barrier = BSP(BSPConfig(name="bsp", apply="per_round"), n)
+    ps = ParameterServer(params, barrier, rule, n, lambda *a, **k: None)
+    ps.start(0.0)
+    ps.on_push(push(0, 0, 0, [1.0, 0.0]), 1.0)
+    with pytest.raises(ValueError, match=r"needs a worker in \[0, 2\), got -1 "):
+        ps.on_push(push(1, 0, 0, [0.0, 1.0]), 2.0)

@@ -219,7 +219,10 @@ def test_a_bad_trace_file_is_refused_naming_the_key(tmp_path, text, message):
         fast_with(["budget.max_updates=5", "cluster.compute=trace", f"cluster.trace_file={trace}"])
     )
     cfg.run_dir = str(tmp_path / "run")
-    with pytest.raises(ConfigError, match="cluster.trace_file: .*" + re.escape(message)):
+    # the file named as given (its path, quoted), then what is wrong with it
+    with pytest.raises(
+        ConfigError, match=re.escape(f"cluster.trace_file: {str(trace)!r} {message}")
+    ):
         experiment.prepare(cfg)
     assert not (tmp_path / "run").exists()
 
