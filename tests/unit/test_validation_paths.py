@@ -78,6 +78,11 @@ CASES = [
         ["algorithm=asp", "algorithm.barrier.apply=per_round"],
         "algorithm.barrier.apply must be 'per_arrival' for asp, got 'per_round'",
     ),
+    (
+        ["algorithm=bsp", "algorithm.barrier.apply=per_arrival"],
+        "algorithm.barrier.apply must be 'per_round' for bsp (ssp with staleness=0 applies per "
+        "arrival), got 'per_arrival'",
+    ),
     (["algorithm.barrier.staleness=-1"], "algorithm.barrier.staleness must be >= 0, got -1"),
     ([*PIPE, "algorithm.pipeline.stages=0"], "algorithm.pipeline.stages must be >= 1, got 0"),
     (
