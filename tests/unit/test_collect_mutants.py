@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 from stalebench.report.collect import collect, read_events
+from tests.unit import test_collect
 
 # .hydra/config.yaml as Hydra writes it (the sections the report reads) for the default ssp
 # preset, and .hydra/overrides.yaml of `runtime=sim dataset=synthetic budget.max_updates=3`
@@ -37,47 +38,9 @@ seed: 0
 """
 OVERRIDES_YAML = "- runtime=sim\n- dataset=synthetic\n- budget.max_updates=3\n"
 
-START = {
-    "kind": "system",
-    "t": 0.0,
-    "event": "start",
-    "sharding": "disjoint",
-    "algorithm": "ssp",
-    "barrier": "ssp",
-    "update_rule": "sgd",
-    "engine": "ps",
-    "runtime": "sim",
-    "model": "mlp",
-    "dataset": "synthetic",
-    "cluster": "heterogeneous",
-    "num_workers": 4,
-    "seed": 0,
-}
-UPDATES = [
-    {
-        "kind": "update",
-        "t": t,
-        "version": v,
-        "lag": v - 1,
-        "worker": v - 1,
-        "clock": 0,
-        "loss": 1.4,
-        "compute_s": t,
-        "wait_s": 0.0,
-        "comm_s": 0.0,
-        "clock_gap": 0,
-    }
-    for v, t in ((1, 0.02), (2, 0.02), (3, 0.04))
-]
-END = {
-    "kind": "system",
-    "t": 0.04,
-    "event": "end",
-    "status": "completed",
-    "updates": 3,
-    "bytes_sent": 0,
-    "virtual_time": True,
-}
+# the run of test_collect.py with the ssp preset unswapped
+START = {**test_collect.START, "algorithm": "ssp", "barrier": "ssp"}
+UPDATES, END = test_collect.UPDATES, test_collect.END
 EVALS = [
     {"kind": "eval", "t": t, "version": v, "split": split, "loss": loss, "accuracy": acc}
     for t, v, loss, acc in ((0.0, 0, 1.39, 0.25), (0.04, 3, 1.1, 0.62))
