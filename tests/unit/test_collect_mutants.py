@@ -12,30 +12,9 @@ import pytest
 from stalebench.report.collect import collect, read_events
 from tests.unit import test_collect
 
-# .hydra/config.yaml as Hydra writes it (the sections the report reads) for the default ssp
-# preset, and .hydra/overrides.yaml of `runtime=sim dataset=synthetic budget.max_updates=3`
-CONFIG_YAML = """\
-algorithm:
-  name: ssp
-  barrier:
-    name: ssp
-    apply: per_arrival
-    staleness: 3
-  update:
-    name: sgd
-    lr: 0.1
-  pipeline: null
-  optimizer: null
-cluster:
-  name: profile
-  preset: heterogeneous
-  num_workers: 4
-  slowdown: []
-runtime: sim
-engine:
-  name: ps
-seed: 0
-"""
+# .hydra/config.yaml of the default ssp preset, and .hydra/overrides.yaml of
+# `runtime=sim dataset=synthetic budget.max_updates=3`
+CONFIG_YAML = test_collect.CONFIG_YAML
 OVERRIDES_YAML = "- runtime=sim\n- dataset=synthetic\n- budget.max_updates=3\n"
 
 # the run of test_collect.py with the ssp preset unswapped

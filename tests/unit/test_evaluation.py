@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from stalebench.config import EvalConfig
-from stalebench.evaluation import Snapshots, recalibrate_batch_norm
+from stalebench.data.base import Splits
+from stalebench.evaluation import Snapshot, Snapshots, evaluate_snapshots, recalibrate_batch_norm
 
 THETA = torch.zeros(3)
 
@@ -81,3 +82,26 @@ def test_a_model_without_batch_norm_is_left_untouched():
     before = [p.clone() for p in model.parameters()]
     recalibrate_batch_norm(model, torch.zeros(8), X, 4)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_the_training_split_is_evaluated_on_train_samples_of_its_rows():
+    # θ = 0 on a linear regression: each row's loss is ½y², so the train loss tells which
+    # rows were used: two of the five (some pair's mean), never all five (mean 5.5)
+    y_train = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    splits = Splits(torch.zeros(5, 1), y_train, torch.zeros(2, 1), torch.tensor([2.0, 4.0]))
+    events = []
+    evaluate_snapshots(
+        [Snapshot(0.5, 3, torch.zeros(1))],
+        torch.nn.Linear(1, 1, bias=False),
+        splits,
+        EvalConfig(train_samples=2, batch_size=4),
+        0,
+        lambda kind, t, **fields: events.append((kind, t, fields)),
+    )
+    assert [(k, t, f["version"], f["split"]) for k, t, f in events] == [
+        ("eval", 0.5, 3, "test"),
+        ("eval", 0.5, 3, "train"),
+    ]
+    assert events[0][2]["loss"] == pytest.approx((2 + 8) / 2)  # ½·4 and ½·16
+    pairs = {(a * a + b * b) / 4 for a in range(1, 6) for b in range(a + 1, 6)}
+    assert min(abs(events[1][2]["loss"] - p) for p in pairs) < 1e-6

@@ -22,7 +22,9 @@ from stalebench.algorithms.pipeline import (
     NesterovPPConfig,
     PipelineConfig,
 )
-from stalebench.engines.pipeline.stage import Stage
+from stalebench.engines.pipeline.stage import Stage, Timeline, ops, split
+from stalebench.errors import ConfigError
+from stalebench.models.nets import decoder
 
 CPU = torch.device("cpu")
 SGD = NesterovPPConfig(name="nesterov_pp", lr=1.0, beta1=0.0, discount=False)  # w ← w − g
@@ -139,3 +141,43 @@ def test_a_step_uses_its_own_lr_and_beta1_with_the_configs_beta2_eps_and_decay(c
         p.grad = g.clone()
         ref.step()
         torch.testing.assert_close(w, p.detach())
+
+
+def test_1f1b_keeps_counting_microbatches_past_the_second():
+    pipe = PipelineConfig(stages=2)  # the last stage: τ = 0, F(m), B(m), U(m) for m = 0, 1, 2…
+    got = [op for op, _ in zip(ops(1, pipe), range(9), strict=False)]
+    assert got == [("F", m) if i == 0 else ("B", m) if i == 1 else ("U", m) for m in range(3)
+                   for i in range(3)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layers", "stages", "sizes"),
+    [(6, 3, [1 + 2, 2, 2 + 1]), (4, 2, [1 + 2, 2 + 1]), (5, 3, [1 + 2, 2, 1 + 1])],
+)
+def test_split_gives_every_stage_its_share_of_blocks_when_they_divide_evenly(layers, stages, sizes):
+    model = decoder(vocab=10, context=8, width=16, heads=2, layers=layers)
+    assert [len(s) for s in split(model, stages)] == sizes
+
+
+def test_split_refuses_more_stages_than_blocks_with_the_whole_message():
+    model = decoder(vocab=10, context=8, width=16, heads=2, layers=2)
+    with pytest.raises(ConfigError) as err:
+        split(model, 3)
+    assert str(err.value) == (
+        "algorithm.pipeline.stages=3 exceeds model.layers=2: each stage needs at least one block"
+    )
+
+
+@pytest.mark.timeout(20)
+def test_a_schedule_that_deadlocks_stops_the_timeline_with_an_error():
+    # a broken op order (each stage's next op a backward whose forward never ran): no stage
+    # can ever progress, and the timeline must say so rather than spin
+    tl = Timeline(PipelineConfig(stages=2), 1.0, 2.0)
+    tl.pending = [("B", 0), ("B", 0)]
+    with pytest.raises(RuntimeError) as err:
+        tl.update_time(0, 0)
+    assert str(err.value) == "pipeline timeline is stuck: a schedule deadlocks"
+
+
+def test_adam_accepts_beta2_0_the_closed_end_of_its_range():
+    assert AdamConfig(name="adamw", beta2=0.0).beta2 == 0.0
