@@ -24,9 +24,9 @@ class SSP(Barrier):
     """Stale Synchronous Parallel (Ho et al., NIPS 2013), eager reads: start step c only
     while c − min_j clock_j ≤ s; s = 0 is BSP's barrier, s = ∞ is ASP."""
 
-    def __init__(self, cfg: SSPConfig, num_workers: int, seed: int = 0):
-        super().__init__(cfg, num_workers, seed)
-        self.staleness = cfg.staleness
+    @property
+    def staleness(self) -> int:
+        return self.cfg.staleness
 
     def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         return clocks[worker] - slowest <= self.staleness
@@ -52,9 +52,9 @@ class BSP(SSP):
 
     synchronous = True
 
-    def __init__(self, cfg: BSPConfig, num_workers: int, seed: int = 0):
-        Barrier.__init__(self, cfg, num_workers, seed)
-        self.staleness = 0
+    @property
+    def staleness(self) -> int:
+        return 0
 
 
 @dataclasses.dataclass
