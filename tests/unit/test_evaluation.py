@@ -105,3 +105,56 @@ def test_the_training_split_is_evaluated_on_train_samples_of_its_rows():
     assert events[0][2]["loss"] == pytest.approx((2 + 8) / 2)  # ½·4 and ½·16
     pairs = {(a * a + b * b) / 4 for a in range(1, 6) for b in range(a + 1, 6)}
     assert min(abs(events[1][2]["loss"] - p) for p in pairs) < 1e-6
+
+
+def _train_loss(seed, train_samples=5):
+    # θ = 0 on a linear regression of 20 rows with distinct targets 1..20: ½·mean(y²) of the
+    # rows evaluated identifies them
+    y = torch.arange(1.0, 21.0)
+    splits = Splits(torch.zeros(20, 1), y, torch.zeros(1, 1), torch.ones(1))
+    events = []
+    evaluate_snapshots(
+        [Snapshot(0.0, 0, torch.zeros(1))],
+        torch.nn.Linear(1, 1, bias=False),
+        splits,
+        EvalConfig(train_samples=train_samples, batch_size=8),
+        seed,
+        lambda kind, t, **fields: events.append(fields),
+    )
+    return events[1]["loss"]
+
+
+def test_the_training_subset_is_the_runs_seeded_draw_whatever_the_global_generator():
+    # the subset is a permutation drawn from a generator seeded by the run's seed, so it does
+    # not depend on what else used torch's global generator before
+    rows = torch.randperm(20, generator=torch.Generator().manual_seed(7))[:5]
+    expected = 0.5 * (rows.float() + 1).square().mean().item()
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        assert _train_loss(7) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("model", "x", "y", "perplexity"),
+    [  # θ = 0 throughout
+        (torch.nn.Linear(1, 2, bias=False), torch.zeros(2, 1), torch.tensor([0, 1]), False),
+        (torch.nn.Linear(1, 1, bias=False), torch.zeros(2, 1), torch.tensor([0.5, 1.0]), False),
+        (torch.nn.Embedding(2, 2), torch.tensor([[0, 1]]), torch.tensor([[1, 0]]), True),
+    ],
+    ids=["labels", "regression", "tokens"],
+)
+def test_perplexity_is_reported_for_token_sequences_only(model, x, y, perplexity):
+    n = sum(p.numel() for p in model.parameters())
+    events = []
+    evaluate_snapshots(
+        [Snapshot(0.0, 0, torch.zeros(n))],
+        model,
+        Splits(x, y, x, y),
+        EvalConfig(train_samples=0),
+        0,
+        lambda kind, t, **fields: events.append(fields),
+    )
+    (test,) = events
+    assert ("perplexity" in test) == perplexity
+    if perplexity:  # uniform over 2 tokens: loss ln 2, perplexity 2
+        assert test["perplexity"] == pytest.approx(2.0)
