@@ -310,3 +310,31 @@ def test_finalize_with_torn_line_and_nulls(tmp_path):
     df = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(df) == len(events)
     assert math.isnan(df["accuracy"].iloc[-1])
+
+
+def test_progress_fields_of_a_short_run_by_hand():
+    # 2 workers, under a second of wall time; worker 0 pushes clocks 0 and 1, worker 1
+    # clock 0; one update carries no clock_gap (the field is optional): it counts as 0
+    meta = {**META, "num_workers": 2}
+    events = [
+        update(0.1, 0, 0, 1, lag=0, compute_s=0.1, clock_gap=0),
+        {k: v for k, v in update(0.2, 1, 0, 2, lag=1, compute_s=0.3, clock_gap=0).items()
+         if k != "clock_gap"},
+        update(0.3, 0, 1, 3, lag=1, compute_s=0.1, clock_gap=0),
+        {"kind": "system", "t": 0.5, "event": "end", "bytes_sent": 10},
+    ]  # fmt: skip
+    s = summarize(events, meta, "completed", None, 0.6)
+    assert s["max_clock_gap"] == 0
+    # steps per worker: 2 and 1
+    assert s["clocks"] == {"mean": 1.5, "std": 0.5, "min": 1, "max": 2}
+    # compute per worker 0.2 s and 0.3 s of 0.5 s: fractions 0.4 and 0.6
+    assert s["compute_fraction"] == pytest.approx(0.5)
+    assert s["throughput_updates_per_s"] == pytest.approx(3 / 0.5)
+
+
+def test_a_run_that_ended_before_any_update():
+    events = [{"kind": "system", "t": 2.0, "event": "end", "bytes_sent": 0}]
+    s = summarize(events, META, "failed", "worker 1 died", 0.6)
+    assert (s["updates"], s["gradients"], s["max_clock_gap"]) == (0, 0, 0)
+    assert s["clocks"] == {"mean": None, "std": None, "min": None, "max": None}
+    assert s["compute_fraction"] == 0.0 and s["throughput_updates_per_s"] == 0.0
