@@ -181,3 +181,17 @@ def test_a_schedule_that_deadlocks_stops_the_timeline_with_an_error():
 
 def test_adam_accepts_beta2_0_the_closed_end_of_its_range():
     assert AdamConfig(name="adamw", beta2=0.0).beta2 == 0.0
+
+
+@pytest.mark.parametrize(
+    "fields", [{"min_lr_ratio": 0.0}, {"min_lr_ratio": 1.0}, {"beta1": 0.0}], ids=str
+)
+def test_optimizer_ranges_accept_their_closed_ends(fields):
+    cfg = AdamConfig(name="adamw", **fields)
+    assert all(getattr(cfg, k) == v for k, v in fields.items())
+
+
+def test_optimizer_beta1_1_is_refused_with_its_message():
+    with pytest.raises(ConfigError) as err:
+        AdamConfig(name="adamw", beta1=1.0)
+    assert str(err.value) == "algorithm.optimizer.beta1 must be in [0, 1), got 1.0"

@@ -338,3 +338,34 @@ def test_a_run_that_ended_before_any_update():
     assert (s["updates"], s["gradients"], s["max_clock_gap"]) == (0, 0, 0)
     assert s["clocks"] == {"mean": None, "std": None, "min": None, "max": None}
     assert s["compute_fraction"] == 0.0 and s["throughput_updates_per_s"] == 0.0
+
+
+def test_an_event_log_in_a_new_nested_directory(tmp_path):
+    log = EventLog(tmp_path / "runs" / "a" / "events.jsonl")
+    log.emit("system", 0.0, event="start")
+    log.close()
+    assert read_events(tmp_path / "runs" / "a" / "events.jsonl")[0]["event"] == "start"
+
+
+@pytest.mark.parametrize(("flush_s", "on_disk"), [(0.0, 1), (1e-9, 1), (3600.0, 0)])
+def test_an_event_reaches_the_file_at_once_or_within_flush_s(tmp_path, flush_s, on_disk):
+    # 0: line-buffered; 1e-9 s: the period is over by the first emit, so it is flushed;
+    # an hour: still in the buffer (no time-based wait in this test, only the two extremes)
+    log = EventLog(tmp_path / "events.jsonl", flush_s=flush_s)
+    log.emit("system", 0.0, event="start")
+    assert len(read_events(tmp_path / "events.jsonl")) == on_disk
+    log.close()
+    assert len(read_events(tmp_path / "events.jsonl")) == 1
+
+
+def test_pipeline_weight_gap_and_stage_delay_by_hand():
+    # 3 stages; stage 2 applied nothing yet: no weight gap of its own, a delay of 0
+    meta = {**META, "num_workers": 3}
+    events = [
+        {**update(0.1, 0, 0, 1, lag=2, compute_s=0.1, clock_gap=0), "weight_gap": 0.5},
+        {**update(0.2, 0, 1, 2, lag=1, compute_s=0.1, clock_gap=0), "weight_gap": 1.5},
+        {**update(0.3, 1, 0, 3, lag=1, compute_s=0.1, clock_gap=0), "weight_gap": 4.0},
+    ]
+    s = summarize(events, meta, "completed", None, 0.6)
+    assert s["weight_gap"] == {"mean": 2.0, "per_stage": [1.0, 4.0, None]}
+    assert s["stage_delay"] == [2, 1, 0]
