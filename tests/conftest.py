@@ -120,6 +120,16 @@ def run_job(run_dir: Path, overrides: list[str]) -> Result:
 
 
 @pytest.fixture
+def wandb_home(tmp_path, monkeypatch):
+    """W&B's directories under tmp_path, and none of the settings a user's shell might hold
+    (the sinks must not depend on them)."""
+    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "cfg")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    for var in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_SILENT", "WANDB_QUIET", "WANDB_REINIT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
 def job(tmp_path):
     """job(*overrides) runs a real job into a fresh directory under tmp_path."""
     count = iter(range(1000))

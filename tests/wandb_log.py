@@ -90,3 +90,8 @@ def read_run(path: Path) -> dict:
             for item in record.summary.update:
                 out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return out
+
+
+def rows(run: dict) -> list[dict]:
+    """A read run's history rows as logged, without W&B's own keys (_step, _runtime, ...)."""
+    return [{k: v for k, v in h.items() if not k.startswith("_")} for h in run["history"]]

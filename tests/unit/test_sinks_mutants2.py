@@ -14,16 +14,9 @@ import json
 import pytest
 
 from stalebench.metrics.sinks import EventTail, Wandb, log_verdicts
-from tests.wandb_log import read_run, records, run_file
+from tests.wandb_log import read_run, records, rows, run_file
 
-
-@pytest.fixture(autouse=True)
-def wandb_home(tmp_path, monkeypatch):
-    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "cfg")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    # settings a user's shell might hold; the sinks must not depend on them
-    for var in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_SILENT", "WANDB_QUIET", "WANDB_REINIT"):
-        monkeypatch.delenv(var, raising=False)
+pytestmark = pytest.mark.usefixtures("wandb_home")
 
 
 def sink(run_dir, name="asp-seed0", project="stalebench"):
@@ -41,9 +34,7 @@ def update(version, t, loss, lag=0, worker=0):
 
 
 def history(run_dir) -> list[dict]:
-    """The rows as logged, without W&B's own keys (_step, _runtime, _timestamp)."""
-    rows = read_run(run_file(run_dir))["history"]
-    return [{k: v for k, v in h.items() if not k.startswith("_")} for h in rows]
+    return rows(read_run(run_file(run_dir)))
 
 
 def metric_definitions(run_dir) -> list[tuple[str, str, str]]:

@@ -10,14 +10,10 @@ import json
 import pytest
 
 from stalebench.metrics.sinks import Wandb, log_verdicts
-from tests.wandb_log import read_run
+from tests.wandb_log import read_run, run_file
+from tests.wandb_log import rows as history
 
-
-@pytest.fixture(autouse=True)
-def wandb_home(tmp_path, monkeypatch):
-    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "cfg")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+pytestmark = pytest.mark.usefixtures("wandb_home")
 
 
 def update(i, worker, lag, loss):
@@ -25,16 +21,6 @@ def update(i, worker, lag, loss):
         kind="update", t=0.25 * i, worker=worker, clock=i, version=i + 1, lag=lag, loss=loss,
         compute_s=0.5 * (worker + 1), wait_s=0.25, comm_s=0.125 * worker, clock_gap=0,
     )  # fmt: skip
-
-
-def logged(run_dir):
-    (path,) = run_dir.glob("wandb/offline-run-*/*.wandb")
-    return read_run(path)
-
-
-def history(run) -> list[dict]:
-    """The rows as logged, without W&B's own keys (_step, _runtime, _timestamp)."""
-    return [{k: v for k, v in h.items() if not k.startswith("_")} for h in run["history"]]
 
 
 def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
@@ -53,7 +39,7 @@ def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
     )
     sink.close({"status": "completed", "updates": 10, "host": "node-7"})
 
-    run = logged(run_dir)
+    run = read_run(run_file(run_dir))
     assert (run["run"].run_group, run["run"].job_type, run["run"].display_name) == (
         "g1",
         "ssp",
@@ -94,7 +80,7 @@ def test_a_run_with_no_updates_logs_no_window_and_no_histogram(tmp_path):
         job_type="asp", config={},
     )  # fmt: skip
     sink.close(None)
-    rows = history(logged(run_dir))
+    rows = history(read_run(run_file(run_dir)))
     assert len(rows) == 1 and rows[0]["workers/time/nrows"] == 0
 
 
@@ -107,7 +93,7 @@ def test_a_sweeps_verdicts_are_one_run_in_the_papers_group(tmp_path):
              verdict="inconclusive", notes="too few seeds"),
     ]  # fmt: skip
     log_verdicts(verdicts, project="stalebench", mode="offline", group="dssp", out_dir=out)
-    run = logged(out)
+    run = read_run(run_file(out))
     assert (run["run"].run_group, run["run"].job_type, run["run"].display_name) == (
         "dssp",
         "claims",
