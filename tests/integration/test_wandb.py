@@ -29,15 +29,25 @@ FAST = [
 ]
 
 
-def stalebench(args, cwd, env=None):
+def wandb_env(cwd, extra=None):
+    """The environment of a run with W&B's directories under `cwd`; without WANDB_MODE, and
+    without WANDB_SERVICE, which wandb sets in a process that used it (an earlier in-process
+    test): a child inheriting it attaches to that process's service instead of its own, and
+    its offline files may not be on disk when the child exits."""
     env = {
         **os.environ,
         "WANDB_DIR": str(cwd),
         "WANDB_CACHE_DIR": str(cwd / "cache"),
         "WANDB_CONFIG_DIR": str(cwd / "config"),
-        **(env or {}),
+        **(extra or {}),
     }
     env.pop("WANDB_MODE", None)
+    env.pop("WANDB_SERVICE", None)
+    return env
+
+
+def stalebench(args, cwd, env=None):
+    env = wandb_env(cwd, env)
     return subprocess.run(
         [sys.executable, "-m", "stalebench.cli", *args],
         cwd=cwd,
@@ -146,13 +156,7 @@ main()
 def test_wandb_failing_after_init_never_fails_the_run(tmp_path, fail_log, fail_finish, warning):
     """W&B started, then its `log` (mid-run) or its `finish` (at the end) raises: the run
     completes, the sink is switched off with one warning, and the run directory is whole."""
-    env = {
-        **os.environ,
-        "WANDB_DIR": str(tmp_path),
-        "WANDB_CACHE_DIR": str(tmp_path / "cache"),
-        "WANDB_CONFIG_DIR": str(tmp_path / "config"),
-    }
-    env.pop("WANDB_MODE", None)
+    env = wandb_env(tmp_path)
     code = BREAK_WANDB.format(fail_log=fail_log, fail_finish=fail_finish)
     done = subprocess.run(
         [sys.executable, "-c", code, "logger=wandb", "hydra.run.dir=run", *FAST],
