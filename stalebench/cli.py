@@ -16,16 +16,15 @@ from omegaconf import DictConfig, OmegaConf
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
+from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
     """The validated RunConfig of a composed config (raises ConfigError on bad input)."""
     cfg: RunConfig = OmegaConf.to_object(dcfg)
-    # A barrier or update rule swapped on the command line is no longer the named preset.
-    swapped = any(o.startswith(("algorithm/barrier=", "algorithm/update=")) for o in overrides)
-    if swapped and not any(o.startswith("algorithm.name=") for o in overrides):
-        cfg.algorithm.name = ""
+    if not keeps_preset_name(overrides):
+        cfg.algorithm.name = ""  # labelled by its parts
     return cfg
 
 

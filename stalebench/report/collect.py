@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stalebench.overrides import keeps_preset_name
+
 LABELS = ["algorithm", "cluster", "num_workers", "seed"]
 CURVE_COLUMNS = ["run_dir", *LABELS, "t", "version", "split", "loss", "accuracy", "perplexity"]
 UPDATE_FIELDS = [
@@ -116,8 +118,7 @@ def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
             o.strip().removeprefix("- ").strip("'\"")
             for o in overrides_file.read_text().splitlines()
         ]
-    swapped = any(o.startswith(("algorithm/barrier=", "algorithm/update=")) for o in overrides)
-    if name and not (swapped and not any(o.startswith("algorithm.name=") for o in overrides)):
+    if name and keeps_preset_name(overrides):
         return name
     parts = [cfg.get("algorithm.pipeline.schedule"), cfg.get("algorithm.optimizer.name")]
     if None in parts:

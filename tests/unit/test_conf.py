@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import register_configs
 from stalebench.plugins import load as load_plugins
+from tests.conftest import compose as run_config
 
 CONF = Path(str(files("stalebench.conf")))
 # every YAML of the config tree; sweeps/ (conf/sweep) restate values on purpose
@@ -185,3 +186,17 @@ def test_pipeline_presets_share_one_setup_file():
         defaults = yaml.safe_load((CONF / "algorithm" / f"{preset}.yaml").read_text())["defaults"]
         assert "/presets/pipeline" in defaults, preset
         assert not any(str(d).startswith("override /") for d in defaults), preset
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label"),
+    [
+        (["algorithm=ssp"], "ssp"),
+        (["algorithm=ssp", "algorithm.barrier.staleness=4"], "ssp"),  # a field: still the preset
+        (["algorithm=ssp", "algorithm/barrier=asp"], "asp+sgd"),  # swapped: its parts
+        (["algorithm=ssp", "algorithm/update=gap_aware"], "ssp+gap_aware"),
+        (["algorithm=ssp", "algorithm/barrier=asp", "algorithm.name=mine"], "mine"),
+    ],
+)
+def test_the_cli_labels_a_run_by_its_parts_once_a_barrier_or_rule_is_swapped(overrides, label):
+    assert run_config(overrides).algorithm.label == label
