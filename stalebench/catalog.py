@@ -7,6 +7,7 @@ from importlib.resources import files
 
 from stalebench import plugins
 from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.local import INNER, OUTER
 from stalebench.algorithms.pipeline import OPTIMIZERS
 from stalebench.config import ENGINES
 from stalebench.data import DATASETS
@@ -49,6 +50,8 @@ def sections() -> list[tuple[str, list[tuple[str, str]]]]:
         ("barriers (algorithm/barrier=)", registered(BARRIERS)),
         ("update rules (algorithm/update=)", registered(UPDATES)),
         ("pipeline optimizers (algorithm/optimizer=)", registered(OPTIMIZERS)),
+        ("inner optimizers (algorithm/inner=)", registered(INNER)),
+        ("outer rules (algorithm/outer=)", registered(OUTER)),
         ("algorithm presets (algorithm=)", presets("algorithm")),
         ("models (model=)", registered(MODELS)),
         ("datasets (dataset=)", registered(DATASETS)),

@@ -118,6 +118,8 @@ GROUPS = (
     "algorithm/barrier",
     "algorithm/update",
     "algorithm/optimizer",
+    "algorithm/inner",
+    "algorithm/outer",
     "model",
     "dataset",
     "cluster",

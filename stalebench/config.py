@@ -9,6 +9,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from stalebench.algorithms.base import BarrierConfig, UpdateConfig
+from stalebench.algorithms.local import InnerConfig, OuterConfig
 from stalebench.algorithms.pipeline import OptimizerConfig, PipelineConfig
 from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
@@ -41,12 +42,19 @@ class AlgorithmConfig:
     # engine=pipeline: the schedule, and the optimizer every stage runs on its own weights
     pipeline: Optional[PipelineConfig] = None  # noqa: UP045
     optimizer: Optional[OptimizerConfig] = None  # noqa: UP045
+    # engine=local: each worker's optimizer for its H local steps, and the rule that
+    # reconciles the replicas after them
+    inner: Optional[InnerConfig] = None  # noqa: UP045
+    outer: Optional[OuterConfig] = None  # noqa: UP045
 
     @property
     def parts(self) -> tuple[str, str]:
-        """(barrier or schedule, update rule or optimizer): the two halves of the label."""
+        """(barrier, schedule or outer rule; update rule or optimizer): the two halves of
+        the label."""
         if self.pipeline is not None and self.optimizer is not None:
             return self.pipeline.schedule, self.optimizer.name
+        if self.outer is not None and self.inner is not None:
+            return self.outer.name, self.inner.name
         return self.barrier.name, self.update.name
 
     @property

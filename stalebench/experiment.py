@@ -13,6 +13,7 @@ from typing import Any
 
 from stalebench import plugins
 from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.local import INNER, OUTER
 from stalebench.cluster import Profile
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
@@ -41,7 +42,8 @@ def prepare(cfg: RunConfig) -> Engine:
     returns the run's engine."""
     engine = engine_of(cfg)
     a = cfg.algorithm
-    for registry, part in ((BARRIERS, a.barrier), (UPDATES, a.update)):
+    parts = ((BARRIERS, a.barrier), (UPDATES, a.update), (INNER, a.inner), (OUTER, a.outer))
+    for registry, part in parts:
         if part is not None:
             registry.get(part.name)
     MODELS.get(cfg.model.name)

@@ -7,8 +7,10 @@ from collections.abc import Iterable
 
 
 def keeps_preset_name(overrides: Iterable[str]) -> bool:
-    """False when a barrier or update rule was swapped without `algorithm.name=`: the run is
-    then no longer the named preset and is labelled by its parts (`<barrier>+<update>`)."""
+    """False when a barrier or update rule (an inner optimizer or outer rule) was swapped
+    without `algorithm.name=`: the run is then no longer the named preset and is labelled by
+    its parts (`<barrier>+<update>`, `<outer>+<inner>`)."""
     overrides = list(overrides)
-    swapped = any(o.startswith(("algorithm/barrier=", "algorithm/update=")) for o in overrides)
+    parts = ("algorithm/barrier=", "algorithm/update=", "algorithm/inner=", "algorithm/outer=")
+    swapped = any(o.startswith(parts) for o in overrides)
     return not swapped or any(o.startswith("algorithm.name=") for o in overrides)

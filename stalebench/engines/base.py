@@ -98,6 +98,18 @@ class Engine:
                     f"(cluster=homogeneous)"
                 )
 
+    def check_shards(self, splits: Splits) -> None:
+        """Every worker's shard holds a minibatch (for engines with a shard per worker)."""
+        n_train, n, batch = len(splits.y_train), self.num_workers, self.run.dataset.batch_size
+        if n_train < batch:
+            raise ConfigError(f"dataset.batch_size={batch} exceeds the {n_train} training samples")
+        if self.run.dataset.sharding == "disjoint" and n_train // n < batch:
+            raise ConfigError(
+                f"dataset.batch_size={batch} exceeds a worker's shard of {n_train // n} "
+                f"samples ({n_train} training samples over cluster.num_workers={n}); "
+                "dataset.sharding=replicated lets every worker sample the whole split"
+            )
+
     def set_slots(self) -> list[str]:
         a = self.run.algorithm
         return [f.name for f in dataclasses.fields(a) if f.name != "name" and getattr(a, f.name)]

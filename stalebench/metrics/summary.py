@@ -43,7 +43,7 @@ def summarize(
         **meta,
         "wall_time_s": wall,
         "updates": max((e["version"] for e in updates), default=0),
-        "gradients": len(updates),
+        "gradients": sum(e.get("inner_steps", 1) for e in updates),
         "final": (
             {k: final[k] for k in ("loss", "accuracy", "perplexity") if k in final}
             if final

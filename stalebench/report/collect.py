@@ -110,7 +110,8 @@ def _yaml_scalars(text: str) -> dict[str, str]:
 def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
     """The algorithm's label as the run gave it: the preset's name, unless a barrier or
     update rule was swapped on the command line (without `algorithm.name=`) or the name is
-    empty; then `<barrier>+<update>` (a pipeline: `<schedule>+<optimizer>`)."""
+    empty; then `<barrier>+<update>` (a pipeline: `<schedule>+<optimizer>`, local updates:
+    `<outer>+<inner>`)."""
     name = cfg.get("algorithm.name")
     overrides = []
     if overrides_file.is_file():
@@ -121,6 +122,8 @@ def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
     if name and keeps_preset_name(overrides):
         return name
     parts = [cfg.get("algorithm.pipeline.schedule"), cfg.get("algorithm.optimizer.name")]
+    if None in parts:
+        parts = [cfg.get("algorithm.outer.name"), cfg.get("algorithm.inner.name")]
     if None in parts:
         parts = [cfg.get("algorithm.barrier.name"), cfg.get("algorithm.update.name")]
     return "+".join(parts) if None not in parts else name

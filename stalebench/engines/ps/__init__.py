@@ -30,15 +30,7 @@ class DataParallel(Engine):
                 "round's averaged gradient (algorithm.barrier.apply=per_round); use a barrier "
                 "that applies per arrival"
             )
-        n_train, n, batch = len(splits.y_train), self.num_workers, self.run.dataset.batch_size
-        if n_train < batch:
-            raise ConfigError(f"dataset.batch_size={batch} exceeds the {n_train} training samples")
-        if self.run.dataset.sharding == "disjoint" and n_train // n < batch:
-            raise ConfigError(
-                f"dataset.batch_size={batch} exceeds a worker's shard of {n_train // n} "
-                f"samples ({n_train} training samples over cluster.num_workers={n}); "
-                "dataset.sharding=replicated lets every worker sample the whole split"
-            )
+        self.check_shards(splits)
 
 
 @ENGINES.register("ps", EngineConfig)

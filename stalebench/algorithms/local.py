@@ -1,0 +1,297 @@
+"""Local-update algorithms (docs/algorithms.md §11): every worker takes H steps of an *inner*
+optimizer on its own replica, then the replicas are reconciled by an *outer* rule applied
+to the pseudo-gradient Δ_i = θ − x_i (θ: the global parameters the round started from,
+x_i: worker i's replica after its H steps).
+
+    inner (algorithm/inner=)  sgd | momentum | adamw, state kept across rounds by default
+    outer (algorithm/outer=)  average (local SGD) | nesterov (DiLoCo) | elastic (EASGD)
+                              | leader (LSGD)
+
+Both are pure: flat tensors in, tensors changed in place; how Δ travels (an all-reduce,
+fragments, a server) is the local engine's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, ClassVar
+
+from stalebench.errors import ConfigError
+from stalebench.registry import ComponentConfig, Registry
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key} must be > 0, got {value}")
+
+
+def _unit(key: str, value: float, closed: bool = False) -> None:
+    if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
+        raise ConfigError(f"{key} must be in [0, 1{']' if closed else ')'}, got {value}")
+
+
+# ---------------------------------------------------------------------------- inner
+
+
+@dataclasses.dataclass
+class InnerConfig(ComponentConfig):
+    lr: float = 0.1  # the inner learning rate (plain SGD: as algorithm/update=sgd)
+    weight_decay: float = 0.0  # sgd, momentum: L2 in the gradient; adamw: decoupled
+    # start every round with fresh optimizer state (momentum, Adam moments and step count);
+    # false (the default, as DiLoCo): the state carries over from round to round
+    reset: bool = False
+
+    def __post_init__(self) -> None:
+        _positive("algorithm.inner.lr", self.lr)
+        if self.weight_decay < 0:
+            raise ConfigError(f"algorithm.inner.weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclasses.dataclass
+class MomentumConfig(InnerConfig):
+    momentum: float = 0.9
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _unit("algorithm.inner.momentum", self.momentum)
+
+
+@dataclasses.dataclass
+class AdamWConfig(InnerConfig):
+    # DiLoCo's inner optimizer (torchft's example: lr 4e-4, betas (0.9, 0.95), wd 0.1)
+    lr: float = 4e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _unit("algorithm.inner.beta1", self.beta1)
+        _unit("algorithm.inner.beta2", self.beta2)
+        _positive("algorithm.inner.eps", self.eps)
+
+
+class InnerOptimizer:
+    """A worker's optimizer over its flat replica `x` (updated in place by `step`)."""
+
+    def __init__(self, cfg: InnerConfig, x: torch.Tensor):
+        self.cfg, self.x = cfg, x
+        self.opt = self.build(x)
+
+    def build(self, x: torch.Tensor):
+        raise NotImplementedError
+
+    def step(self, grad: torch.Tensor) -> None:
+        self.x.grad = grad
+        self.opt.step()
+        self.x.grad = None
+
+    def new_round(self) -> None:
+        """Called when a round starts: drops the state when `reset` is set."""
+        if self.cfg.reset:
+            self.opt.state.clear()
+
+
+INNER: Registry[InnerOptimizer] = Registry("inner optimizer", "algorithm/inner", "algorithm.inner")
+
+
+@INNER.register("sgd", InnerConfig)
+class InnerSGD(InnerOptimizer):
+    """x ← x − η(g + λx)."""
+
+    def build(self, x):
+        import torch
+
+        return torch.optim.SGD(
+            [x], lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, foreach=False
+        )
+
+
+@INNER.register("momentum", MomentumConfig)
+class InnerMomentum(InnerOptimizer):
+    """Heavy-ball (or Nesterov) momentum SGD, torch's convention: b ← μb + g, x ← x − ηb."""
+
+    def build(self, x):
+        import torch
+
+        c = self.cfg
+        return torch.optim.SGD(
+            [x], lr=c.lr, momentum=c.momentum, nesterov=c.nesterov,
+            weight_decay=c.weight_decay, foreach=False,
+        )  # fmt: skip
+
+
+@INNER.register("adamw", AdamWConfig)
+class InnerAdamW(InnerOptimizer):
+    """AdamW (Loshchilov & Hutter): DiLoCo's inner optimizer."""
+
+    def build(self, x):
+        import torch
+
+        c = self.cfg
+        return torch.optim.AdamW(
+            [x], lr=c.lr, betas=(c.beta1, c.beta2), eps=c.eps, weight_decay=c.weight_decay,
+            foreach=False,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- outer
+
+
+@dataclasses.dataclass
+class OuterConfig(ComponentConfig):
+    inner_steps: int = 10  # H: inner steps per round
+
+    def __post_init__(self) -> None:
+        if self.inner_steps < 1:
+            raise ConfigError(f"algorithm.outer.inner_steps must be >= 1, got {self.inner_steps}")
+
+
+@dataclasses.dataclass
+class NesterovConfig(OuterConfig):
+    lr: float = 0.7  # DiLoCo's outer learning rate
+    momentum: float = 0.9  # DiLoCo's outer momentum μ
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("algorithm.outer.lr", self.lr)
+        _unit("algorithm.outer.momentum", self.momentum)
+
+
+@dataclasses.dataclass
+class ElasticConfig(OuterConfig):
+    # α: the elastic pull; the centre moves by α·Σ_i (x_i − x̃), so N·α (the paper's β)
+    # must stay <= 1. 0: α = 0.9/N, the paper's β = 0.9
+    alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"algorithm.outer.alpha must be in [0, 1], got {self.alpha}")
+
+    def pull(self, num_workers: int) -> float:
+        return self.alpha or 0.9 / num_workers
+
+
+@dataclasses.dataclass
+class LeaderConfig(OuterConfig):
+    pull: float = 0.1  # λ: x_i ← x_i − λ(x_i − x_l), x_l the leader of i's group
+    # LSGD's two levels: workers in `groups` consecutive groups, each with a local leader;
+    # global_pull λ_G pulls toward the best of all (0 = one level)
+    groups: int = 1
+    global_pull: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _unit("algorithm.outer.pull", self.pull, closed=True)
+        _unit("algorithm.outer.global_pull", self.global_pull, closed=True)
+        if self.groups < 1:
+            raise ConfigError(f"algorithm.outer.groups must be >= 1, got {self.groups}")
+
+
+class OuterRule:
+    """Reconciles the replicas after a round.
+
+    `exchange` says what the workers share: "mean" (the mean pseudo-gradient, by one
+    all-reduce of Δ_i) or "leaders" (the parameters of the best replica of each group, by
+    one all-reduce that only the leaders fill). `step` updates θ; `replica` makes a worker's
+    replica for the next round."""
+
+    exchange: ClassVar[str] = "mean"
+
+    def __init__(self, cfg: OuterConfig, theta: torch.Tensor, num_workers: int):
+        self.cfg, self.num_workers = cfg, num_workers
+
+    def step(self, theta: torch.Tensor, mean_delta: torch.Tensor) -> None:
+        """θ ← the outer step with the round's mean pseudo-gradient (in place)."""
+        raise NotImplementedError
+
+    def replica(self, x: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor) -> None:
+        """Worker's replica `x` (in place) for the next round, given its own Δ and the new
+        θ. Default: restart from θ (local SGD, DiLoCo)."""
+        x.copy_(theta)
+
+
+OUTER: Registry[OuterRule] = Registry("outer rule", "algorithm/outer", "algorithm.outer")
+
+
+@OUTER.register("average", OuterConfig)
+class Average(OuterRule):
+    """Local SGD / model averaging: θ ← θ − mean Δ (the mean of the replicas)."""
+
+    def step(self, theta, mean_delta):
+        theta.sub_(mean_delta)
+
+
+@OUTER.register("nesterov", NesterovConfig)
+class Nesterov(OuterRule):
+    """DiLoCo's outer SGD with Nesterov momentum on Δ (torch's convention):
+    b ← μb + Δ, θ ← θ − η(Δ + μb)."""
+
+    def __init__(self, cfg, theta, num_workers):
+        super().__init__(cfg, theta, num_workers)
+        self.buf = theta.new_zeros(theta.shape)
+
+    def step(self, theta, mean_delta):
+        c = self.cfg
+        self.buf.mul_(c.momentum).add_(mean_delta)
+        theta.sub_(mean_delta.add(self.buf, alpha=c.momentum), alpha=c.lr)
+
+
+@OUTER.register("elastic", ElasticConfig)
+class Elastic(OuterRule):
+    """EASGD, synchronous (Zhang et al. 2015): x_i ← x_i − α(x_i − x̃) and
+    x̃ ← x̃ + α Σ_i (x_i − x̃), both with the centre x̃ = θ of the round's start (Δ_i = x̃ − x_i).
+    The replicas are never reset to the centre; θ, the centre, is what is evaluated.
+    α defaults to 0.9/N (the paper's β = Nα = 0.9)."""
+
+    def step(self, theta, mean_delta):
+        theta.sub_(mean_delta, alpha=self.cfg.pull(self.num_workers) * self.num_workers)
+
+    def replica(self, x, delta, theta):
+        x.add_(delta, alpha=self.cfg.pull(self.num_workers))
+
+
+@OUTER.register("leader", LeaderConfig)
+class Leader(OuterRule):
+    """LSGD (Teng et al., NeurIPS 2019): each replica is pulled toward the leader of its
+    group, the replica with the lowest training loss this round, and (with global_pull)
+    toward the best of all: x_i ← x_i − λ(x_i − x_l) − λ_G(x_i − x_g). Leaders are not
+    pulled; θ, what is evaluated, is the global leader's replica."""
+
+    exchange = "leaders"
+
+    def groups(self) -> list[range]:
+        """The workers of each group: `groups` consecutive, near-equal blocks."""
+        n, g = self.num_workers, min(self.cfg.groups, self.num_workers)
+        bounds = [n * k // g for k in range(g + 1)]
+        return [range(bounds[k], bounds[k + 1]) for k in range(g)]
+
+    def leaders(self, losses: list[float]) -> tuple[list[int], int]:
+        """Each group's leader (the lowest loss, ties to the lowest index), and the group
+        whose leader has the lowest loss of all (the global leader's group)."""
+        leaders = [min(group, key=lambda w: (losses[w], w)) for group in self.groups()]
+        best = min(range(len(leaders)), key=lambda k: (losses[leaders[k]], k))
+        return leaders, best
+
+    def pull(
+        self, x: torch.Tensor, worker: int, leaders: list[int], best: int, params: torch.Tensor
+    ) -> None:
+        """Pull replica `x` of `worker` toward its group's leader and, with global_pull,
+        toward the global leader; `params[k]` is group k's leader's replica."""
+        group = next(k for k, g in enumerate(self.groups()) if worker in g)
+        pulls = []  # both from the replica before either pull
+        if worker != leaders[group]:
+            pulls.append((x - params[group]).mul_(self.cfg.pull))
+        if self.cfg.global_pull and worker != leaders[best]:
+            pulls.append((x - params[best]).mul_(self.cfg.global_pull))
+        for move in pulls:
+            x.sub_(move)
+
+    def step(self, theta, mean_delta):
+        raise TypeError("outer=leader exchanges the leaders' replicas, not a mean Δ")

@@ -1,0 +1,183 @@
+"""What both runtimes of the local engine share: a worker's replica and its inner steps, the
+per-worker statistics a round exchanges, the wire format of a pseudo-gradient, and the
+arithmetic that turns the summed exchange into the next θ and the next replicas.
+
+A round, for every outer rule:
+
+1. each worker takes H inner steps on its replica x_i (from θ, or where the rule left it);
+2. one all-reduce of the round's statistics (`STATS` floats per worker and a stop flag):
+   compute time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error;
+3. one all-reduce of the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a
+   rule that follows leaders, Δ_l of each group's leader in that group's slot;
+4. every worker applies the same arithmetic (`conclude`), so θ stays identical everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from stalebench.algorithms.local import INNER, OUTER, OuterRule
+from stalebench.job import Job
+from stalebench.runtime.faults import Faults
+from stalebench.runtime.record import gradient
+
+STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error
+WIRES = {"none": torch.float32, "fp16": torch.float16}
+
+
+def stats_slots(num_workers: int) -> int:
+    return STATS * num_workers + 1  # and the stop flag
+
+
+def ring_volume(nbytes: int, num_workers: int) -> int:
+    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(M − 1)·nbytes."""
+    return 2 * (num_workers - 1) * nbytes
+
+
+class Net:
+    """The model a process computes gradients with, its parameters views of one flat
+    vector (a replica is loaded with one copy)."""
+
+    def __init__(self, job: Job, device: torch.device):
+        from stalebench.models.nets import flatten_parameters
+
+        self.model = job.model().to(device)
+        self.flat = flatten_parameters(self.model)
+        self.params = list(self.model.parameters())
+        self.buffers = list(self.model.buffers())
+        self.device = device
+
+
+class Replica:
+    """One worker: its replica x, inner optimizer, minibatches, BatchNorm statistics and
+    scheduled faults."""
+
+    def __init__(self, job: Job, worker: int, theta: torch.Tensor, net: Net):
+        self.worker = worker
+        self.x = theta.clone()
+        self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
+        self.batches = job.batches(worker)
+        self.buffers = [b.detach().clone() for b in net.buffers]
+        self.faults = Faults(job.profile, worker)
+
+    def step(self, net: Net) -> float:
+        """One inner step on the next minibatch: the gradient at x, then the optimizer."""
+        net.flat.copy_(self.x)
+        for mine, shared in zip(self.buffers, net.buffers, strict=True):
+            shared.copy_(mine)
+        grad, loss = gradient(net.model, net.params, next(self.batches), net.device)
+        for mine, shared in zip(self.buffers, net.buffers, strict=True):
+            mine.copy_(shared)
+        self.inner.step(grad)
+        return loss
+
+
+class Wire:
+    """How a pseudo-gradient travels: as float32 (`none`, bit-exact) or cast to a narrower
+    float type, summed in it by the all-reduce."""
+
+    def __init__(self, name: str):
+        self.name, self.dtype = name, WIRES[name]
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.dtype == torch.float32 else x.to(self.dtype)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.dtype == torch.float32 else x.float()
+
+    def error(self, x: torch.Tensor) -> float:
+        """‖decode(encode(x)) − x‖ / ‖x‖: what the wire alone loses of x (0 when exact)."""
+        norm = float(x.norm())
+        if self.dtype == torch.float32 or norm == 0.0:
+            return 0.0
+        return float((self.decode(self.encode(x)) - x).norm()) / norm
+
+
+class Exchange:
+    """One round's arithmetic, the same on every worker and in the simulator."""
+
+    def __init__(self, job: Job, theta: torch.Tensor, wire: Wire):
+        a, m = job.cfg.algorithm, job.cfg.cluster.num_workers
+        self.rule: OuterRule = OUTER.build(a.outer, theta, m)
+        self.num_workers, self.wire, self.d = m, wire, theta.numel()
+        self.slots = len(self.rule.groups()) if self.rule.exchange == "leaders" else 1
+        self.leaders: list[int] = []
+        self.best = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.slots * self.d * self.wire.itemsize
+
+    @property
+    def stats_bytes(self) -> int:
+        return 4 * stats_slots(self.num_workers)
+
+    def choose(self, losses: list[float]) -> None:
+        """Before the payload: a rule that follows leaders picks them from the losses."""
+        if self.rule.exchange == "leaders":
+            self.leaders, self.best = self.rule.leaders(losses)
+
+    def contribution(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
+        """What `worker` puts into the payload all-reduce (in the wire's type)."""
+        if self.rule.exchange == "mean":
+            return self.wire.encode(delta / self.num_workers)
+        out = torch.zeros(self.slots, self.d, dtype=self.wire.dtype)
+        if worker in self.leaders:
+            out[self.leaders.index(worker)] = self.wire.encode(delta)
+        return out
+
+    def new_theta(self, theta: torch.Tensor, total: torch.Tensor) -> torch.Tensor | None:
+        """θ ← the outer step (in place); returns the leaders' replicas (rows), or None."""
+        summed = self.wire.decode(total)
+        if self.rule.exchange == "mean":
+            self.rule.step(theta, summed)
+            return None
+        leaders = theta.unsqueeze(0) - summed.view(self.slots, self.d)
+        theta.copy_(leaders[self.best])
+        return leaders
+
+    def new_replica(
+        self, x: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor, leaders, worker: int
+    ) -> None:
+        """This worker's replica for the next round."""
+        if leaders is None:
+            self.rule.replica(x, delta, theta)
+        else:
+            self.rule.pull(x, worker, self.leaders, self.best, leaders)
+
+
+def stats_row(compute_s: float, loss: float, paused_s: float, delta: torch.Tensor, wire: Wire):
+    return [compute_s, loss, paused_s, float(delta.norm()), wire.error(delta)]
+
+
+def update_event(
+    worker: int, version: int, row: list[float], slowest: float, comm_s: float, steps: int,
+    nbytes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """An `update` event's fields for one worker's part of the round that made `version`;
+    `slowest`: the longest compute + pause of the round (the others wait for it)."""
+    compute, loss, paused, norm, err = row
+    return dict(
+        worker=worker, clock=version - 1, version=version, lag=0, loss=loss, compute_s=compute,
+        wait_s=slowest - compute - paused, comm_s=comm_s, clock_gap=0, inner_steps=steps,
+        paused_s=paused, delta_norm=norm, wire_error=err, bytes=nbytes,
+    )  # fmt: skip
+
+
+def report(
+    emit, t: float, version: int, rows: list[list[float]], comm_s: float, steps: int,
+    nbytes: int,
+) -> None:  # fmt: skip
+    """The round's events: each pause a fault caused, then every worker's update."""
+    slowest = max(r[0] + r[2] for r in rows)
+    for w, row in enumerate(rows):
+        if row[2] > 0:
+            emit("worker", t, worker=w, event="pause", duration_s=row[2])
+    for w, row in enumerate(rows):
+        emit("update", t, **update_event(w, version, row, slowest, comm_s, steps, nbytes))

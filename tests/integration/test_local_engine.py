@@ -1,0 +1,164 @@
+"""engine=local against its definitions, in the simulator bit for bit where the algebra is
+exact and to float rounding where it is not, and in real processes: the invariants
+(H = 1 averaging is BSP, one worker is plain training, Nesterov without momentum is
+averaging), faults (a paused worker stalls a synchronous round), and the simulator and the
+real runtime agreeing on step rates and bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stalebench.job import Job
+from tests.conftest import compose, fast_with, run_job
+
+SIM = ["runtime=sim", "cluster.num_workers=4", "budget.max_updates=12"]
+
+
+def sim(tmp_path, name, *overrides):
+    return run_job(tmp_path / name, [*SIM, *overrides])
+
+
+def weights(run) -> dict[str, torch.Tensor]:
+    return torch.load(run.dir / "model.pt")
+
+
+def updates(run):
+    return [e for e in run.events if e["kind"] == "update"]
+
+
+@pytest.mark.timeout(60)
+def test_one_inner_step_of_sgd_then_averaging_is_bsp(tmp_path):
+    local = sim(
+        tmp_path, "local", "algorithm=local_sgd", "algorithm.outer.inner_steps=1",
+        "algorithm.inner.lr=0.1",
+    )  # fmt: skip
+    bsp = sim(tmp_path, "bsp", "algorithm=bsp", "engine=allreduce", "algorithm.update.lr=0.1")
+    assert local.summary["updates"] == bsp.summary["updates"] == 12
+    a, b = weights(local), weights(bsp)
+    for key in a:
+        # θ − mean(θ − (θ − ηg_i)) and θ − η·mean(g_i) differ by float rounding only
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+    assert [e["loss"] for e in updates(local)] == pytest.approx(
+        [e["loss"] for e in updates(bsp)], rel=1e-4
+    )
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_is_plain_training(tmp_path):
+    overrides = [
+        "algorithm=diloco", "algorithm/outer=average", "algorithm.outer.inner_steps=5",
+        "algorithm.inner.lr=0.01", "cluster.num_workers=1", "budget.max_updates=4",
+    ]  # fmt: skip
+    run = run_job(tmp_path / "local", ["runtime=sim", *overrides])
+    # the reference: the model trained by torch's AdamW on worker 0's stream, 4·5 steps
+    job = Job.build(compose(fast_with(overrides)))
+    model, batches = job.model(), job.batches(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
+    for _ in range(20):
+        x, y = next(batches)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    got = weights(run)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_nesterov_without_momentum_at_unit_lr_is_averaging_bit_for_bit(tmp_path):
+    common = ["algorithm.outer.inner_steps=3", "algorithm.name=x"]
+    avg = sim(tmp_path, "avg", "algorithm=diloco", "algorithm/outer=average", *common)
+    nest = sim(
+        tmp_path, "nest", "algorithm=diloco", "algorithm.outer.momentum=0",
+        "algorithm.outer.lr=1", *common,
+    )  # fmt: skip
+    a, b = weights(avg), weights(nest)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [e["loss"] for e in updates(avg)] == [e["loss"] for e in updates(nest)]
+
+
+@pytest.mark.timeout(60)
+def test_fp16_halves_the_payload_and_measures_its_error(tmp_path):
+    full = sim(tmp_path, "full", "algorithm=local_sgd")
+    half = sim(tmp_path, "half", "algorithm=local_sgd", "engine.quantize=fp16")
+    assert all(e["wire_error"] == 0.0 for e in updates(full))
+    errors = [e["wire_error"] for e in updates(half)]
+    assert all(0.0 < err < 1e-3 for err in errors), errors[:4]
+    d = sum(v.numel() for v in weights(full).values())
+    stats = 4 * (5 * 4 + 1)
+    per_round = 2 * 3  # a ring all-reduce: 2(M − 1) times the message over all workers
+    assert full.summary["bytes_sent"] == 12 * per_round * (stats + 4 * d)
+    assert half.summary["bytes_sent"] == 12 * per_round * (stats + 2 * d)
+    assert sum(updates(half)[0]["bytes"] for _ in range(4)) == per_round * (stats + 2 * d)
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_worker_stalls_the_synchronous_round(tmp_path):
+    base = ["algorithm=local_sgd", "cluster.compute_ms=10"]  # a round: 10 steps, 0.1 s
+    plain = sim(tmp_path, "plain", *base)
+    paused = sim(tmp_path, "paused", *base, "cluster.faults=[{worker:1,at_s:0.25,duration_s:1.0}]")
+    ends = lambda run: sorted({e["t"] for e in updates(run)})  # noqa: E731
+    assert ends(plain)[:3] == pytest.approx([0.1, 0.2, 0.3])
+    # the pause strikes in round 3 (it starts at 0.2 s): every worker's round ends 1 s later
+    assert ends(paused)[:3] == pytest.approx([0.1, 0.2, 1.3])
+    third = [e for e in updates(paused) if e["version"] == 3]
+    assert [e["paused_s"] for e in third] == pytest.approx([0.0, 1.0, 0.0, 0.0])
+    assert [e["wait_s"] for e in third] == pytest.approx([1.0, 0.0, 1.0, 1.0])
+    pauses = [e for e in paused.events if e["kind"] == "worker" and e["event"] == "pause"]
+    assert [(p["worker"], p["duration_s"], p["t"]) for p in pauses] == [
+        (1, pytest.approx(1.0), pytest.approx(1.3))
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
+    run = sim(
+        tmp_path, "dead", "algorithm=local_sgd", "cluster.faults=[{worker:2,at_s:0.05,action:die}]"
+    )
+    assert run.summary["status"] == "failed"
+    assert "worker 2 died" in run.summary["error"]
+
+
+@pytest.mark.parametrize("preset", ["local_sgd", "diloco", "easgd", "lsgd"])
+@pytest.mark.timeout(60)
+def test_every_preset_learns_with_64_simulated_workers(tmp_path, preset):
+    run = run_job(
+        tmp_path / preset,
+        [
+            f"algorithm={preset}", "runtime=sim", "cluster.num_workers=64",
+            "dataset.sharding=replicated", "algorithm.outer.inner_steps=4",
+            "budget.max_updates=10", "eval.every_updates=5",
+        ],
+    )  # fmt: skip
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["updates"] == 10 and run.summary["num_workers"] == 64
+    assert run.summary["gradients"] == 10 * 64 * 4
+    evals = [e for e in run.events if e["kind"] == "eval" and e["split"] == "train"]
+    assert evals[-1]["loss"] < evals[0]["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path):
+    common = [
+        "algorithm=diloco", "algorithm.outer.inner_steps=5", "cluster.num_workers=3",
+        "cluster.compute_ms=20", "cluster.slowdown=[1,1,2]", "budget.max_updates=6",
+        "eval.every_updates=3",
+    ]  # fmt: skip
+    real = run_job(tmp_path / "real", common)
+    simulated = run_job(tmp_path / "sim", ["runtime=sim", *common])
+    for run in (real, simulated):
+        assert run.summary["status"] == "completed", run.summary["error"]
+    assert real.summary["bytes_sent"] == simulated.summary["bytes_sent"] > 0
+
+    def rates(run):
+        out = {}
+        for e in updates(run):
+            steps, seconds = out.get(e["worker"], (0, 0.0))
+            out[e["worker"]] = (steps + e["inner_steps"], seconds + e["compute_s"])
+        return [steps / seconds for steps, seconds in (out[w] for w in sorted(out))]
+
+    # 50, 50 and 25 steps/s in the profile; the real steps are padded up to it
+    assert rates(simulated) == pytest.approx([50.0, 50.0, 25.0])
+    assert rates(real) == pytest.approx(rates(simulated), rel=0.15)

@@ -1,0 +1,205 @@
+"""The local-update rules against their definitions: each outer rule's θ and replica
+updates written out by hand, the inner optimizers against torch's own, and the wire."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stalebench.algorithms.local import (
+    INNER,
+    OUTER,
+    AdamWConfig,
+    ElasticConfig,
+    InnerConfig,
+    LeaderConfig,
+    MomentumConfig,
+    NesterovConfig,
+    OuterConfig,
+)
+from stalebench.engines.local.round import Wire
+from stalebench.errors import ConfigError
+
+
+def vec(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_average_is_the_mean_of_the_replicas():
+    theta = vec(1.0, 2.0)
+    xs = [vec(0.0, 2.0), vec(1.0, 1.0), vec(2.0, 3.0)]
+    rule = OUTER.build(OuterConfig(name="average"), theta, 3)
+    mean_delta = sum(theta - x for x in xs) / 3
+    rule.step(theta, mean_delta)
+    torch.testing.assert_close(theta, vec(1.0, 2.0))  # mean of xs
+    x = xs[0].clone()
+    rule.replica(x, vec(1.0, 0.0), theta)
+    assert torch.equal(x, theta)  # restarts from θ
+
+
+def test_nesterov_is_torch_sgd_with_nesterov_on_the_pseudo_gradient():
+    cfg = NesterovConfig(name="nesterov", lr=0.7, momentum=0.9)
+    theta = vec(1.0, -1.0, 0.5)
+    ref = theta.clone().requires_grad_(False)
+    opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    rule = OUTER.build(cfg, theta, 4)
+    for delta in (vec(0.1, 0.2, -0.3), vec(-0.2, 0.05, 0.1), vec(0.3, 0.3, 0.3)):
+        rule.step(theta, delta)
+        ref.grad = delta.clone()
+        opt.step()
+        torch.testing.assert_close(theta, ref, rtol=0, atol=1e-7)
+
+
+def test_nesterov_by_hand_two_rounds():
+    # b1 = Δ1; θ1 = θ0 − η(Δ1 + μ b1); b2 = μ b1 + Δ2; θ2 = θ1 − η(Δ2 + μ b2)
+    eta, mu = 0.5, 0.8
+    theta = vec(2.0)
+    rule = OUTER.build(NesterovConfig(name="nesterov", lr=eta, momentum=mu), theta, 2)
+    rule.step(theta, vec(1.0))
+    assert theta.item() == pytest.approx(2.0 - eta * (1.0 + mu * 1.0))
+    rule.step(theta, vec(-1.0))
+    b2 = mu * 1.0 - 1.0
+    assert theta.item() == pytest.approx(2.0 - eta * 1.8 - eta * (-1.0 + mu * b2))
+
+
+def test_nesterov_without_momentum_and_unit_lr_is_average_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, generator=gen), None
+    b = a.clone()
+    avg = OUTER.build(OuterConfig(name="average"), a, 3)
+    nest = OUTER.build(NesterovConfig(name="nesterov", lr=1.0, momentum=0.0), b, 3)
+    for _ in range(5):
+        delta = torch.randn(50, generator=gen)
+        avg.step(a, delta)
+        nest.step(b, delta)
+        assert torch.equal(a, b)
+
+
+def test_elastic_moves_replicas_and_centre_toward_each_other():
+    alpha, centre = 0.2, vec(0.0, 0.0)
+    xs = [vec(1.0, 0.0), vec(0.0, 2.0)]
+    rule = OUTER.build(ElasticConfig(name="elastic", alpha=alpha), centre, 2)
+    deltas = [centre - x for x in xs]
+    old = centre.clone()
+    rule.step(centre, sum(deltas) / 2)
+    # x̃ ← x̃ + α Σ (x_i − x̃)
+    torch.testing.assert_close(centre, old + alpha * sum(x - old for x in xs))
+    for x, d in zip(xs, deltas, strict=True):
+        expected = x - alpha * (x - old)  # x_i ← x_i − α(x_i − x̃), x̃ the old centre
+        rule.replica(x, d, centre)
+        torch.testing.assert_close(x, expected)
+
+
+def test_leader_pulls_toward_the_lowest_loss_and_leaves_the_leader():
+    cfg = LeaderConfig(name="leader", pull=0.25)
+    theta = vec(0.0)
+    rule = OUTER.build(cfg, theta, 3)
+    leaders, best = rule.leaders([0.5, 0.2, 0.9])
+    assert (leaders, best) == ([1], 0)
+    params = torch.stack([vec(4.0)])
+    x0, x1 = vec(0.0), vec(4.0)
+    rule.pull(x0, 0, leaders, best, params)
+    rule.pull(x1, 1, leaders, best, params)
+    assert x0.item() == pytest.approx(0.0 - 0.25 * (0.0 - 4.0))
+    assert x1.item() == 4.0
+
+
+def test_leader_groups_local_and_global_pull_from_the_same_replica():
+    cfg = LeaderConfig(name="leader", pull=0.5, groups=2, global_pull=0.25)
+    rule = OUTER.build(cfg, vec(0.0), 5)
+    assert [list(g) for g in rule.groups()] == [[0, 1], [2, 3, 4]]
+    leaders, best = rule.leaders([0.3, 0.4, 0.9, 0.1, 0.1])  # ties: lowest index
+    assert (leaders, best) == ([0, 3], 1)
+    params = torch.stack([vec(2.0), vec(10.0)])
+    x = vec(4.0)  # worker 1, group 0
+    rule.pull(x, 1, leaders, best, params)
+    # x − λ(x − x_l) − λ_G(x − x_g), both from the x before the pulls
+    assert x.item() == pytest.approx(4.0 - 0.5 * (4.0 - 2.0) - 0.25 * (4.0 - 10.0))
+    x = vec(2.0)  # worker 0 leads group 0 but not globally
+    rule.pull(x, 0, leaders, best, params)
+    assert x.item() == pytest.approx(2.0 - 0.25 * (2.0 - 10.0))
+    x = vec(10.0)  # worker 3 leads all
+    rule.pull(x, 3, leaders, best, params)
+    assert x.item() == 10.0
+
+
+@pytest.mark.parametrize(
+    ("cfg", "make"),
+    [
+        (InnerConfig(name="sgd", lr=0.1, weight_decay=0.01),
+         lambda p: torch.optim.SGD([p], lr=0.1, weight_decay=0.01)),
+        (MomentumConfig(name="momentum", lr=0.1, momentum=0.8, nesterov=True),
+         lambda p: torch.optim.SGD([p], lr=0.1, momentum=0.8, nesterov=True)),
+        (AdamWConfig(name="adamw", lr=0.01),
+         lambda p: torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
+    ],
+    ids=["sgd", "momentum", "adamw"],
+)  # fmt: skip
+def test_inner_optimizers_are_torchs(cfg, make):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(20, generator=gen)
+    ref = torch.nn.Parameter(x.clone())
+    inner, opt = INNER.build(cfg, x), make(ref)
+    for _ in range(4):
+        g = torch.randn(20, generator=gen)
+        inner.step(g.clone())
+        ref.grad = g.clone()
+        opt.step()
+    torch.testing.assert_close(x, ref.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_inner_state_is_kept_across_rounds_unless_reset(reset):
+    x = vec(1.0)
+    inner = INNER.build(MomentumConfig(name="momentum", lr=1.0, momentum=0.5, reset=reset), x)
+    inner.step(vec(1.0))  # b = 1, x = 0
+    inner.new_round()
+    inner.step(vec(1.0))  # kept: b = 0.5 + 1 = 1.5; reset: b = 1
+    assert x.item() == (-1.0 if reset else -1.5)
+
+
+def test_wire_none_is_bit_exact_and_fp16_loses_little():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
+    none, half = Wire("none"), Wire("fp16")
+    assert torch.equal(none.decode(none.encode(x)), x) and none.error(x) == 0.0
+    assert half.encode(x).dtype == torch.float16 and half.itemsize == 2
+    assert 0.0 < half.error(x) < 1e-3
+
+
+BAD = [
+    (OuterConfig, "average", {"inner_steps": 0}, "outer.inner_steps must be >= 1, got 0"),
+    (NesterovConfig, "nesterov", {"momentum": 1.0}, "outer.momentum must be in [0, 1), got 1.0"),
+    (NesterovConfig, "nesterov", {"lr": 0.0}, "outer.lr must be > 0, got 0.0"),
+    (ElasticConfig, "elastic", {"alpha": -0.1}, "outer.alpha must be in [0, 1], got -0.1"),
+    (LeaderConfig, "leader", {"pull": 1.5}, "outer.pull must be in [0, 1], got 1.5"),
+    (
+        LeaderConfig,
+        "leader",
+        {"global_pull": -0.1},
+        "outer.global_pull must be in [0, 1], got -0.1",
+    ),
+    (LeaderConfig, "leader", {"groups": 0}, "outer.groups must be >= 1, got 0"),
+    (InnerConfig, "sgd", {"lr": -1.0}, "inner.lr must be > 0, got -1.0"),
+    (InnerConfig, "sgd", {"weight_decay": -1.0}, "inner.weight_decay must be >= 0, got -1.0"),
+    (MomentumConfig, "momentum", {"momentum": 1.0}, "inner.momentum must be in [0, 1), got 1.0"),
+    (AdamWConfig, "adamw", {"beta2": 1.0}, "inner.beta2 must be in [0, 1), got 1.0"),
+    (AdamWConfig, "adamw", {"beta1": -0.1}, "inner.beta1 must be in [0, 1), got -0.1"),
+    (AdamWConfig, "adamw", {"eps": 0.0}, "inner.eps must be > 0, got 0.0"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "kwargs", "message"), BAD)
+def test_bad_settings_name_the_key_and_value(cls, name, kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        cls(name=name, **kwargs)
+    assert str(err.value) == f"algorithm.{message}"
+
+
+def test_elastic_alpha_defaults_to_the_papers_beta_over_n():
+    centre = vec(0.0)
+    rule = OUTER.build(ElasticConfig(name="elastic"), centre, 4)
+    rule.step(centre, vec(-1.0))  # mean Δ = −1: the replicas sit 1 above the centre
+    assert centre.item() == pytest.approx(0.9)  # x̃ + β·(mean x − x̃), β = Nα = 0.9
+    x = vec(1.0)
+    rule.replica(x, vec(-1.0), centre)
+    assert x.item() == pytest.approx(1.0 - 0.9 / 4)
