@@ -87,8 +87,17 @@ class Job:
         """The endless minibatch stream of one worker."""
         c = self.cfg
         return shard_batches(
-            self.splits, worker, c.cluster.num_workers, c.dataset.batch_size, c.seed, self.sharding
-        )
+            self.splits, worker, c.cluster.num_workers, c.dataset.batch_size, c.seed,
+            self.sharding, c.dataset.dirichlet_alpha,
+        )  # fmt: skip
+
+    @property
+    def sharding_fields(self) -> dict[str, Any]:
+        """How the data is split, as the start event and summary.json record it."""
+        out: dict[str, Any] = {"sharding": self.sharding}
+        if out["sharding"] == "dirichlet":
+            out["dirichlet_alpha"] = self.cfg.dataset.dirichlet_alpha
+        return out
 
     def model(self) -> nn.Module:
         """The model with its seeded initial parameters θ₀ (the same in every process)."""

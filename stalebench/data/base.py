@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without
     import torch
 
 
-SHARDINGS = ("auto", "disjoint", "replicated")
+SHARDINGS = ("auto", "disjoint", "replicated", "dirichlet")
 
 
 @dataclasses.dataclass
@@ -54,8 +54,11 @@ class Splits:
 class DatasetConfig(ComponentConfig):
     batch_size: int = 32  # per-worker minibatch size B
     # disjoint: each worker reads its own shard; replicated: each samples the whole training
-    # split with its own seeded order; auto: disjoint unless a shard holds less than a batch
+    # split with its own seeded order; auto: disjoint unless a shard holds less than a batch;
+    # dirichlet: label skew, each class split over the workers in proportions drawn from
+    # Dirichlet(dirichlet_alpha) (small α: few classes per worker; α → ∞: an IID split)
     sharding: str = "auto"
+    dirichlet_alpha: float = 1.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -64,6 +67,8 @@ class DatasetConfig(ComponentConfig):
             raise ConfigError(
                 f"dataset.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}"
             )
+        if not self.dirichlet_alpha > 0:
+            raise ConfigError(f"dataset.dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
 
     def at_least_one(self, *keys: str) -> None:
         """Counts and sizes that must be >= 1, checked by name."""

@@ -23,6 +23,33 @@ def _permutation(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 
+def dirichlet_shards(
+    labels: torch.Tensor, num_workers: int, alpha: float, seed: int
+) -> list[torch.Tensor]:
+    """Label-skewed shards (Hsu et al. 2019): the samples of each class, in the run's seeded
+    order, cut among the workers in proportions p_c ~ Dirichlet(α·1) drawn per class from
+    the seed. Every sample goes to exactly one worker."""
+    import numpy as np
+    import torch
+
+    if labels.is_floating_point() or labels.dim() != 1:
+        raise ConfigError(
+            "dataset.sharding=dirichlet splits by class label: the dataset's targets are "
+            f"{'floats' if labels.is_floating_point() else 'sequences'}, not one label per sample"
+        )
+    order = _permutation(len(labels), seed)
+    ordered = labels[order]
+    rng = np.random.default_rng([seed, 0xD1])
+    parts: list[list[torch.Tensor]] = [[] for _ in range(num_workers)]
+    for c in torch.unique(ordered).tolist():
+        members = order[ordered == c]
+        p = rng.dirichlet(np.full(num_workers, alpha))
+        cuts = (np.cumsum(p)[:-1] * len(members)).round().astype(int).tolist()
+        for w, piece in enumerate(np.split(np.arange(len(members)), cuts)):
+            parts[w].append(members[torch.from_numpy(piece)])
+    return [torch.cat(p) for p in parts]
+
+
 def resolve_sharding(mode: str, num_train: int, num_workers: int, batch_size: int) -> str:
     """auto: disjoint shards when each holds a minibatch, else every worker samples the whole
     training split (the DANA/GA simulators' single data stream, §1.4, for many workers)."""
@@ -38,20 +65,26 @@ def shard_batches(
     batch_size: int,
     seed: int,
     sharding: str = "disjoint",
+    dirichlet_alpha: float = 1.0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless minibatches for one worker: a seeded disjoint shard of the training split
-    (`replicated`: the whole split), reshuffled every epoch with a stream of its own (same
-    seed, same order). With `splits.augment` set, each minibatch's x is augmented from a
-    second per-worker stream, so the sample order is the same with augmentation on or off."""
+    (`replicated`: the whole split; `dirichlet`: its label-skewed shard), reshuffled every
+    epoch with a stream of its own (same seed, same order). With `splits.augment` set, each
+    minibatch's x is augmented from a second per-worker stream, so the sample order is the
+    same with augmentation on or off."""
     import torch
 
     n = len(splits.y_train)
     order = _permutation(n, seed)
-    shard = order if sharding == "replicated" else order[worker::num_workers]
+    if sharding == "dirichlet":
+        shard = dirichlet_shards(splits.y_train, num_workers, dirichlet_alpha, seed)[worker]
+    else:
+        shard = order if sharding == "replicated" else order[worker::num_workers]
     if len(shard) < batch_size:
         raise ConfigError(
             f"dataset.batch_size={batch_size} exceeds worker {worker}'s shard of {len(shard)} "
-            f"training samples ({n} split over cluster.num_workers={num_workers})"
+            f"training samples ({n} split over cluster.num_workers={num_workers}"
+            + (f", dataset.dirichlet_alpha={dirichlet_alpha})" if sharding == "dirichlet" else ")")
         )
     stream = seed * 1_000_003 + worker + 1
     gen = torch.Generator().manual_seed(stream)

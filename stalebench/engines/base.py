@@ -109,6 +109,18 @@ class Engine:
                 f"samples ({n_train} training samples over cluster.num_workers={n}); "
                 "dataset.sharding=replicated lets every worker sample the whole split"
             )
+        if self.run.dataset.sharding == "dirichlet":
+            from stalebench.data.sharding import dirichlet_shards
+
+            d = self.run.dataset
+            shards = dirichlet_shards(splits.y_train, n, d.dirichlet_alpha, self.run.seed)
+            worker = min(range(n), key=lambda w: len(shards[w]))
+            if len(shards[worker]) < batch:
+                raise ConfigError(
+                    f"dataset.dirichlet_alpha={d.dirichlet_alpha} leaves worker {worker} "
+                    f"{len(shards[worker])} samples, less than dataset.batch_size={batch}: "
+                    "raise the concentration, or lower the batch size or cluster.num_workers"
+                )
 
     def set_slots(self) -> list[str]:
         a = self.run.algorithm

@@ -28,7 +28,7 @@ class RunRecord:
         # the host's load goes to summary.json only: events stay a function of config and
         # seed (byte-identical in the sim runtime)
         labels = {k: v for k, v in job.meta.items() if k != "host"}
-        self.events.emit("system", 0.0, event="start", sharding=job.sharding, **labels)
+        self.events.emit("system", 0.0, event="start", **job.sharding_fields, **labels)
 
     def finish(
         self,
@@ -68,7 +68,7 @@ class RunRecord:
     def _close(self, status: str, error: str | None, summary_extra=None) -> dict[str, Any]:
         cfg = self.job.cfg
         self.events.close()
-        extra = {"sharding": self.job.sharding, **(summary_extra or {})}
+        extra = {**self.job.sharding_fields, **(summary_extra or {})}
         return finalize(
             self.run_dir, self.job.meta, status, error, cfg.budget.target_accuracy, extra
         )

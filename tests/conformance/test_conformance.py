@@ -13,8 +13,8 @@ from stalebench.plugins import load as load_plugins
 from tests.conftest import SUMMARY_FIELDS, preset_engines, run_job
 
 load_plugins()
-# the pipeline presets are tested in tests/conformance/test_pipeline_conformance.py
-PRESETS = [p for p, engine in preset_engines().items() if engine != "pipeline"]
+# the pipeline and local-update presets: test_pipeline_conformance.py, test_local_conformance.py
+PRESETS = [p for p, engine in preset_engines().items() if engine not in ("pipeline", "local")]
 # Each barrier with plain SGD; each update rule behind ASP; each preset as shipped.
 CASES = (
     [

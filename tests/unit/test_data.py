@@ -288,3 +288,47 @@ def test_package_reexports_each_module_and_registers_every_dataset():
         "cifar10",
         "regression",
     }
+
+
+# --------------------------------------------------------------------------- dirichlet
+
+
+def _labels(n=6000, classes=10):
+    return torch.arange(n) % classes
+
+
+def _histograms(shards, classes=10):
+    return torch.stack([torch.bincount(_labels()[s], minlength=classes) for s in shards]).float()
+
+
+def test_dirichlet_shards_partition_the_split_and_are_seeded():
+    from stalebench.data.sharding import dirichlet_shards
+
+    shards = dirichlet_shards(_labels(), 8, 0.5, seed=3)
+    every = torch.cat(shards).sort().values
+    assert torch.equal(every, torch.arange(6000))  # each sample exactly once
+    again = dirichlet_shards(_labels(), 8, 0.5, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(shards, again, strict=True))
+    other = dirichlet_shards(_labels(), 8, 0.5, seed=4)
+    assert not all(torch.equal(a, b) for a, b in zip(shards, other, strict=True))
+
+
+def test_small_alpha_skews_labels_and_large_alpha_is_iid():
+    from stalebench.data.sharding import dirichlet_shards
+
+    def skew(alpha):
+        h = _histograms(dirichlet_shards(_labels(), 8, alpha, seed=0))
+        share = h / h.sum(1, keepdim=True)  # each worker's label distribution
+        return float((share - 0.1).abs().sum(1).mean() / 2)  # mean distance from uniform
+
+    assert skew(0.1) > 0.6  # most of a worker's samples from a few classes
+    assert skew(1e6) < 0.01  # every worker ≈ the global label distribution
+    h = _histograms(dirichlet_shards(_labels(), 8, 1e6, seed=0))
+    assert (h.sum(1) - 750).abs().max() <= 10  # and ≈ equal shards
+
+
+def test_dirichlet_needs_class_labels():
+    from stalebench.data.sharding import dirichlet_shards
+
+    with pytest.raises(ConfigError, match="dataset.sharding=dirichlet splits by class label"):
+        dirichlet_shards(torch.randn(100), 4, 1.0, seed=0)

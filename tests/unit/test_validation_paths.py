@@ -215,6 +215,60 @@ CASES = [
         "over cluster.num_workers=4); dataset.sharding=replicated lets every worker sample the "
         "whole split",
     ),
+    # dataset.sharding=dirichlet
+    (["dataset.dirichlet_alpha=0"], "dataset.dirichlet_alpha must be > 0, got 0.0"),
+    (
+        ["dataset.sharding=dirichlet", "dataset.dirichlet_alpha=0.01", "dataset.batch_size=64"],
+        "dataset.dirichlet_alpha=0.01 leaves worker 2 0 samples, less than "
+        "dataset.batch_size=64: raise the concentration, or lower the batch size or "
+        "cluster.num_workers",
+    ),
+    (
+        ["dataset=regression", "dataset.sharding=dirichlet"],
+        "dataset.sharding=dirichlet splits by class label: the dataset's targets are floats, "
+        "not one label per sample",
+    ),
+    (
+        [*PIPE, "dataset.sharding=dirichlet"],
+        "dataset.sharding=dirichlet: engine=pipeline feeds one stream of microbatches over the "
+        "whole split to its stages; there are no per-worker shards to skew",
+    ),
+    # engine=local
+    (
+        ["algorithm=diloco", "engine.mode=gossip"],
+        "engine.mode must be one of sync, got 'gossip'",
+    ),
+    (
+        ["algorithm=diloco", "engine.quantize=int4"],
+        "engine.quantize must be one of none, fp16, got 'int4'",
+    ),
+    (
+        ["algorithm=easgd", "algorithm.outer.alpha=0.5"],
+        "algorithm.outer.alpha=0.5 with cluster.num_workers=4: the centre moves by N·α = 2 > 1 "
+        "of the replicas' spread and overshoots; use alpha <= 0.25 (0 = 0.9/N)",
+    ),
+    (
+        ["algorithm=lsgd", "algorithm.outer.groups=5"],
+        "algorithm.outer.groups=5 exceeds cluster.num_workers=4: every group needs a worker",
+    ),
+    (
+        ["algorithm=ssp", "engine=local"],
+        "engine=local needs algorithm.inner, which algorithm=ssp does not set (it sets "
+        "algorithm.barrier, algorithm.update): choose a preset made for engine=local, or "
+        "another engine",
+    ),
+    (
+        ["algorithm=diloco", "engine=ps"],
+        "engine=ps needs algorithm.barrier, which algorithm=diloco does not set (it sets "
+        "algorithm.inner, algorithm.outer): choose a preset made for engine=ps, or another "
+        "engine",
+    ),
+    (
+        ["algorithm=local_sgd", "dataset.sharding=disjoint", "dataset.batch_size=1500"],
+        "dataset.batch_size=1500 exceeds a worker's shard of 1000 samples (4000 training samples "
+        "over cluster.num_workers=4); dataset.sharding=replicated lets every worker sample the "
+        "whole split",
+    ),
 ]
 
 

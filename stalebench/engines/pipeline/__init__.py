@@ -47,6 +47,11 @@ class PipelineEngine(Engine):
                 f"dataset.batch_size={run.dataset.batch_size} must be a multiple of "
                 f"algorithm.pipeline.microbatches={pipe.microbatches}"
             )
+        if run.dataset.sharding == "dirichlet":
+            raise ConfigError(
+                "dataset.sharding=dirichlet: engine=pipeline feeds one stream of microbatches "
+                "over the whole split to its stages; there are no per-worker shards to skew"
+            )
         if run.eval.every_updates < 1:
             raise ConfigError(
                 f"eval.every_updates={run.eval.every_updates}: engine=pipeline snapshots every "
