@@ -158,3 +158,32 @@ def test_dirichlet_shards_are_recorded_by_every_data_parallel_engine(tmp_path, e
     start = run.events[0]
     assert (start["sharding"], start["dirichlet_alpha"]) == ("dirichlet", 0.3)
     assert (run.summary["sharding"], run.summary["dirichlet_alpha"]) == ("dirichlet", 0.3)
+
+
+@pytest.mark.timeout(60)
+def test_a_float32_mean_payload_carries_the_statistics_in_one_all_reduce(tmp_path):
+    from stalebench.cluster import ClusterConfig, Profile
+
+    net = ["cluster=slow_network", "algorithm=local_sgd"]
+    one = sim(tmp_path, "one", *net)
+    two = sim(tmp_path, "two", *net, "engine.quantize=fp16")
+    lead = sim(tmp_path, "lead", *net, "algorithm/outer=leader")
+    profile = Profile(
+        ClusterConfig(
+            preset="x",
+            num_workers=4,
+            push_latency_ms=5,
+            pull_latency_ms=5,
+            push_bandwidth_gbps=0.1,
+            pull_bandwidth_gbps=0.1,
+        )
+    )
+    d = sum(v.numel() for v in weights(one).values())
+    stats = 4 * (5 * 4 + 1)
+    assert updates(one)[0]["comm_s"] == pytest.approx(profile.allreduce_s(4 * d + stats))
+    assert updates(two)[0]["comm_s"] == pytest.approx(
+        profile.allreduce_s(stats) + profile.allreduce_s(2 * d)
+    )
+    assert updates(lead)[0]["comm_s"] == pytest.approx(
+        profile.allreduce_s(stats) + profile.allreduce_s(4 * d)
+    )

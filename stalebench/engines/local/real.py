@@ -1,5 +1,6 @@
-"""The local engine in the real runtime: one process per worker, two gloo all-reduces per
-round (the statistics, then the payload), the cluster profile paid by the transport (its
+"""The local engine in the real runtime: one process per worker, one gloo all-reduce per
+round (two where the payload is not float32 or the rule needs the losses first: the
+statistics, then the payload), the cluster profile paid by the transport (its
 network), by each inner step (step time, faults). Rank 0 writes the run directory.
 
 Every rank decides to stop from what all ranks share after a round (the round count, the
@@ -39,7 +40,7 @@ def worker(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str
     theta = net.flat.detach().cpu().clone()  # θ₀, the same in every process
     rep, wire = Replica(job, rank, theta, net), Wire(cfg.engine.quantize)
     ex, steps = Exchange(job, theta, wire), cfg.algorithm.outer.inner_steps
-    stats, network = torch.zeros(stats_slots(m)), Shaped(transport, job.profile)
+    network = Shaped(transport, job.profile)
     record = RunRecord(job, run_dir) if rank == 0 else None
     status, error, version, nbytes = "completed", None, 0, 0
     gradient(net.model, net.params, (job.splits.x_train[:1], job.splits.y_train[:1]), net.device)
@@ -57,17 +58,22 @@ def worker(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str
                 pad_to(start, target_s)
                 compute += time.perf_counter() - start
             delta = theta - rep.x
-            stats.zero_()
+            stats = torch.zeros(stats_slots(m))
             row = stats_row(compute, statistics.fmean(losses), paused, delta, wire)
             stats[STATS * rank : STATS * (rank + 1)] = torch.tensor(row)
             stats[-1] = time.perf_counter() - t0 if rank == 0 else 0.0
             reduce_start = time.perf_counter()
-            network.all_reduce(stats)
-            rows = stats[:-1].view(m, STATS)
-            ex.choose(rows[:, 1].tolist())
-            payload = ex.contribution(rank, delta)
-            network.all_reduce(payload)
+            if ex.fused:  # one all-reduce: the payload, the statistics behind it
+                buf = torch.cat([ex.contribution(rank, delta), stats])
+                network.all_reduce(buf)
+                payload, stats = buf[: ex.d], buf[ex.d :]
+            else:
+                network.all_reduce(stats)
+                ex.choose(stats[:-1].view(m, STATS)[:, 1].tolist())
+                payload = ex.contribution(rank, delta)
+                network.all_reduce(payload)
             reduce_s = time.perf_counter() - reduce_start
+            rows = stats[:-1].view(m, STATS)
             leaders = ex.new_theta(theta, payload)
             ex.new_replica(rep.x, delta, theta, leaders, rank)
             version += 1

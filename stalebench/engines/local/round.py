@@ -5,10 +5,11 @@ arithmetic that turns the summed exchange into the next θ and the next replicas
 A round, for every outer rule:
 
 1. each worker takes H inner steps on its replica x_i (from θ, or where the rule left it);
-2. one all-reduce of the round's statistics (`STATS` floats per worker and a stop flag):
-   compute time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error;
+2. one all-reduce of the round's statistics (`STATS` floats per worker and rank 0's
+   clock): compute time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error;
 3. one all-reduce of the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a
-   rule that follows leaders, Δ_l of each group's leader in that group's slot;
+   rule that follows leaders, Δ_l of each group's leader in that group's slot. A float32
+   mean payload carries the statistics behind it, one all-reduce for both (`fused`);
 4. every worker applies the same arithmetic (`conclude`), so θ stays identical everywhere.
 """
 
@@ -109,6 +110,17 @@ class Exchange:
         self.slots = len(self.rule.groups()) if self.rule.exchange == "leaders" else 1
         self.leaders: list[int] = []
         self.best = 0
+
+    @property
+    def fused(self) -> bool:
+        """One all-reduce carries payload and statistics: a float32 mean payload."""
+        return self.rule.exchange == "mean" and self.wire.dtype == torch.float32
+
+    def comm_s(self, profile) -> float:
+        """The round's all-reduces, as the profile prices them."""
+        if self.fused:
+            return profile.allreduce_s(self.payload_bytes + self.stats_bytes)
+        return profile.allreduce_s(self.stats_bytes) + profile.allreduce_s(self.payload_bytes)
 
     @property
     def payload_bytes(self) -> int:

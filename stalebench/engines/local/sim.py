@@ -1,6 +1,6 @@
 """The local engine in the simulator: every worker's inner steps computed for real on one
 shared model, on a virtual clock. A round lasts as long as its slowest worker (its steps
-at the profile's step times, plus any pause a fault causes), then the two all-reduces at
+at the profile's step times, plus any pause a fault causes), then its all-reduces at
 the profile's ring all-reduce time; the payload is summed in the wire's type, worker by
 worker, as the real all-reduce sums it (in another order: the two agree to rounding)."""
 
@@ -36,7 +36,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     reps = [Replica(job, w, theta, net) for w in range(m)]
     wire = Wire(cfg.engine.quantize)
     ex, steps = Exchange(job, theta, wire), cfg.algorithm.outer.inner_steps
-    comm_s = profile.allreduce_s(ex.stats_bytes) + profile.allreduce_s(ex.payload_bytes)
+    comm_s = ex.comm_s(profile)
     volume = ring_volume(ex.stats_bytes + ex.payload_bytes, m)
     t, version, status, error = 0.0, 0, "completed", None
     loop_start = time.perf_counter()  # the simulator's own speed, for summary.json
