@@ -17,7 +17,7 @@ import torch
 
 from stalebench.cluster import FaultConfig, Profile
 from stalebench.errors import RunError
-from stalebench.runtime.transport import Transport
+from stalebench.runtime.transport import Pending, Transport
 
 FAULT_EXIT = 3  # exit code of a process that an injected fault killed
 
@@ -90,6 +90,17 @@ class Shaped(Transport):
     def all_reduce(self, buf: torch.Tensor) -> None:
         time.sleep(self.profile.allreduce_s(_size(buf)))
         self.inner.all_reduce(buf)
+
+    def all_reduce_start(self, buf: torch.Tensor) -> Pending:
+        """The all-reduce goes on while the caller computes; its wait() returns no sooner
+        than the profile's ring all-reduce time after the start."""
+        start, inner = time.perf_counter(), self.inner.all_reduce_start(buf)
+
+        def wait() -> None:
+            inner.wait()
+            pad_to(start, self.profile.allreduce_s(_size(buf)))
+
+        return Pending(wait)
 
     def barrier(self) -> None:
         self.inner.barrier()

@@ -39,8 +39,20 @@ class Transport:
         """Sum `buf` over every rank, in place."""
         raise NotImplementedError
 
+    def all_reduce_start(self, buf: torch.Tensor) -> Pending:
+        """Start summing `buf` over every rank; it holds the sum once the returned handle's
+        `wait()` returns. Every rank starts its all-reduces in the same order."""
+        raise NotImplementedError
+
     def barrier(self) -> None:
         raise NotImplementedError
+
+
+class Pending:
+    """An all-reduce under way: `wait()` returns once its buffer holds the sum."""
+
+    def __init__(self, wait: Callable[[], None]):
+        self.wait = wait
 
 
 class Gloo(Transport):
@@ -83,6 +95,17 @@ class Gloo(Transport):
 
     def all_reduce(self, buf: torch.Tensor) -> None:
         dist.all_reduce(buf)
+
+    def all_reduce_start(self, buf: torch.Tensor) -> Pending:
+        work = dist.all_reduce(buf, async_op=True)
+
+        def wait() -> None:
+            try:
+                work.wait(self.timeout)
+            except Exception as exc:
+                raise RunError(f"an all-reduce failed: {brief(exc)}") from exc
+
+        return Pending(wait)
 
     def barrier(self) -> None:
         dist.barrier()

@@ -122,9 +122,18 @@ def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path):
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ["algorithm=diloco"],
+        ["algorithm=streaming_diloco", "engine.delay=2"],
+        ["algorithm=hpsgd", "engine.quantize=fp16"],
+    ],
+    ids=["sync", "streaming", "overlap-fp16"],
+)
+def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path, mode):
     common = [
-        "algorithm=diloco", "algorithm.outer.inner_steps=5", "cluster.num_workers=3",
+        *mode, "algorithm.outer.inner_steps=6", "cluster.num_workers=3",
         "cluster.compute_ms=20", "cluster.slowdown=[1,1,2]", "budget.max_updates=6",
         "eval.every_updates=3",
     ]  # fmt: skip
@@ -187,3 +196,49 @@ def test_a_float32_mean_payload_carries_the_statistics_in_one_all_reduce(tmp_pat
     assert updates(lead)[0]["comm_s"] == pytest.approx(
         profile.allreduce_s(stats) + profile.allreduce_s(4 * d)
     )
+
+
+@pytest.mark.timeout(60)
+def test_streaming_with_one_fragment_and_no_delay_is_sync_bit_for_bit(tmp_path):
+    common = ["algorithm=diloco", "algorithm.outer.inner_steps=3", "algorithm.name=x"]
+    sync = sim(tmp_path, "sync", *common)
+    streaming = sim(
+        tmp_path, "streaming", *common, "engine.mode=streaming", "engine.fragments=1",
+        "engine.delay=0", "engine.alpha=0",
+    )  # fmt: skip
+    a, b = weights(sync), weights(streaming)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda run: [{k: v for k, v in e.items()} for e in updates(run)]  # noqa: E731
+    assert strip(sync) == strip(streaming)
+
+
+@pytest.mark.timeout(60)
+def test_overlap_hides_the_all_reduce_behind_the_next_rounds_steps(tmp_path):
+    net = ["cluster=slow_network", "algorithm=local_sgd", "budget.max_updates=8"]
+    sync = sim(tmp_path, "sync", *net)
+    overlap = sim(tmp_path, "overlap", *net, "engine.mode=overlap")
+    assert overlap.summary["bytes_sent"] == sync.summary["bytes_sent"]
+    comm = updates(sync)[0]["comm_s"]
+    assert comm > 0.03  # 2(N − 1)·5 ms of latency, and the transfer
+    ends = lambda run: sorted({e["t"] for e in updates(run)})  # noqa: E731
+    round_s = 10 * 0.02
+    # sync: every round pays compute then the all-reduce; overlap: the all-reduce of round r
+    # runs during round r + 1, merged at its end, so only the last one shows
+    assert ends(sync) == pytest.approx([k * (round_s + comm) for k in range(1, 9)])
+    assert ends(overlap) == pytest.approx([(k + 1) * round_s for k in range(1, 9)])
+
+
+@pytest.mark.timeout(60)
+def test_streaming_sends_each_fragment_in_turn(tmp_path):
+    run = sim(
+        tmp_path, "streaming", "algorithm=streaming_diloco", "algorithm.outer.inner_steps=10",
+        "cluster=slow_network", "budget.max_updates=6",
+    )  # fmt: skip
+    d = sum(v.numel() for v in weights(run).values())
+    stats = 4 * (5 * 4 + 1)
+    halves = [4 * (d // 2) + stats, 4 * (d - d // 2) + stats]
+    per_round = [2 * 3 * h // 4 for h in halves]  # a worker's share of the ring all-reduce
+    first = [e for e in updates(run) if e["worker"] == 0]
+    assert [e["bytes"] for e in first] == [per_round[k % 2] for k in range(6)]
+    assert all(e["inner_steps"] == 5 for e in updates(run))
+    assert run.summary["bytes_sent"] == 4 * sum(e["bytes"] for e in first)

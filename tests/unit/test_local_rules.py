@@ -203,3 +203,56 @@ def test_elastic_alpha_defaults_to_the_papers_beta_over_n():
     x = vec(1.0)
     rule.replica(x, vec(-1.0), centre)
     assert x.item() == pytest.approx(1.0 - 0.9 / 4)
+
+
+def test_sync_sends_and_merges_every_h_steps():
+    from stalebench.engines.local.round import Plan
+
+    plan = Plan("sync", 4, 1, 0, 10)
+    assert [s for s in range(1, 13) if plan.sends(s)] == [4, 8, 12]
+    assert [s for s in range(1, 13) if plan.merges(s)] == [4, 8, 12]
+    assert plan.part(0) == slice(0, 10)
+
+
+def test_streaming_fragments_are_staggered_and_merged_after_the_delay():
+    from stalebench.engines.local.round import Plan
+
+    plan = Plan("streaming", 10, 2, 3, 11)
+    assert [plan.part(0), plan.part(1)] == [slice(0, 5), slice(5, 11)]
+    sends = {s: plan.sends(s) for s in range(1, 21) if plan.sends(s)}
+    assert sends == {5: [0], 10: [1], 15: [0], 20: [1]}
+    merges = {s: plan.merges(s) for s in range(1, 24) if plan.merges(s)}
+    assert merges == {8: [0], 13: [1], 18: [0], 23: [1]}
+    assert Plan("sync", 10, 2, 3, 11).fragments == 1  # fragments and delay: streaming only
+
+
+def test_overlap_merges_a_round_later():
+    from stalebench.engines.local.round import Plan
+
+    plan = Plan("overlap", 5, 1, 0, 3)
+    assert plan.delay == 5 and plan.keeps_progress
+    assert [s for s in range(1, 16) if plan.merges(s)] == [10, 15]
+
+
+def test_merges_keep_the_steps_since_the_send_or_mix_by_alpha():
+    from types import SimpleNamespace
+
+    from stalebench.engines.local.round import Exchange
+
+    job = SimpleNamespace(
+        cfg=SimpleNamespace(
+            algorithm=SimpleNamespace(outer=OuterConfig(name="average")),
+            cluster=SimpleNamespace(num_workers=2),
+        )
+    )
+    ex = Exchange(job, vec(0.0), Wire("none"))
+    # sent at θ = 1 with x_sent = 0.5 (Δ = 0.5); since then x moved to 0.25; θ became 0.4
+    x = vec(0.25)
+    ex.merge(x, vec(0.5), vec(0.4), None, 0, before=vec(1.0), alpha=0.0)
+    assert x.item() == pytest.approx(0.4 + (0.25 - 0.5))  # θ_new + steps since the send
+    x = vec(0.25)
+    ex.merge(x, vec(0.5), vec(0.4), None, 0, before=None, alpha=0.25)
+    assert x.item() == pytest.approx(0.75 * 0.4 + 0.25 * 0.25)  # (1 − α)θ + αx
+    x = vec(0.25)
+    ex.merge(x, vec(0.5), vec(0.4), None, 0, before=None, alpha=0.0)
+    assert x.item() == pytest.approx(0.4)

@@ -236,7 +236,25 @@ CASES = [
     # engine=local
     (
         ["algorithm=diloco", "engine.mode=gossip"],
-        "engine.mode must be one of sync, got 'gossip'",
+        "engine.mode must be one of sync, streaming, overlap, got 'gossip'",
+    ),
+    (["algorithm=streaming_diloco", "engine.fragments=0"], "engine.fragments must be >= 1, got 0"),
+    (["algorithm=streaming_diloco", "engine.delay=-1"], "engine.delay must be >= 0, got -1"),
+    (["algorithm=streaming_diloco", "engine.alpha=2"], "engine.alpha must be in [0, 1], got 2.0"),
+    (
+        ["algorithm=diloco", "engine.fragments=2"],
+        "engine.fragments=2 is a setting of engine.mode=streaming, not of engine.mode=sync",
+    ),
+    (
+        ["algorithm=streaming_diloco", "algorithm.outer.inner_steps=7"],
+        "engine.fragments=2, engine.delay=5 with algorithm.outer.inner_steps=7: the fragments "
+        "must divide H and a fragment's merge come no later than the next fragment's send "
+        "(delay <= H/fragments = 3)",
+    ),
+    (
+        ["algorithm=lsgd", "engine.mode=overlap"],
+        "engine.mode=overlap: algorithm.outer=leader picks leaders from the round's losses "
+        "before it sends; it runs with engine.mode=sync only",
     ),
     (
         ["algorithm=diloco", "engine.quantize=int4"],

@@ -11,17 +11,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from stalebench.algorithms.local import OUTER
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
 from stalebench.engines.local.round import WIRES
 from stalebench.errors import ConfigError
 
-MODES = ("sync",)
+MODES = ("sync", "streaming", "overlap")
 
 
 @dataclasses.dataclass
 class LocalConfig(EngineConfig):
-    # sync: every H steps all workers exchange by all-reduce and apply the outer rule
+    # sync: every H steps all workers exchange by all-reduce and apply the outer rule;
+    # streaming: Streaming DiLoCo, θ in `fragments` parts sent at staggered steps, each
+    # merged `delay` steps after it was sent (the all-reduce overlaps those steps) and
+    # mixed with the replica by `alpha`; overlap: HPSGD, a round's exchange runs during the
+    # next round's H steps and its change is added to the replica when it arrives
     mode: str = "sync"
+    fragments: int = 1  # P (streaming)
+    delay: int = 0  # τ, inner steps from a fragment's send to its merge (streaming)
+    alpha: float = 0.0  # x ← (1 − α)·θ + α·x at a merge (streaming); 0: take θ
     # what a pseudo-gradient travels as: none (float32), fp16 (pre-divided by the number
     # of workers, summed in half precision)
     quantize: str = "none"
@@ -33,6 +41,19 @@ class LocalConfig(EngineConfig):
             raise ConfigError(
                 f"engine.quantize must be one of {', '.join(WIRES)}, got {self.quantize!r}"
             )
+        if self.fragments < 1:
+            raise ConfigError(f"engine.fragments must be >= 1, got {self.fragments}")
+        if self.delay < 0:
+            raise ConfigError(f"engine.delay must be >= 0, got {self.delay}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"engine.alpha must be in [0, 1], got {self.alpha}")
+        defaults = {"fragments": 1, "delay": 0, "alpha": 0.0}
+        for key, default in defaults.items():
+            if self.mode != "streaming" and getattr(self, key) != default:
+                raise ConfigError(
+                    f"engine.{key}={getattr(self, key)} is a setting of engine.mode=streaming, "
+                    f"not of engine.mode={self.mode}"
+                )
 
 
 @ENGINES.register("local", LocalConfig)
@@ -50,6 +71,19 @@ class LocalEngine(Engine):
                 f"algorithm.outer.alpha={alpha} with cluster.num_workers={n}: the centre moves "
                 f"by N·α = {alpha * n:g} > 1 of the replicas' spread and overshoots; use "
                 f"alpha <= {1 / n:g} (0 = 0.9/N)"
+            )
+        e, steps = self.run.engine, a.outer.inner_steps
+        if e.mode == "streaming" and (steps % e.fragments or e.delay > steps // e.fragments):
+            raise ConfigError(
+                f"engine.fragments={e.fragments}, engine.delay={e.delay} with "
+                f"algorithm.outer.inner_steps={steps}: the fragments must divide H and a "
+                f"fragment's merge come no later than the next fragment's send "
+                f"(delay <= H/fragments = {steps // e.fragments})"
+            )
+        if e.mode != "sync" and OUTER.get(a.outer.name)[0].exchange != "mean":
+            raise ConfigError(
+                f"engine.mode={e.mode}: algorithm.outer={a.outer.name} picks leaders from the "
+                "round's losses before it sends; it runs with engine.mode=sync only"
             )
         groups = getattr(a.outer, "groups", 1)
         if groups > n:

@@ -100,8 +100,43 @@ class Wire:
         return float((self.decode(self.encode(x)) - x).norm()) / norm
 
 
+class Plan:
+    """When each fragment of θ is sent and merged, in inner steps counted from 1.
+
+    θ is cut into `fragments` contiguous, near-equal ranges of the flat vector. Fragment p
+    is sent every H steps at offset ((p + 1)·H/P) mod H (P = 1: every H-th step) and
+    merged `delay` steps after it was sent (τ = 0: at once; τ > 0: the merges of earlier
+    sends come before the step's sends). `sync` is P = 1, τ = 0; `streaming` Streaming
+    DiLoCo's staggered fragments; `overlap` HPSGD's one fragment merged a whole round later
+    (τ = H), the replica keeping the steps it took meanwhile on top of the new θ."""
+
+    def __init__(self, mode: str, steps: int, fragments: int, delay: int, num_params: int):
+        self.mode, self.steps = mode, steps
+        self.fragments = 1 if mode != "streaming" else fragments
+        self.delay = {"sync": 0, "overlap": steps}.get(mode, delay)
+        p, d = self.fragments, num_params
+        self.bounds = [d * k // p for k in range(p + 1)]
+        self.offsets = [(k + 1) * steps // p % steps for k in range(p)]
+
+    def part(self, p: int) -> slice:
+        return slice(self.bounds[p], self.bounds[p + 1])
+
+    def sends(self, step: int) -> list[int]:
+        return [p for p, off in enumerate(self.offsets) if step % self.steps == off]
+
+    def merges(self, step: int) -> list[int]:
+        sent = step - self.delay
+        return self.sends(sent) if sent >= 1 else []
+
+    @property
+    def keeps_progress(self) -> bool:
+        """overlap: the replica keeps its steps since the send and adds θ's change."""
+        return self.mode == "overlap"
+
+
 class Exchange:
-    """One round's arithmetic, the same on every worker and in the simulator."""
+    """One round's arithmetic (of one fragment of θ), the same on every worker and in the
+    simulator."""
 
     def __init__(self, job: Job, theta: torch.Tensor, wire: Wire):
         a, m = job.cfg.algorithm, job.cfg.cluster.num_workers
@@ -162,6 +197,23 @@ class Exchange:
             self.rule.replica(x, delta, theta)
         else:
             self.rule.pull(x, worker, self.leaders, self.best, leaders)
+
+    def merge(
+        self, x: torch.Tensor, delta: torch.Tensor, theta: torch.Tensor, leaders, worker: int,
+        before: torch.Tensor | None, alpha: float,
+    ) -> None:  # fmt: skip
+        """Merge the new θ into replica x, which may have taken steps since it sent Δ:
+        with `before` (θ at the send; overlap) the steps since the send are kept on top of
+        the new θ: x ← θ + (x − x_sent), x_sent = before − Δ; otherwise the rule's replica,
+        mixed with the current x by `alpha` (Streaming DiLoCo's α: x ← (1 − α)·replica +
+        α·x; 0 takes the rule's replica as it is)."""
+        if before is not None:
+            x.add_(theta - before).add_(delta)
+            return
+        old = x.clone() if alpha else None
+        self.new_replica(x, delta, theta, leaders, worker)
+        if old is not None:
+            x.mul_(1 - alpha).add_(old, alpha=alpha)
 
 
 def stats_row(compute_s: float, loss: float, paused_s: float, delta: torch.Tensor, wire: Wire):

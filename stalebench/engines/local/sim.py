@@ -1,19 +1,27 @@
 """The local engine in the simulator: every worker's inner steps computed for real on one
-shared model, on a virtual clock. A round lasts as long as its slowest worker (its steps
-at the profile's step times, plus any pause a fault causes), then its all-reduces at
-the profile's ring all-reduce time; the payload is summed in the wire's type, worker by
-worker, as the real all-reduce sums it (in another order: the two agree to rounding)."""
+shared model, each worker on a virtual clock of its own, advanced by the profile's step
+times and any pause a fault causes.
+
+A fragment's all-reduce starts when the last worker sends it and lasts the profile's ring
+all-reduce time for its bytes; a worker that reaches the merge before it ends waits for
+it. In sync mode the merge follows the send, so a round lasts as long as its slowest
+worker plus the all-reduce. The payload is summed in the wire's type, worker by worker,
+as the real all-reduce sums it (in another order: the two agree to rounding)."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from stalebench.engines.local.round import (
     Exchange,
     Net,
+    Plan,
     Replica,
     Wire,
     report,
@@ -25,55 +33,92 @@ from stalebench.job import Job
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 
-def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
-    import torch
+@dataclasses.dataclass
+class Sent:
+    total: torch.Tensor  # the summed payload
+    deltas: list[torch.Tensor]
+    rows: list[list[float]]
+    done: float  # when the all-reduce ends
+    steps: int
 
-    cfg, m, profile = job.cfg, job.cfg.cluster.num_workers, job.profile
+
+def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
+    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
     torch.set_num_threads(cfg.num_threads)
     record = RunRecord(job, run_dir, flush_s=0.2)
     net = Net(job, job.device(0))
     theta = net.flat.detach().cpu().clone()
     reps = [Replica(job, w, theta, net) for w in range(m)]
-    wire = Wire(cfg.engine.quantize)
-    ex, steps = Exchange(job, theta, wire), cfg.algorithm.outer.inner_steps
-    comm_s = ex.comm_s(profile)
-    volume = ring_volume(ex.stats_bytes + ex.payload_bytes, m)
-    t, version, status, error = 0.0, 0, "completed", None
+    wire = Wire(e.quantize)
+    plan = Plan(e.mode, cfg.algorithm.outer.inner_steps, e.fragments, e.delay, theta.numel())
+    parts = [plan.part(p) for p in range(plan.fragments)]
+    exs = [Exchange(job, theta[part], wire) for part in parts]
+    clocks, busy = [0.0] * m, [[0.0, 0.0, []] for _ in range(m)]  # compute, paused, losses
+    sent: dict[int, Sent] = {}
+    version, step, nbytes, status, error = 0, 0, 0, "completed", None
     loop_start = time.perf_counter()  # the simulator's own speed, for summary.json
-    try:
-        while status == "completed":
-            rows, deltas = [], []
-            for rep in reps:
-                compute, paused, losses, now = 0.0, 0.0, [], t
-                rep.inner.new_round()
-                for _ in range(steps):
-                    start = rep.faults.strike(now, lambda at, s: None)
-                    step_s = profile.step_s(rep.worker)
-                    losses.append(rep.step(net))
-                    paused, compute, now = paused + start - now, compute + step_s, start + step_s
-                deltas.append(theta - rep.x)
-                rows.append(stats_row(compute, statistics.fmean(losses), paused, deltas[-1], wire))
+
+    def sends(step: int) -> None:
+        for p in plan.sends(step):
+            ex, part = exs[p], parts[p]
+            deltas = [theta[part] - rep.x[part] for rep in reps]
+            rows = [
+                stats_row(c, statistics.fmean(ls), pz, d, wire)
+                for (c, pz, ls), d in zip(busy, deltas, strict=True)
+            ]
             ex.choose([r[1] for r in rows])
             total = ex.contribution(0, deltas[0]).clone()
             for w in range(1, m):
                 total += ex.contribution(w, deltas[w])
-            leaders = ex.new_theta(theta, total)
-            for rep, delta in zip(reps, deltas, strict=True):
-                ex.new_replica(rep.x, delta, theta, leaders, rep.worker)
-            t += max(r[0] + r[2] for r in rows) + comm_s
-            version += 1
-            report(record.events.emit, t, version, rows, comm_s, steps, volume // m)
-            record.snapshots.maybe(t, version, theta)
-            if diverged(sum(r[1] for r in rows), theta):
-                status = "diverged"
-            elif spent(cfg.budget, version, t):
+            done = max(clocks) + ex.comm_s(profile)
+            sent[p] = Sent(total, deltas, rows, done, len(busy[0][2]))
+            for b in busy:
+                b[:] = [0.0, 0.0, []]
+
+    try:
+        while status == "completed":
+            if step % plan.steps == 0:
+                for rep in reps:
+                    rep.inner.new_round()
+            for w, rep in enumerate(reps):
+                start = rep.faults.strike(clocks[w], lambda at, s: None)
+                step_s = profile.step_s(w)
+                busy[w][2].append(rep.step(net))
+                busy[w][0] += step_s
+                busy[w][1] += start - clocks[w]
+                clocks[w] = start + step_s
+            step += 1
+            if plan.delay == 0:
+                sends(step)
+            stop = False
+            for p in plan.merges(step):
+                s, ex, part = sent.pop(p), exs[p], parts[p]
+                before = theta[part].clone() if plan.keeps_progress else None
+                leaders = ex.new_theta(theta[part], s.total)
+                for w, rep in enumerate(reps):
+                    ex.merge(rep.x[part], s.deltas[w], theta[part], leaders, w, before, e.alpha)
+                    clocks[w] = max(clocks[w], s.done)
+                version += 1
+                volume = ring_volume(ex.stats_bytes + ex.payload_bytes, m)
+                nbytes += volume
+                t = max(clocks)
+                report(
+                    record.events.emit, t, version, s.rows, ex.comm_s(profile), s.steps, volume // m
+                )
+                record.snapshots.maybe(t, version, theta)
+                if diverged(sum(r[1] for r in s.rows), theta):
+                    status = "diverged"
+                stop = stop or spent(cfg.budget, version, t)
+            if stop:
                 break
+            if plan.delay > 0:
+                sends(step)
     except RunError as exc:  # a fault killed a worker: the round it was in never ends
         status, error = "failed", str(exc)
     for kept, last in zip(net.buffers, reps[0].buffers, strict=True):
         kept.copy_(last)  # worker 0's BatchNorm statistics, for the evaluation
     return record.finish(
-        net.model, theta, version, t, status, error,
-        bytes_sent=version * volume, virtual_time=True,
+        net.model, theta, version, max(clocks), status, error,
+        bytes_sent=nbytes, virtual_time=True,
         summary_extra={"sim_loop_s": time.perf_counter() - loop_start},
     )  # fmt: skip
