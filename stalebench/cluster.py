@@ -190,6 +190,12 @@ class Profile:
         step = max(self.push_s(chunk), self.pull_s(chunk))
         return 2 * (n - 1) * step
 
+    def allgather_s(self, nbytes: float) -> float:
+        """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
+        N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`)."""
+        n = self.cfg.num_workers
+        return (n - 1) * max(self.push_s(nbytes), self.pull_s(nbytes))
+
     def faults(self, worker: int) -> list[FaultConfig]:
         return sorted((f for f in self.cfg.faults if f.worker == worker), key=lambda f: f.at_s)
 

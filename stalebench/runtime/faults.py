@@ -102,6 +102,16 @@ class Shaped(Transport):
 
         return Pending(wait)
 
+    def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
+        """As all_reduce_start, at the profile's ring all-gather time."""
+        start, inner = time.perf_counter(), self.inner.all_gather_start(out, buf)
+
+        def wait() -> None:
+            inner.wait()
+            pad_to(start, self.profile.allgather_s(_size(buf)))
+
+        return Pending(wait)
+
     def barrier(self) -> None:
         self.inner.barrier()
 

@@ -44,6 +44,10 @@ class Transport:
         `wait()` returns. Every rank starts its all-reduces in the same order."""
         raise NotImplementedError
 
+    def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
+        """Start gathering every rank's `buf` into `out` (rank order), as all_reduce_start."""
+        raise NotImplementedError
+
     def barrier(self) -> None:
         raise NotImplementedError
 
@@ -104,6 +108,17 @@ class Gloo(Transport):
                 work.wait(self.timeout)
             except Exception as exc:
                 raise RunError(f"an all-reduce failed: {brief(exc)}") from exc
+
+        return Pending(wait)
+
+    def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
+        work = dist.all_gather(out, buf, async_op=True)
+
+        def wait() -> None:
+            try:
+                work.wait(self.timeout)
+            except Exception as exc:
+                raise RunError(f"an all-gather failed: {brief(exc)}") from exc
 
         return Pending(wait)
 

@@ -128,8 +128,9 @@ def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
         ["algorithm=diloco"],
         ["algorithm=streaming_diloco", "engine.delay=2"],
         ["algorithm=hpsgd", "engine.quantize=fp16"],
+        ["algorithm=diloco", "engine.quantize=int8"],
     ],
-    ids=["sync", "streaming", "overlap-fp16"],
+    ids=["sync", "streaming", "overlap-fp16", "sync-int8"],
 )
 def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path, mode):
     common = [
@@ -242,3 +243,18 @@ def test_streaming_sends_each_fragment_in_turn(tmp_path):
     assert [e["bytes"] for e in first] == [per_round[k % 2] for k in range(6)]
     assert all(e["inner_steps"] == 5 for e in updates(run))
     assert run.summary["bytes_sent"] == 4 * sum(e["bytes"] for e in first)
+
+
+@pytest.mark.timeout(60)
+def test_int8_is_all_gathered_and_counted(tmp_path):
+    run = sim(tmp_path, "int8", "algorithm=local_sgd", "engine.quantize=int8")
+    errors = [e["wire_error"] for e in updates(run)]
+    assert all(0.0 < err < 0.05 for err in errors), errors[:4]  # about 1 % here
+    w = weights(run)
+    d, tensors = sum(v.numel() for v in w.values()), len(w)
+    stats = 4 * (5 * 4 + 1)
+    piece = d + 4 * tensors  # int8 values and a float32 scale per tensor
+    per_round = 2 * 3 * stats + 4 * 3 * piece  # the statistics' all-reduce, the all-gather
+    assert run.summary["bytes_sent"] == 12 * per_round
+    evals = [e for e in run.events if e["kind"] == "eval" and e["split"] == "train"]
+    assert evals[-1]["loss"] < evals[0]["loss"]

@@ -134,3 +134,10 @@ def test_a_seeds_step_times_stay_the_same_across_versions():
         0.009588481673865388,
         0.01106198098205043,
     ]
+
+
+def test_a_ring_all_gather_forwards_one_piece_per_step():
+    p = Profile(ClusterConfig(num_workers=4, push_latency_ms=2, push_bandwidth_gbps=1))
+    # N − 1 = 3 steps, each one piece of 1,000 bytes: 2 ms + 8 µs
+    assert p.allgather_s(1000) == pytest.approx(3 * (0.002 + 8e-6))
+    assert Profile(ClusterConfig(num_workers=1, push_latency_ms=2)).allgather_s(1000) == 0.0

@@ -160,10 +160,34 @@ def test_inner_state_is_kept_across_rounds_unless_reset(reset):
 
 def test_wire_none_is_bit_exact_and_fp16_loses_little():
     x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
-    none, half = Wire("none"), Wire("fp16")
+    none, half = Wire("none", [(0, 1000)]), Wire("fp16", [(0, 1000)])
     assert torch.equal(none.decode(none.encode(x)), x) and none.error(x) == 0.0
-    assert half.encode(x).dtype == torch.float16 and half.itemsize == 2
+    assert half.encode(x).dtype == torch.float16 and half.nbytes(1000) == 2000
     assert 0.0 < half.error(x) < 1e-3
+
+
+def test_int8_scales_each_tensor_by_its_largest_value():
+    from stalebench.engines.local.round import segments
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(300, generator=gen) * 100, torch.randn(700, generator=gen) * 0.01])
+    wire = Wire("int8", segments([300, 700], slice(0, 1000)))
+    packed = wire.encode(x)
+    assert packed.dtype == torch.int8 and packed.numel() == wire.nbytes(1000) == 1000 + 2 * 4
+    back = wire.decode(packed)
+    for a, b in ((0, 300), (300, 1000)):  # each tensor within half a step of its own scale
+        step = float(x[a:b].abs().max()) / 127
+        assert float((back[a:b] - x[a:b]).abs().max()) <= step / 2 + 1e-6
+    assert 0.0 < wire.error(x) < 0.01
+    zero = Wire("int8", [(0, 4)])
+    assert torch.equal(zero.decode(zero.encode(torch.zeros(4))), torch.zeros(4))
+
+
+def test_segments_cut_the_tensors_by_the_fragment():
+    from stalebench.engines.local.round import segments
+
+    assert segments([3, 4, 5], slice(0, 12)) == [(0, 3), (3, 7), (7, 12)]
+    assert segments([3, 4, 5], slice(5, 9)) == [(0, 2), (2, 4)]
 
 
 BAD = [
@@ -245,7 +269,7 @@ def test_merges_keep_the_steps_since_the_send_or_mix_by_alpha():
             cluster=SimpleNamespace(num_workers=2),
         )
     )
-    ex = Exchange(job, vec(0.0), Wire("none"))
+    ex = Exchange(job, vec(0.0), Wire("none", [(0, 1)]))
     # sent at θ = 1 with x_sent = 0.5 (Δ = 0.5); since then x moved to 0.25; θ became 0.4
     x = vec(0.25)
     ex.merge(x, vec(0.5), vec(0.4), None, 0, before=vec(1.0), alpha=0.0)

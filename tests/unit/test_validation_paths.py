@@ -258,7 +258,12 @@ CASES = [
     ),
     (
         ["algorithm=diloco", "engine.quantize=int4"],
-        "engine.quantize must be one of none, fp16, got 'int4'",
+        "engine.quantize must be one of none, fp16, int8, got 'int4'",
+    ),
+    (
+        ["algorithm=lsgd", "engine.quantize=int8"],
+        "engine.quantize=int8: algorithm.outer=leader sends only its leaders' Δ, which an "
+        "all-gather of every worker's piece would not carry; use none or fp16",
     ),
     (
         ["algorithm=easgd", "algorithm.outer.alpha=0.5"],

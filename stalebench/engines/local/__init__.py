@@ -31,7 +31,8 @@ class LocalConfig(EngineConfig):
     delay: int = 0  # τ, inner steps from a fragment's send to its merge (streaming)
     alpha: float = 0.0  # x ← (1 − α)·θ + α·x at a merge (streaming); 0: take θ
     # what a pseudo-gradient travels as: none (float32), fp16 (pre-divided by the number
-    # of workers, summed in half precision)
+    # of workers, summed in half precision), int8 (a float32 scale per model tensor;
+    # all-gathered, since int8 values with different scales cannot be summed on the wire)
     quantize: str = "none"
 
     def __post_init__(self) -> None:
@@ -80,7 +81,13 @@ class LocalEngine(Engine):
                 f"fragment's merge come no later than the next fragment's send "
                 f"(delay <= H/fragments = {steps // e.fragments})"
             )
-        if e.mode != "sync" and OUTER.get(a.outer.name)[0].exchange != "mean":
+        leads = OUTER.get(a.outer.name)[0].exchange != "mean"
+        if leads and e.quantize == "int8":
+            raise ConfigError(
+                f"engine.quantize=int8: algorithm.outer={a.outer.name} sends only its leaders' "
+                "Δ, which an all-gather of every worker's piece would not carry; use none or fp16"
+            )
+        if e.mode != "sync" and leads:
             raise ConfigError(
                 f"engine.mode={e.mode}: algorithm.outer={a.outer.name} picks leaders from the "
                 "round's losses before it sends; it runs with engine.mode=sync only"

@@ -31,7 +31,7 @@ from stalebench.engines.local.round import (
     Replica,
     Wire,
     report,
-    ring_volume,
+    segments,
     stats_row,
     stats_slots,
 )
@@ -45,7 +45,7 @@ from stalebench.runtime.transport import Pending, Transport
 class Sent:
     """A fragment's all-reduce under way: its buffers, this worker's Δ and when it started."""
 
-    payload: torch.Tensor
+    payload: torch.Tensor | list[torch.Tensor]  # the sum, or (int8) every worker's piece
     stats: torch.Tensor
     delta: torch.Tensor
     pending: list[Pending]
@@ -66,11 +66,15 @@ class Worker:
         self.job, self.rank, self.m, self.e = job, rank, cfg.cluster.num_workers, e
         self.net = Net(job, job.device(rank))
         self.theta = self.net.flat.detach().cpu().clone()  # θ₀, the same in every process
-        self.rep, self.wire = Replica(job, rank, self.theta, self.net), Wire(e.quantize)
+        self.rep = Replica(job, rank, self.theta, self.net)
         steps = cfg.algorithm.outer.inner_steps
         self.plan = Plan(e.mode, steps, e.fragments, e.delay, self.theta.numel())
         self.parts = [self.plan.part(p) for p in range(self.plan.fragments)]
-        self.exs = [Exchange(job, self.theta[part], self.wire) for part in self.parts]
+        sizes = [p.numel() for p in self.net.params]
+        self.exs = [
+            Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
+            for part in self.parts
+        ]
         self.network = Shaped(transport, job.profile)
         self.record = RunRecord(job, run_dir) if rank == 0 else None
         self.status, self.version, self.nbytes = "completed", 0, 0
@@ -126,7 +130,7 @@ class Worker:
             delta = self.theta[self.parts[p]] - self.rep.x[self.parts[p]]
             stats = torch.zeros(stats_slots(m))
             loss = statistics.fmean(self.losses)
-            row = stats_row(self.compute, loss, self.paused, delta, self.wire)
+            row = stats_row(self.compute, loss, self.paused, delta, self.exs[p].wire)
             stats[STATS * rank : STATS * (rank + 1)] = torch.tensor(row)
             stats[-1] = time.perf_counter() - self.t0 if rank == 0 else 0.0
             self.sent[p] = send(self.network, self.exs[p], rank, delta, stats, len(self.losses))
@@ -144,7 +148,7 @@ class Worker:
         leaders = ex.new_theta(theta[part], s.payload)
         ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.rank, before, self.e.alpha)
         self.version += 1
-        volume = ring_volume(ex.stats_bytes + ex.payload_bytes, m)
+        volume = ex.volume()
         self.nbytes += volume
         if self.record is not None:
             t = time.perf_counter() - self.t0
@@ -176,5 +180,10 @@ def send(
         network.all_reduce(payload)
         return Sent(payload, stats, delta, [], time.perf_counter() - start, steps)
     payload = ex.contribution(rank, delta)
-    pending = [network.all_reduce_start(stats), network.all_reduce_start(payload)]
+    pending = [network.all_reduce_start(stats)]
+    if ex.gathers:  # int8: every worker's piece, summed after decoding
+        pieces = [torch.empty_like(payload) for _ in range(ex.num_workers)]
+        pending.append(network.all_gather_start(pieces, payload))
+        return Sent(pieces, stats, delta, pending, 0.0, steps)
+    pending.append(network.all_reduce_start(payload))
     return Sent(payload, stats, delta, pending, 0.0, steps)

@@ -25,7 +25,7 @@ from stalebench.runtime.faults import Faults
 from stalebench.runtime.record import gradient
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error
-WIRES = {"none": torch.float32, "fp16": torch.float16}
+WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 
 def stats_slots(num_workers: int) -> int:
@@ -76,21 +76,46 @@ class Replica:
 
 
 class Wire:
-    """How a pseudo-gradient travels: as float32 (`none`, bit-exact) or cast to a narrower
-    float type, summed in it by the all-reduce."""
+    """How a pseudo-gradient travels: as float32 (`none`, bit-exact), cast to float16 and
+    summed in it by the all-reduce (`fp16`), or as int8 with one float32 scale per model
+    tensor (`int8`: each tensor's max |value| maps to 127), which no all-reduce can sum:
+    every worker's int8 Δ is all-gathered and the sum taken after decoding.
 
-    def __init__(self, name: str):
-        self.name, self.dtype = name, WIRES[name]
+    `segments`: the model tensors' ranges within the vector it carries (the scales' ranges).
+    """
 
-    @property
-    def itemsize(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
+    def __init__(self, name: str, segments: list[tuple[int, int]]):
+        self.name, self.dtype, self.segments = name, WIRES[name], segments
+        self.gathers = self.dtype == torch.int8
+
+    def nbytes(self, numel: int) -> int:
+        """Bytes of one encoded vector of `numel` values."""
+        if self.gathers:
+            return numel + 4 * len(self.segments)
+        return numel * torch.empty(0, dtype=self.dtype).element_size()
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.dtype == torch.float32 else x.to(self.dtype)
+        if self.dtype == torch.float32:
+            return x
+        if not self.gathers:
+            return x.to(self.dtype)
+        q, scales = torch.empty(x.numel(), dtype=torch.int8), torch.empty(len(self.segments))
+        for k, (a, b) in enumerate(self.segments):
+            top = float(x[a:b].abs().max()) if b > a else 0.0
+            scales[k] = top / 127 if top > 0 else 1.0
+            q[a:b] = torch.round(x[a:b] / scales[k]).clamp_(-127, 127).to(torch.int8)
+        return torch.cat([q, scales.view(torch.int8)])
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.dtype == torch.float32 else x.float()
+        if self.dtype == torch.float32:
+            return x
+        if not self.gathers:
+            return x.float()
+        d = x.numel() - 4 * len(self.segments)
+        out, scales = x[:d].float(), x[d:].clone().view(torch.float32)
+        for k, (a, b) in enumerate(self.segments):
+            out[a:b] *= scales[k]
+        return out
 
     def error(self, x: torch.Tensor) -> float:
         """‖decode(encode(x)) − x‖ / ‖x‖: what the wire alone loses of x (0 when exact)."""
@@ -98,6 +123,17 @@ class Wire:
         if self.dtype == torch.float32 or norm == 0.0:
             return 0.0
         return float((self.decode(self.encode(x)) - x).norm()) / norm
+
+
+def segments(sizes: list[int], part: slice) -> list[tuple[int, int]]:
+    """The ranges of tensors of `sizes` (laid end to end) within `part`, relative to it."""
+    out, start = [], 0
+    for n in sizes:
+        a, b = max(start, part.start), min(start + n, part.stop)
+        if a < b:
+            out.append((a - part.start, b - part.start))
+        start += n
+    return out
 
 
 class Plan:
@@ -142,6 +178,7 @@ class Exchange:
         a, m = job.cfg.algorithm, job.cfg.cluster.num_workers
         self.rule: OuterRule = OUTER.build(a.outer, theta, m)
         self.num_workers, self.wire, self.d = m, wire, theta.numel()
+        self.gathers = wire.gathers  # int8: the payload is all-gathered, not all-reduced
         self.slots = len(self.rule.groups()) if self.rule.exchange == "leaders" else 1
         self.leaders: list[int] = []
         self.best = 0
@@ -152,14 +189,27 @@ class Exchange:
         return self.rule.exchange == "mean" and self.wire.dtype == torch.float32
 
     def comm_s(self, profile) -> float:
-        """The round's all-reduces, as the profile prices them."""
+        """The round's collectives, as the profile prices them."""
         if self.fused:
             return profile.allreduce_s(self.payload_bytes + self.stats_bytes)
-        return profile.allreduce_s(self.stats_bytes) + profile.allreduce_s(self.payload_bytes)
+        payload = profile.allgather_s if self.gathers else profile.allreduce_s
+        return profile.allreduce_s(self.stats_bytes) + payload(self.payload_bytes)
+
+    def volume(self) -> int:
+        """Bytes all workers together send in the round's collectives: 2(M − 1) times the
+        message for a ring all-reduce, M(M − 1) pieces for a ring all-gather."""
+        m = self.num_workers
+        if self.fused:
+            return ring_volume(self.payload_bytes + self.stats_bytes, m)
+        payload = m * (m - 1) * self.payload_bytes if self.gathers else None
+        if payload is None:
+            payload = ring_volume(self.payload_bytes, m)
+        return ring_volume(self.stats_bytes, m) + payload
 
     @property
     def payload_bytes(self) -> int:
-        return self.slots * self.d * self.wire.itemsize
+        """One worker's payload (int8: its own piece of the all-gather)."""
+        return self.slots * self.wire.nbytes(self.d)
 
     @property
     def stats_bytes(self) -> int:
@@ -172,6 +222,8 @@ class Exchange:
 
     def contribution(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
         """What `worker` puts into the payload all-reduce (in the wire's type)."""
+        if self.gathers:
+            return self.wire.encode(delta)
         if self.rule.exchange == "mean":
             return self.wire.encode(delta / self.num_workers)
         out = torch.zeros(self.slots, self.d, dtype=self.wire.dtype)
@@ -179,9 +231,17 @@ class Exchange:
             out[self.leaders.index(worker)] = self.wire.encode(delta)
         return out
 
-    def new_theta(self, theta: torch.Tensor, total: torch.Tensor) -> torch.Tensor | None:
-        """θ ← the outer step (in place); returns the leaders' replicas (rows), or None."""
-        summed = self.wire.decode(total)
+    def gathered(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        """The mean Δ from every worker's int8 piece, decoded and summed in rank order."""
+        total = self.wire.decode(pieces[0])
+        for piece in pieces[1:]:
+            total += self.wire.decode(piece)
+        return total.div_(self.num_workers)
+
+    def new_theta(self, theta: torch.Tensor, total) -> torch.Tensor | None:
+        """θ ← the outer step (in place) from the summed payload (int8: the gathered
+        pieces); returns the leaders' replicas (rows), or None."""
+        summed = self.gathered(total) if self.gathers else self.wire.decode(total)
         if self.rule.exchange == "mean":
             self.rule.step(theta, summed)
             return None

@@ -25,7 +25,7 @@ from stalebench.engines.local.round import (
     Replica,
     Wire,
     report,
-    ring_volume,
+    segments,
     stats_row,
 )
 from stalebench.errors import RunError
@@ -35,7 +35,7 @@ from stalebench.runtime.record import RunRecord, diverged, spent
 
 @dataclasses.dataclass
 class Sent:
-    total: torch.Tensor  # the summed payload
+    total: torch.Tensor | list[torch.Tensor]  # the summed payload, or (int8) every piece
     deltas: list[torch.Tensor]
     rows: list[list[float]]
     done: float  # when the all-reduce ends
@@ -49,10 +49,10 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     net = Net(job, job.device(0))
     theta = net.flat.detach().cpu().clone()
     reps = [Replica(job, w, theta, net) for w in range(m)]
-    wire = Wire(e.quantize)
     plan = Plan(e.mode, cfg.algorithm.outer.inner_steps, e.fragments, e.delay, theta.numel())
     parts = [plan.part(p) for p in range(plan.fragments)]
-    exs = [Exchange(job, theta[part], wire) for part in parts]
+    sizes = [p.numel() for p in net.params]
+    exs = [Exchange(job, theta[part], Wire(e.quantize, segments(sizes, part))) for part in parts]
     clocks, busy = [0.0] * m, [[0.0, 0.0, []] for _ in range(m)]  # compute, paused, losses
     sent: dict[int, Sent] = {}
     version, step, nbytes, status, error = 0, 0, 0, "completed", None
@@ -63,13 +63,16 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
             ex, part = exs[p], parts[p]
             deltas = [theta[part] - rep.x[part] for rep in reps]
             rows = [
-                stats_row(c, statistics.fmean(ls), pz, d, wire)
+                stats_row(c, statistics.fmean(ls), pz, d, ex.wire)
                 for (c, pz, ls), d in zip(busy, deltas, strict=True)
             ]
             ex.choose([r[1] for r in rows])
-            total = ex.contribution(0, deltas[0]).clone()
-            for w in range(1, m):
-                total += ex.contribution(w, deltas[w])
+            if ex.gathers:  # int8: every worker's piece, summed after decoding
+                total = [ex.contribution(w, deltas[w]) for w in range(m)]
+            else:
+                total = ex.contribution(0, deltas[0]).clone()
+                for w in range(1, m):
+                    total += ex.contribution(w, deltas[w])
             done = max(clocks) + ex.comm_s(profile)
             sent[p] = Sent(total, deltas, rows, done, len(busy[0][2]))
             for b in busy:
@@ -99,7 +102,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
                     ex.merge(rep.x[part], s.deltas[w], theta[part], leaders, w, before, e.alpha)
                     clocks[w] = max(clocks[w], s.done)
                 version += 1
-                volume = ring_volume(ex.stats_bytes + ex.payload_bytes, m)
+                volume = ex.volume()
                 nbytes += volume
                 t = max(clocks)
                 report(
