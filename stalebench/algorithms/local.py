@@ -156,11 +156,16 @@ class OuterConfig(ComponentConfig):
 class NesterovConfig(OuterConfig):
     lr: float = 0.7  # DiLoCo's outer learning rate
     momentum: float = 0.9  # DiLoCo's outer momentum μ
+    # delayed Nesterov (Liu et al. 2024): the momentum term only every `delay` outer
+    # steps, plain steps in between; 1 = Nesterov at every step
+    delay: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("algorithm.outer.lr", self.lr)
         _unit("algorithm.outer.momentum", self.momentum)
+        if self.delay < 1:
+            raise ConfigError(f"algorithm.outer.delay must be >= 1, got {self.delay}")
 
 
 @dataclasses.dataclass
@@ -231,15 +236,28 @@ class Average(OuterRule):
 @OUTER.register("nesterov", NesterovConfig)
 class Nesterov(OuterRule):
     """DiLoCo's outer SGD with Nesterov momentum on Δ (torch's convention):
-    b ← μb + Δ, θ ← θ − η(Δ + μb)."""
+    b ← μb + Δ, θ ← θ − η(Δ + μb).
+
+    With `delay` N > 1, delayed Nesterov: steps between momentum updates are plain,
+    θ ← θ − ηΔ; every N-th step folds the N pseudo-gradients since the last one into the
+    buffer, b ← μb + ΣΔ, and steps θ ← θ − η(Δ + μb). Our reading of Liu et al. (2024),
+    not checked against the paper's algorithm (docs/algorithms.md §11.10)."""
 
     def __init__(self, cfg, theta, num_workers):
         super().__init__(cfg, theta, num_workers)
         self.buf = theta.new_zeros(theta.shape)
+        self.pending = theta.new_zeros(theta.shape)  # Δs since the last momentum update
+        self.steps = 0
 
     def step(self, theta, mean_delta):
         c = self.cfg
-        self.buf.mul_(c.momentum).add_(mean_delta)
+        self.steps += 1
+        if self.steps % c.delay:  # between momentum updates: a plain step
+            self.pending.add_(mean_delta)
+            theta.sub_(mean_delta, alpha=c.lr)
+            return
+        self.buf.mul_(c.momentum).add_(self.pending.add_(mean_delta))
+        self.pending.zero_()
         theta.sub_(mean_delta.add(self.buf, alpha=c.momentum), alpha=c.lr)
 
 

@@ -33,7 +33,7 @@ def check(summary, events, workers):
     assert SUMMARY_FIELDS <= set(summary)
     assert summary["updates"] == 12 and summary["num_workers"] == workers
     steps = [e["inner_steps"] for e in events if e["kind"] == "update"]
-    assert summary["gradients"] == sum(steps) and len(steps) == 12 * workers
+    assert summary["gradients"] == sum(steps) > 0  # per worker per round, or per arrival
     bad = [(e, schema_errors(e)) for e in events if schema_errors(e)]
     assert not bad, bad[:3]
     train = sorted(
@@ -59,6 +59,7 @@ def test_real_runtime(tmp_path, overrides):
 
 def test_every_part_and_preset_is_in_the_suite():
     ids = {case.id for case in CASES}
-    presets = ("local_sgd", "diloco", "streaming_diloco", "easgd", "lsgd", "hpsgd")
+    presets = ("local_sgd", "diloco", "streaming_diloco", "async_diloco", "easgd", "lsgd")
+    presets += ("hpsgd",)
     assert {f"preset-{p}" for p in presets} <= ids
     assert {"outer-average", "outer-nesterov", "outer-elastic", "outer-leader"} <= ids

@@ -6,6 +6,8 @@ real runtime agreeing on step rates and bytes."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -129,8 +131,9 @@ def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
         ["algorithm=streaming_diloco", "engine.delay=2"],
         ["algorithm=hpsgd", "engine.quantize=fp16"],
         ["algorithm=diloco", "engine.quantize=int8"],
+        ["algorithm=async_diloco", "engine.dynamic_local=true", "algorithm.outer.delay=3"],
     ],
-    ids=["sync", "streaming", "overlap-fp16", "sync-int8"],
+    ids=["sync", "streaming", "overlap-fp16", "sync-int8", "async"],
 )
 def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path, mode):
     common = [
@@ -258,3 +261,50 @@ def test_int8_is_all_gathered_and_counted(tmp_path):
     assert run.summary["bytes_sent"] == 12 * per_round
     evals = [e for e in run.events if e["kind"] == "eval" and e["split"] == "train"]
     assert evals[-1]["loss"] < evals[0]["loss"]
+
+
+@pytest.mark.timeout(60)
+def test_asynchronous_with_one_worker_is_sync_bit_for_bit(tmp_path):
+    common = ["algorithm=local_sgd", "cluster.num_workers=1", "algorithm.name=x"]
+    sync = sim(tmp_path, "sync", *common)
+    asynchronous = sim(tmp_path, "async", *common, "engine.mode=async")
+    a, b = weights(sync), weights(asynchronous)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [e["loss"] for e in updates(sync)] == [e["loss"] for e in updates(asynchronous)]
+
+
+@pytest.mark.timeout(60)
+def test_asynchronous_workers_go_on_while_one_is_paused(tmp_path):
+    run = sim(
+        tmp_path, "paused", "algorithm=local_sgd", "engine.mode=async", "cluster.compute_ms=10",
+        "budget.max_updates=40", "cluster.faults=[{worker:1,at_s:0.05,duration_s:1.0}]",
+    )  # fmt: skip
+    during = [e for e in updates(run) if 0.2 < e["t"] < 1.0]
+    assert {e["worker"] for e in during} == {0, 2, 3}  # worker 1 is paused, the rest push
+    assert len(during) >= 3 * 7  # a round is 10 steps of 10 ms: 8 rounds each in 0.8 s
+    lags = [e["lag"] for e in updates(run) if e["worker"] == 1]
+    assert max(lags) >= 3 * 7  # its push after the pause is that stale
+    homogeneous = sim(tmp_path, "plain", "algorithm=local_sgd", "engine.mode=async")
+    mean_lag = statistics.fmean(e["lag"] for e in updates(homogeneous)[8:])
+    assert mean_lag == pytest.approx(3.0, abs=0.25)  # M − 1 on equal workers
+
+
+@pytest.mark.timeout(60)
+def test_dynamic_local_updates_give_slow_workers_fewer_steps(tmp_path):
+    run = sim(
+        tmp_path, "dylu", "algorithm=local_sgd", "engine.mode=async", "engine.dynamic_local=true",
+        "cluster.slowdown=[1,1,2,4]", "budget.max_updates=40",
+    )  # fmt: skip
+    steps = {}
+    for e in updates(run):
+        steps.setdefault(e["worker"], []).append(e["inner_steps"])
+    # everyone's first round is H = 10; then H·speed/fastest, rounded (2.5 → 2)
+    assert {w: (s[0], set(s[1:])) for w, s in steps.items()} == {
+        0: (10, {10}),
+        1: (10, {10}),
+        2: (10, {5}),
+        3: (10, {2}),
+    }
+    later = [e for e in updates(run) if e["clock"] >= 1]
+    # so their rounds take about as long: 10·5 ms, 5·10 ms, 2·20 ms
+    assert {round(e["compute_s"], 3) for e in later} == {0.05, 0.04}

@@ -280,3 +280,30 @@ def test_merges_keep_the_steps_since_the_send_or_mix_by_alpha():
     x = vec(0.25)
     ex.merge(x, vec(0.5), vec(0.4), None, 0, before=None, alpha=0.0)
     assert x.item() == pytest.approx(0.4)
+
+
+def test_delayed_nesterov_folds_momentum_in_every_n_steps():
+    eta, mu = 0.5, 0.8
+    theta = vec(0.0)
+    rule = OUTER.build(NesterovConfig(name="nesterov", lr=eta, momentum=mu, delay=3), theta, 4)
+    rule.step(theta, vec(1.0))  # plain
+    rule.step(theta, vec(2.0))  # plain
+    assert theta.item() == pytest.approx(-eta * 3.0)
+    rule.step(theta, vec(3.0))  # b = 1 + 2 + 3; θ −= η(3 + μ·6)
+    assert theta.item() == pytest.approx(-eta * 3.0 - eta * (3.0 + mu * 6.0))
+    rule.step(theta, vec(1.0))  # plain again, the buffer kept
+    assert theta.item() == pytest.approx(-eta * 3.0 - eta * (3.0 + mu * 6.0) - eta * 1.0)
+    assert rule.buf.item() == pytest.approx(6.0)
+
+
+def test_delayed_nesterov_with_delay_one_is_nesterov_bit_for_bit():
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(40, generator=gen)
+    b = a.clone()
+    plain = OUTER.build(NesterovConfig(name="nesterov"), a, 4)
+    delayed = OUTER.build(NesterovConfig(name="nesterov", delay=1), b, 4)
+    for _ in range(5):
+        d = torch.randn(40, generator=gen)
+        plain.step(a, d)
+        delayed.step(b, d)
+    assert torch.equal(a, b)

@@ -137,7 +137,7 @@ CASES = [
     (["dataset.batch_size=0"], "dataset.batch_size must be >= 1, got 0"),
     (
         ["dataset.sharding=foo"],
-        "dataset.sharding must be one of auto, disjoint, replicated, got 'foo'",
+        "dataset.sharding must be one of auto, disjoint, replicated, dirichlet, got 'foo'",
     ),
     (["dataset=chars", "dataset.context=1"], "dataset.context must be >= 2, got 1"),
     (
@@ -236,9 +236,14 @@ CASES = [
     # engine=local
     (
         ["algorithm=diloco", "engine.mode=gossip"],
-        "engine.mode must be one of sync, streaming, overlap, got 'gossip'",
+        "engine.mode must be one of sync, streaming, overlap, async, got 'gossip'",
     ),
     (["algorithm=streaming_diloco", "engine.fragments=0"], "engine.fragments must be >= 1, got 0"),
+    (
+        ["algorithm=diloco", "engine.dynamic_local=true"],
+        "engine.dynamic_local=True is a setting of engine.mode=async, not of engine.mode=sync",
+    ),
+    (["algorithm=diloco", "algorithm.outer.delay=0"], "algorithm.outer.delay must be >= 1, got 0"),
     (["algorithm=streaming_diloco", "engine.delay=-1"], "engine.delay must be >= 0, got -1"),
     (["algorithm=streaming_diloco", "engine.alpha=2"], "engine.alpha must be in [0, 1], got 2.0"),
     (

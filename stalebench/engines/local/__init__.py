@@ -16,7 +16,7 @@ from stalebench.engines.base import ENGINES, Engine, EngineConfig
 from stalebench.engines.local.round import WIRES
 from stalebench.errors import ConfigError
 
-MODES = ("sync", "streaming", "overlap")
+MODES = ("sync", "streaming", "overlap", "async")
 
 
 @dataclasses.dataclass
@@ -25,11 +25,14 @@ class LocalConfig(EngineConfig):
     # streaming: Streaming DiLoCo, θ in `fragments` parts sent at staggered steps, each
     # merged `delay` steps after it was sent (the all-reduce overlaps those steps) and
     # mixed with the replica by `alpha`; overlap: HPSGD, a round's exchange runs during the
-    # next round's H steps and its change is added to the replica when it arrives
+    # next round's H steps and its change is added to the replica when it arrives; async:
+    # a server (rank 0) applies each worker's Δ when it arrives (asynchronous local SGD)
     mode: str = "sync"
     fragments: int = 1  # P (streaming)
     delay: int = 0  # τ, inner steps from a fragment's send to its merge (streaming)
     alpha: float = 0.0  # x ← (1 − α)·θ + α·x at a merge (streaming); 0: take θ
+    # async: dynamic local updates, each worker's H proportional to its measured speed
+    dynamic_local: bool = False
     # what a pseudo-gradient travels as: none (float32), fp16 (pre-divided by the number
     # of workers, summed in half precision), int8 (a float32 scale per model tensor;
     # all-gathered, since int8 values with different scales cannot be summed on the wire)
@@ -48,11 +51,12 @@ class LocalConfig(EngineConfig):
             raise ConfigError(f"engine.delay must be >= 0, got {self.delay}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ConfigError(f"engine.alpha must be in [0, 1], got {self.alpha}")
-        defaults = {"fragments": 1, "delay": 0, "alpha": 0.0}
-        for key, default in defaults.items():
-            if self.mode != "streaming" and getattr(self, key) != default:
+        owners = {"fragments": (1, "streaming"), "delay": (0, "streaming")}
+        owners |= {"alpha": (0.0, "streaming"), "dynamic_local": (False, "async")}
+        for key, (default, mode) in owners.items():
+            if self.mode != mode and getattr(self, key) != default:
                 raise ConfigError(
-                    f"engine.{key}={getattr(self, key)} is a setting of engine.mode=streaming, "
+                    f"engine.{key}={getattr(self, key)} is a setting of engine.mode={mode}, "
                     f"not of engine.mode={self.mode}"
                 )
 
@@ -62,6 +66,18 @@ class LocalEngine(Engine):
     """N workers take H local steps each, then reconcile their replicas (local SGD, DiLoCo)."""
 
     slots = ("inner", "outer")
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.run.engine.mode == "async"
+
+    def world_size(self) -> int:
+        return self.num_workers + 1 if self.asynchronous else self.num_workers
+
+    def rank_name(self, rank: int) -> str:
+        if not self.asynchronous:
+            return super().rank_name(rank)
+        return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
     def validate(self, splits) -> None:
         super().validate(splits)
@@ -101,11 +117,21 @@ class LocalEngine(Engine):
         self.check_shards(splits)
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        if self.asynchronous:
+            from stalebench.engines.local.server import Server, work
+
+            if rank == 0:
+                return Server(job, ctx.run_dir, ctx.transport).run()
+            return work(job, rank - 1, ctx.transport)
         from stalebench.engines.local.real import worker
 
         return worker(job, rank, ctx.run_dir, ctx.transport)
 
     def simulate(self, job, run_dir) -> dict[str, Any]:
+        if self.asynchronous:
+            from stalebench.engines.local.sim import simulate_async
+
+            return simulate_async(job, run_dir)
         from stalebench.engines.local.sim import simulate
 
         return simulate(job, run_dir)

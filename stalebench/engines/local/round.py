@@ -305,3 +305,62 @@ def report(
             emit("worker", t, worker=w, event="pause", duration_s=row[2])
     for w, row in enumerate(rows):
         emit("update", t, **update_event(w, version, row, slowest, comm_s, steps, nbytes))
+
+
+class Arrivals:
+    """The asynchronous server's arithmetic (engine.mode=async), the same in both runtimes:
+    each worker's Δ is applied by the outer rule the moment it arrives, as that worker's
+    1/M share of a round (θ ← outer step with Δ_i/M), and its lag is the outer steps since
+    the θ it started from. With `dynamic` (dynamic local updates), a worker's next H is
+    H·(its steps/s)/(the fastest worker's), at least 1, from the speeds measured so far."""
+
+    def __init__(self, job: Job, theta: torch.Tensor):
+        a, e = job.cfg.algorithm, job.cfg.engine
+        self.num_workers = job.cfg.cluster.num_workers
+        self.rule: OuterRule = OUTER.build(a.outer, theta, self.num_workers)
+        self.theta, self.steps, self.dynamic = theta, a.outer.inner_steps, e.dynamic_local
+        self.version = 0
+        self.speed: dict[int, float] = {}
+
+    def apply(self, worker: int, delta: torch.Tensor, read: int, steps: int, compute_s: float):
+        """Apply one arrival; returns its lag."""
+        self.rule.step(self.theta, delta / self.num_workers)
+        lag, self.version = self.version - read, self.version + 1
+        if compute_s > 0:
+            self.speed[worker] = steps / compute_s
+        return lag
+
+    def next_steps(self, worker: int) -> int:
+        """H for the worker's next round."""
+        if not self.dynamic or worker not in self.speed:
+            return self.steps
+        return max(1, round(self.steps * self.speed[worker] / max(self.speed.values())))
+
+    def replica(self, x: torch.Tensor, delta: torch.Tensor) -> None:
+        """A worker's replica once θ reaches it (its own Δ, as it computed it)."""
+        self.rule.replica(x, delta, self.theta)
+
+
+# engine.mode=async on the wire: a push is a float32 header then the wire's Δ; a reply a
+# float32 header then θ
+HEADER = 9  # push: kind, clock, version read, steps, compute_s, loss, paused_s, rtt_s, error
+REPLY = 4  # reply: kind, version, next H, (unused)
+PUSH, PARAMS, STOP = 1.0, 2.0, 3.0
+
+
+def reply_bytes(num_params: int) -> int:
+    return 4 * (REPLY + num_params)
+
+
+def async_event(
+    worker: int, clock: int, version: int, lag: int, stats: list[float], steps: int,
+    comm_s: float, nbytes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """An `update` event's fields for one arrival; `stats`: compute_s, loss, paused_s,
+    ‖Δ‖, the wire's error."""
+    compute, loss, paused, norm, err = stats
+    return dict(
+        worker=worker, clock=clock, version=version, lag=lag, loss=loss, compute_s=compute,
+        wait_s=0.0, comm_s=comm_s, clock_gap=0, inner_steps=steps, paused_s=paused,
+        delta_norm=norm, wire_error=err, bytes=nbytes,
+    )  # fmt: skip

@@ -19,17 +19,22 @@ from typing import Any
 import torch
 
 from stalebench.engines.local.round import (
+    HEADER,
+    Arrivals,
     Exchange,
     Net,
     Plan,
     Replica,
     Wire,
+    async_event,
+    reply_bytes,
     report,
     segments,
     stats_row,
 )
 from stalebench.errors import RunError
 from stalebench.job import Job
+from stalebench.runtime.clock import EventQueue
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 
@@ -123,5 +128,72 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     return record.finish(
         net.model, theta, version, max(clocks), status, error,
         bytes_sent=nbytes, virtual_time=True,
+        summary_extra={"sim_loop_s": time.perf_counter() - loop_start},
+    )  # fmt: skip
+
+
+def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
+    """engine.mode=async on the virtual clock: a worker's round (its H steps at the profile's
+    step times, and pauses) is computed when it receives θ, and its Δ arrives at the server
+    the push delay after; arrivals are applied in time order (ties: in scheduling order)."""
+    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
+    torch.set_num_threads(cfg.num_threads)
+    record = RunRecord(job, run_dir, flush_s=0.2)
+    net = Net(job, job.device(0))
+    theta = net.flat.detach().cpu().clone()
+    reps = [Replica(job, w, theta, net) for w in range(m)]
+    server = Arrivals(job, theta)
+    wire = Wire(e.quantize, segments([p.numel() for p in net.params], slice(0, theta.numel())))
+    push_bytes, pull_bytes = 4 * HEADER + wire.nbytes(theta.numel()), reply_bytes(theta.numel())
+    push_s, pull_s = profile.push_s(push_bytes), profile.pull_s(pull_bytes)
+    queue, rounds, t, status, error = EventQueue(), [0] * m, 0.0, "completed", None
+    loop_start = time.perf_counter()
+
+    def start(w: int, at: float, steps: int) -> None:
+        """Worker w got θ at `at`: its round, then its push on the queue."""
+        rep, read, now, compute, paused, losses = reps[w], theta.clone(), at, 0.0, 0.0, []
+        rep.inner.new_round()
+        for _ in range(steps):
+            begin = rep.faults.strike(now, lambda at, s: None)
+            step_s = profile.step_s(w)
+            losses.append(rep.step(net))
+            paused, compute, now = paused + begin - now, compute + step_s, begin + step_s
+        delta = wire.decode(wire.encode(read - rep.x))
+        stats = [compute, statistics.fmean(losses), paused, float((read - rep.x).norm())]
+        stats.append(wire.error(read - rep.x))
+        queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x))
+
+    try:
+        for w in range(m):
+            start(w, pull_s, server.steps)
+        while queue:
+            t_next, (w, delta, read, steps, stats, own) = queue.pop()
+            if cfg.budget.max_wall_s and t_next > cfg.budget.max_wall_s:
+                t = cfg.budget.max_wall_s  # the budget ends before this push arrives
+                break
+            t = t_next
+            lag = server.apply(w, delta, read, steps, stats[0])
+            rounds[w] += 1
+            if stats[2] > 0:
+                record.events.emit("worker", t, worker=w, event="pause", duration_s=stats[2])
+            record.events.emit(
+                "update", t, **async_event(w, rounds[w] - 1, server.version, lag, stats, steps,
+                                           push_s + pull_s, push_bytes + pull_bytes),
+            )  # fmt: skip
+            record.snapshots.maybe(t, server.version, theta)
+            if diverged(stats[1], theta):
+                status = "diverged"
+                break
+            if spent(cfg.budget, server.version, t):
+                break
+            server.replica(reps[w].x, own)
+            start(w, t + pull_s, server.next_steps(w))
+    except RunError as exc:  # a fault killed a worker
+        status, error = "failed", str(exc)
+    for kept, last in zip(net.buffers, reps[0].buffers, strict=True):
+        kept.copy_(last)
+    return record.finish(
+        net.model, theta, server.version, t, status, error,
+        bytes_sent=server.version * (push_bytes + pull_bytes), virtual_time=True,
         summary_extra={"sim_loop_s": time.perf_counter() - loop_start},
     )  # fmt: skip

@@ -8,11 +8,8 @@ Integer header slots are written through an int32 view, so clocks and versions a
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,7 @@ from stalebench.engines.ps.state import Push
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.record import RunRecord, flatten_parameters, gradient
 from stalebench.runtime.transport import Transport
 
@@ -44,42 +42,6 @@ def _ints(buf: torch.Tensor) -> torch.Tensor:
     return buf[:HEADER].view(torch.int32)
 
 
-class Receiver(threading.Thread):
-    """Gloo completes a posted receive only through wait(), so the server waits on each
-    worker in a thread of its own. It posts the next receive only once armed (after the
-    server replied), so its timeout measures the worker's silence, not barrier holds."""
-
-    def __init__(self, transport: Transport, worker: int, size: int, inbox: queue.Queue):
-        super().__init__(daemon=True, name=f"recv-worker-{worker}")
-        self.transport, self.worker, self.size, self.inbox = transport, worker, size, inbox
-        self.armed = threading.Event()
-        self.armed_at: float | None = None  # server time of the reply it waits to follow
-        self.closed = False
-
-    def arm(self, now: float) -> None:
-        self.armed_at = now
-        self.armed.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.armed.set()
-
-    def run(self) -> None:
-        while True:
-            self.armed.wait()
-            self.armed.clear()
-            if self.closed:
-                return
-            buf = torch.empty(self.size)
-            try:  # the server judges silence itself (it knows whom it waits for): no
-                # gloo timeout here, which would also break the other workers' receives
-                self.transport.recv(buf, self.worker + 1, timedelta(days=1))
-            except Exception as exc:  # a dead or silent peer: the server ends the run
-                self.inbox.put((self.worker, exc))
-                return
-            self.inbox.put((self.worker, buf))
-
-
 class Server:
     """Rank 0: the `serve` loop's port over gloo. It also reports the workers' pauses,
     tells the workers still computing to stop once the run has ended, and writes the run
@@ -92,8 +54,9 @@ class Server:
         self.record = RunRecord(job, run_dir)
         self.model, self.ps = build_server(job, self.record.events.emit)
         self.size = HEADER + self.ps.params.numel()
-        self.inbox: queue.Queue = queue.Queue()
-        self.receivers = [Receiver(transport, w, self.size, self.inbox) for w in range(self.n)]
+        make = lambda: [torch.empty(self.size)]  # noqa: E731
+        self.inbox = Inbox(transport, self.n, make, self.now, cfg.timeout_s)
+        self.receivers = self.inbox.receivers
         self.out = torch.empty(self.size)
         self.active = set(range(self.n))  # workers not yet sent STOP
 
@@ -101,8 +64,7 @@ class Server:
         status, error = "completed", None
         self.t0 = time.perf_counter()
         try:
-            for r in self.receivers:
-                r.start()
+            self.inbox.start()
             status = serve(self.ps, self, self.record, self.cfg.budget)
             while self.active:  # a push that crossed our decision to stop: discard it
                 w, _ = self._next(0.0)
@@ -128,7 +90,7 @@ class Server:
         item = self._next(self.cfg.budget.max_wall_s)
         if item is None:
             return None
-        w, buf = item
+        w, (buf,) = item
         ints = _ints(buf)
         if int(ints[0]) != PUSH:
             raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
@@ -147,36 +109,7 @@ class Server:
         )
 
     def _next(self, max_wall_s: float):
-        """The next (worker, push buffer); None when the wall budget ran out first; a
-        RunError naming the worker when one stays silent longer than timeout_s."""
-        timeout = self.cfg.timeout_s
-        while True:
-            awaited = [
-                r for r in self.receivers if r.worker in self.active and r.armed_at is not None
-            ]
-            first = min(awaited, key=lambda r: r.armed_at, default=None)
-            now = self.now()
-            wait = first.armed_at + timeout - now if first else timeout
-            if max_wall_s:
-                wait = min(wait, max_wall_s - now)
-            try:
-                w, item = self.inbox.get(timeout=max(wait, 0.0) + 1e-3)
-            except queue.Empty:
-                now = self.now()
-                if max_wall_s and now >= max_wall_s:
-                    return None
-                if first and now - first.armed_at >= timeout:
-                    raise RunError(
-                        f"worker {first.worker} (rank {first.worker + 1}) silent for "
-                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}"
-                    ) from None
-                continue
-            self.receivers[w].armed_at = None
-            if isinstance(item, Exception):
-                if w not in self.active:
-                    continue  # it had been told to stop: its exit is not a failure
-                raise item
-            return w, item
+        return self.inbox.next(self.active, max_wall_s)
 
     def send(self, replies) -> None:
         for r in replies:

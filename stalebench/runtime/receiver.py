@@ -1,0 +1,111 @@
+"""A thread per peer that waits on its messages: gloo completes a posted receive only
+through wait(), so a rank that listens to many peers (a server) waits on each in a thread
+of its own and reads what arrives from one queue."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+
+from stalebench.errors import RunError
+from stalebench.runtime.transport import Transport
+
+
+class Receiver(threading.Thread):
+    """Receives the messages of worker `worker` (rank worker + 1): each one the buffers
+    `make()` returns, filled in order, put on `inbox` as (worker, buffers) — or (worker,
+    the exception) when the peer is lost. It posts the next receive only once armed (after
+    the server replied), so its timeout measures the worker's silence, not the server's."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        worker: int,
+        make: Callable[[], list[torch.Tensor]],
+        inbox: queue.Queue,
+    ):
+        super().__init__(daemon=True, name=f"recv-worker-{worker}")
+        self.transport, self.worker, self.make, self.inbox = transport, worker, make, inbox
+        self.armed = threading.Event()
+        self.armed_at: float | None = None  # server time of the reply it waits to follow
+        self.closed = False
+
+    def arm(self, now: float) -> None:
+        self.armed_at = now
+        self.armed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.armed.set()
+
+    def run(self) -> None:
+        while True:
+            self.armed.wait()
+            self.armed.clear()
+            if self.closed:
+                return
+            bufs = self.make()
+            try:  # the server judges silence itself (it knows whom it waits for): no
+                # gloo timeout here, which would also break the other workers' receives
+                for buf in bufs:
+                    self.transport.recv(buf, self.worker + 1, timedelta(days=1))
+            except Exception as exc:  # a dead or silent peer: the server ends the run
+                self.inbox.put((self.worker, exc))
+                return
+            self.inbox.put((self.worker, bufs))
+
+
+class Inbox:
+    """A server's listening end: a Receiver per worker, and the next message from any of
+    them, with the server's judgement of silence (a worker it awaits a reply from that
+    stays silent longer than `timeout_s`) and of the wall budget."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        num_workers: int,
+        make: Callable[[], list[torch.Tensor]],
+        now: Callable[[], float],
+        timeout_s: float,
+    ):
+        self.queue: queue.Queue = queue.Queue()
+        self.receivers = [Receiver(transport, w, make, self.queue) for w in range(num_workers)]
+        self.now, self.timeout_s = now, timeout_s
+
+    def start(self) -> None:
+        for r in self.receivers:
+            r.start()
+
+    def next(self, active: set[int], max_wall_s: float):
+        """The next (worker, buffers) from a worker in `active`; None when the wall budget
+        ran out first; a RunError naming the worker when one stays silent too long."""
+        timeout = self.timeout_s
+        while True:
+            awaited = [r for r in self.receivers if r.worker in active and r.armed_at is not None]
+            first = min(awaited, key=lambda r: r.armed_at, default=None)
+            now = self.now()
+            wait = first.armed_at + timeout - now if first else timeout
+            if max_wall_s:
+                wait = min(wait, max_wall_s - now)
+            try:
+                w, item = self.queue.get(timeout=max(wait, 0.0) + 1e-3)
+            except queue.Empty:
+                now = self.now()
+                if max_wall_s and now >= max_wall_s:
+                    return None
+                if first and now - first.armed_at >= timeout:
+                    raise RunError(
+                        f"worker {first.worker} (rank {first.worker + 1}) silent for "
+                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}"
+                    ) from None
+                continue
+            self.receivers[w].armed_at = None
+            if isinstance(item, Exception):
+                if w not in active:
+                    continue  # it had been told to stop: its exit is not a failure
+                raise item
+            return w, item
