@@ -308,3 +308,24 @@ def test_dynamic_local_updates_give_slow_workers_fewer_steps(tmp_path):
     later = [e for e in updates(run) if e["clock"] >= 1]
     # so their rounds take about as long: 10·5 ms, 5·10 ms, 2·20 ms
     assert {round(e["compute_s"], 3) for e in later} == {0.05, 0.04}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_processes_a_pause_stalls_a_sync_round_but_not_the_async_workers(tmp_path):
+    base = ["algorithm=local_sgd", "cluster.compute_ms=10", "budget.max_updates=12"]
+    pause = "cluster.faults=[{worker:1,at_s:0.3,duration_s:0.8}]"
+    sync = run_job(tmp_path / "sync", [*base, pause])
+    stalled = [e for e in updates(sync) if e["paused_s"] > 0]
+    assert [e["worker"] for e in stalled] == [1]
+    others = [
+        e for e in updates(sync) if e["version"] == stalled[0]["version"] and e["worker"] != 1
+    ]
+    assert all(e["wait_s"] > 0.6 for e in others)  # everyone waited for the paused worker
+    asynchronous = run_job(tmp_path / "async", [*base, pause, "engine.mode=async",
+                                                  "budget.max_updates=60"])  # fmt: skip
+    pushed = [e for e in updates(asynchronous) if e["worker"] == 1 and e["paused_s"] > 0]
+    assert pushed, "worker 1's paused round was never pushed"
+    t_pause = pushed[0]["t"]
+    during = [e for e in updates(asynchronous) if t_pause - 0.7 < e["t"] < t_pause]
+    assert {e["worker"] for e in during} == {0, 2, 3}  # the others went on pushing
