@@ -146,3 +146,17 @@ def preset_engines() -> dict[str, str]:
         if f.name.endswith(".yaml")
     ]
     return {n: compose([f"algorithm={n}"]).engine.name for n in sorted(names)}
+
+
+def assert_valid_and_learning(events: list[dict]) -> None:
+    """Every event matches the schema, and the training loss fell from the first snapshot
+    to the last (the conformance suites' check of a run's events)."""
+    from stalebench.metrics.events import schema_errors
+
+    bad = [(e, schema_errors(e)) for e in events if schema_errors(e)]
+    assert not bad, bad[:3]
+    train = sorted(
+        (e for e in events if e["kind"] == "eval" and e["split"] == "train"),
+        key=lambda e: e["version"],
+    )
+    assert train[-1]["loss"] < train[0]["loss"], (train[0], train[-1])

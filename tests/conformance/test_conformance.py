@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from stalebench.algorithms import BARRIERS, UPDATES
-from stalebench.metrics.events import schema_errors
 from stalebench.plugins import load as load_plugins
-from tests.conftest import SUMMARY_FIELDS, preset_engines, run_job
+from tests.conftest import SUMMARY_FIELDS, assert_valid_and_learning, preset_engines, run_job
 
 load_plugins()
 # the pipeline and local-update presets: test_pipeline_conformance.py, test_local_conformance.py
@@ -39,13 +38,7 @@ def check(summary, events):
     assert summary["status"] == "completed", summary["error"]
     assert SUMMARY_FIELDS <= set(summary)
     assert summary["updates"] == 60
-    bad = [(e, schema_errors(e)) for e in events if schema_errors(e)]
-    assert not bad, bad[:3]
-    train = sorted(
-        (e for e in events if e["kind"] == "eval" and e["split"] == "train"),
-        key=lambda e: e["version"],
-    )
-    assert train[-1]["loss"] < train[0]["loss"], (train[0], train[-1])
+    assert_valid_and_learning(events)
 
 
 @pytest.mark.timeout(60)

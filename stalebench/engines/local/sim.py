@@ -47,13 +47,19 @@ class Sent:
     steps: int
 
 
-def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
-    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
-    torch.set_num_threads(cfg.num_threads)
+def setup(job: Job, run_dir: Path):
+    """The run record, the one model every worker's steps are computed on, θ₀ and the
+    replicas."""
+    torch.set_num_threads(job.cfg.num_threads)
     record = RunRecord(job, run_dir, flush_s=0.2)
     net = Net(job, job.device(0))
     theta = net.flat.detach().cpu().clone()
-    reps = [Replica(job, w, theta, net) for w in range(m)]
+    return record, net, theta, [Replica(job, w, theta, net) for w in range(job.num_workers)]
+
+
+def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
+    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
+    record, net, theta, reps = setup(job, run_dir)
     plan = Plan(e.mode, cfg.algorithm.outer.inner_steps, e.fragments, e.delay, theta.numel())
     parts = [plan.part(p) for p in range(plan.fragments)]
     sizes = [p.numel() for p in net.params]
@@ -137,11 +143,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
     step times, and pauses) is computed when it receives θ, and its Δ arrives at the server
     the push delay after; arrivals are applied in time order (ties: in scheduling order)."""
     cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
-    torch.set_num_threads(cfg.num_threads)
-    record = RunRecord(job, run_dir, flush_s=0.2)
-    net = Net(job, job.device(0))
-    theta = net.flat.detach().cpu().clone()
-    reps = [Replica(job, w, theta, net) for w in range(m)]
+    record, net, theta, reps = setup(job, run_dir)
     server = Arrivals(job, theta)
     wire = Wire(e.quantize, segments([p.numel() for p in net.params], slice(0, theta.numel())))
     push_bytes, pull_bytes = 4 * HEADER + wire.nbytes(theta.numel()), reply_bytes(theta.numel())
