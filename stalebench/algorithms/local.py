@@ -263,7 +263,7 @@ class Nesterov(OuterRule):
 
 @OUTER.register("elastic", ElasticConfig)
 class Elastic(OuterRule):
-    """EASGD, synchronous (Zhang et al. 2015): x_i ← x_i − α(x_i − x̃) and
+    """EASGD, synchronous (Zhang, Choromanska and LeCun, 2015): x_i ← x_i − α(x_i − x̃) and
     x̃ ← x̃ + α Σ_i (x_i − x̃), both with the centre x̃ = θ of the round's start (Δ_i = x̃ − x_i).
     The replicas are never reset to the centre; θ, the centre, is what is evaluated.
     α defaults to 0.9/N (the paper's β = Nα = 0.9)."""

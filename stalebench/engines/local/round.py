@@ -1,16 +1,19 @@
 """What both runtimes of the local engine share: a worker's replica and its inner steps, the
-per-worker statistics a round exchanges, the wire format of a pseudo-gradient, and the
-arithmetic that turns the summed exchange into the next θ and the next replicas.
+per-worker statistics a round exchanges, the wire format of a pseudo-gradient, when each
+fragment of θ is sent and merged (`Plan`), the arithmetic that turns the exchange into the
+next θ and the next replicas (`Exchange`), and the asynchronous server's (`Arrivals`).
 
-A round, for every outer rule:
+A round of the collective modes, for every outer rule:
 
 1. each worker takes H inner steps on its replica x_i (from θ, or where the rule left it);
-2. one all-reduce of the round's statistics (`STATS` floats per worker and rank 0's
-   clock): compute time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error;
-3. one all-reduce of the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a
-   rule that follows leaders, Δ_l of each group's leader in that group's slot. A float32
-   mean payload carries the statistics behind it, one all-reduce for both (`fused`);
-4. every worker applies the same arithmetic (`conclude`), so θ stays identical everywhere.
+2. the round's statistics (`STATS` floats per worker and rank 0's clock: compute time,
+   mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error) are all-reduced;
+3. so is the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a rule that
+   follows leaders, Δ_l of each group's leader in that group's slot (the statistics go
+   first, to pick the leaders). A float32 mean payload carries the statistics behind it,
+   one all-reduce for both (`fused`); an int8 payload is all-gathered instead;
+4. every worker applies the same arithmetic (`Exchange.new_theta`, `merge`), so θ stays
+   identical everywhere.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 
 def stats_slots(num_workers: int) -> int:
-    return STATS * num_workers + 1  # and the stop flag
+    return STATS * num_workers + 1  # and rank 0's clock, which decides the wall budget
 
 
 def ring_volume(nbytes: int, num_workers: int) -> int:
