@@ -128,10 +128,10 @@ def test_leader_groups_local_and_global_pull_from_the_same_replica():
     [
         (InnerConfig(name="sgd", lr=0.1, weight_decay=0.01),
          lambda p: torch.optim.SGD([p], lr=0.1, weight_decay=0.01)),
-        (MomentumConfig(name="momentum", lr=0.1, momentum=0.8, nesterov=True),
-         lambda p: torch.optim.SGD([p], lr=0.1, momentum=0.8, nesterov=True)),
-        (AdamWConfig(name="adamw", lr=0.01),
-         lambda p: torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)),
+        (MomentumConfig(name="momentum", lr=0.1, momentum=0.8, nesterov=True, weight_decay=0.05),
+         lambda p: torch.optim.SGD([p], lr=0.1, momentum=0.8, nesterov=True, weight_decay=0.05)),
+        (AdamWConfig(name="adamw", lr=0.01, eps=0.5),
+         lambda p: torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.95), eps=0.5, weight_decay=0.1)),
     ],
     ids=["sgd", "momentum", "adamw"],
 )  # fmt: skip
@@ -195,6 +195,7 @@ BAD = [
     (NesterovConfig, "nesterov", {"momentum": 1.0}, "outer.momentum must be in [0, 1), got 1.0"),
     (NesterovConfig, "nesterov", {"lr": 0.0}, "outer.lr must be > 0, got 0.0"),
     (ElasticConfig, "elastic", {"alpha": -0.1}, "outer.alpha must be in [0, 1], got -0.1"),
+    (ElasticConfig, "elastic", {"alpha": 1.5}, "outer.alpha must be in [0, 1], got 1.5"),
     (LeaderConfig, "leader", {"pull": 1.5}, "outer.pull must be in [0, 1], got 1.5"),
     (
         LeaderConfig,
@@ -307,3 +308,25 @@ def test_delayed_nesterov_with_delay_one_is_nesterov_bit_for_bit():
         plain.step(a, d)
         delayed.step(b, d)
     assert torch.equal(a, b)
+
+
+def test_the_ends_of_the_ranges_are_accepted():
+    assert ElasticConfig(name="elastic", alpha=1.0).alpha == 1.0
+    assert LeaderConfig(name="leader", pull=1.0, global_pull=1.0).pull == 1.0
+
+
+def test_delayed_nesterov_every_second_step():
+    theta = vec(0.0)
+    rule = OUTER.build(NesterovConfig(name="nesterov", lr=1.0, momentum=0.5, delay=2), theta, 2)
+    rule.step(theta, vec(1.0))  # plain: the first step is not a momentum step
+    assert theta.item() == -1.0 and rule.buf.item() == 0.0
+    rule.step(theta, vec(1.0))  # b = 2; θ −= 1 + 0.5·2
+    assert theta.item() == -3.0 and rule.buf.item() == 2.0
+
+
+def test_the_leader_rule_takes_no_mean_step():
+    rule = OUTER.build(LeaderConfig(name="leader"), vec(0.0), 2)
+    with pytest.raises(
+        TypeError, match="^outer=leader exchanges the leaders' replicas, not a mean Δ$"
+    ):
+        rule.step(vec(0.0), vec(1.0))
