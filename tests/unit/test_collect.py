@@ -339,6 +339,13 @@ PIPELINE_CONFIG_YAML = CONFIG_YAML.replace(
     "  pipeline:\n    schedule: gpipe\n    microbatches: 4\n"
     "  optimizer:\n    name: adamw\n    lr: 0.001\n",
 )
+# the diloco preset with its outer rule swapped (`algorithm/outer=average`)
+LOCAL_CONFIG_YAML = CONFIG_YAML.replace(
+    ALGORITHM_YAML,
+    "algorithm:\n  name: diloco\n  barrier: null\n  update: null\n"
+    "  inner:\n    name: adamw\n    lr: 0.0004\n"
+    "  outer:\n    name: average\n    inner_steps: 50\n",
+)
 # the ssp preset with its update rule swapped (`algorithm/update=gap_aware`)
 UPDATE_SWAPPED_CONFIG_YAML = CONFIG_YAML.replace("    name: sgd\n", "    name: gap_aware\n")
 # a config.yaml whose algorithm has a name but neither half of a label
@@ -354,9 +361,19 @@ PARTLESS_CONFIG_YAML = CONFIG_YAML.replace(
         (SWAPPED_CONFIG_YAML, ["- 'algorithm/barrier=asp'"], "asp+sgd"),  # quoted by YAML
         (UPDATE_SWAPPED_CONFIG_YAML, ["- algorithm/update=gap_aware"], "ssp+gap_aware"),
         (PIPELINE_CONFIG_YAML, ["- engine=pipeline"], "gpipe+adamw"),
+        (LOCAL_CONFIG_YAML, ["- algorithm=diloco", "- algorithm/outer=average"], "average+adamw"),
+        (LOCAL_CONFIG_YAML, ["- algorithm=diloco", "- algorithm/inner=sgd"], "average+adamw"),
         (PARTLESS_CONFIG_YAML, ["- algorithm/barrier=asp"], "ssp"),  # no halves: the name
     ],
-    ids=["no-overrides-file", "quoted-override", "update-swapped", "pipeline", "no-halves"],
+    ids=[
+        "no-overrides-file",
+        "quoted-override",
+        "update-swapped",
+        "pipeline",
+        "outer-swapped",
+        "inner-swapped",
+        "no-halves",
+    ],  # fmt: skip
 )
 def test_the_label_from_config_yaml_follows_the_overrides_file(
     tmp_path, config, overrides_lines, label
