@@ -141,3 +141,9 @@ def test_a_ring_all_gather_forwards_one_piece_per_step():
     # N − 1 = 3 steps, each one piece of 1,000 bytes: 2 ms + 8 µs
     assert p.allgather_s(1000) == pytest.approx(3 * (0.002 + 8e-6))
     assert Profile(ClusterConfig(num_workers=1, push_latency_ms=2)).allgather_s(1000) == 0.0
+
+
+def test_a_ring_all_gather_step_lasts_as_long_as_its_slower_direction():
+    p = Profile(ClusterConfig(num_workers=3, push_latency_ms=1, pull_bandwidth_gbps=0.001))
+    # each step receives a 1,000-byte piece at 1 Mbit/s: 8 ms, more than the 1 ms send
+    assert p.allgather_s(1000) == pytest.approx(2 * 0.008)
