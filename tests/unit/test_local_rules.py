@@ -311,6 +311,7 @@ def test_delayed_nesterov_with_delay_one_is_nesterov_bit_for_bit():
 
 
 def test_the_ends_of_the_ranges_are_accepted():
+    assert OuterConfig(name="average", inner_steps=1).inner_steps == 1
     assert ElasticConfig(name="elastic", alpha=1.0).alpha == 1.0
     assert LeaderConfig(name="leader", pull=1.0, global_pull=1.0).pull == 1.0
 
