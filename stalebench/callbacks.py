@@ -12,6 +12,9 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("stalebench")
 
+# statuses of the last multirun's jobs (the CLI's exit code of a sweep), set at its end
+SWEEP_STATUSES: list[str] = []
+
 
 class ReportOnSweepEnd(Callback):
     """Runs `stalebench-report` on the sweep directory and, with logger=wandb, logs a paper
@@ -20,6 +23,7 @@ class ReportOnSweepEnd(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        SWEEP_STATUSES[:] = _statuses(sweep_dir)
         try:
             from stalebench.report.cli import main
 
@@ -43,3 +47,16 @@ class ReportOnSweepEnd(Callback):
             )
         except Exception as exc:
             log.warning("W&B: claims of %s not logged: %s", sweep_dir, exc)
+
+
+def _statuses(sweep_dir: Path) -> list[str]:
+    """Every job's status (a job without a readable summary.json counts as failed)."""
+    from stalebench.report.collect import find_run_dirs
+
+    out = []
+    for run_dir in find_run_dirs([sweep_dir]) if sweep_dir.is_dir() else []:
+        try:
+            out.append(json.loads((run_dir / "summary.json").read_text())["status"])
+        except (OSError, ValueError, KeyError):
+            out.append("failed")
+    return out

@@ -3,6 +3,7 @@ naming the config key and value, before any process starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -15,9 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
+from stalebench.job import meta
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
+from stalebench.metrics.summary import EXIT_CODES, stop, write_json
 from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
+from stalebench.runtime.signals import Interrupted, interruptible
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
@@ -32,6 +36,7 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     rank = int(os.environ.get("RANK", 0))  # torchrun: this process is one rank
+    multirun = hc.mode == RunMode.MULTIRUN
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
@@ -39,48 +44,90 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
 
         engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
     except ConfigError as exc:
-        _remove_if_unused(Path(hc.runtime.output_dir))
         print(f"stalebench: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        if multirun and rank == 0:  # the sweep goes on; the report lists this job
+            _record_invalid(Path(hc.runtime.output_dir), exc)
+            return None
+        _remove_if_unused(Path(hc.runtime.output_dir))
+        sys.exit(EXIT_CODES["invalid"])
     if "RANK" in os.environ and rank > 0:
         from stalebench.runtime.launch import run_rank
 
         sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
     tail = _follow(cfg, dcfg, hc)
-    summary = None
+    summary, interrupted = None, None
     try:
-        if "RANK" in os.environ:
-            from stalebench.runtime.launch import read_summary, run_rank
-
-            try:
-                code = run_rank(cfg, engine, 0, int(os.environ["WORLD_SIZE"]), None)
-                error = None if code == 0 else f"{engine.rank_name(0)} exited with code {code}"
-            except Exception as exc:
-                code, error = 1, f"{engine.rank_name(0)}: {exc}"
-            # rank 0 may have failed before it wrote summary.json: it is written from the
-            # events then, with status failed
-            summary = read_summary(cfg, engine, error)
-        else:
-            code, summary = 0, experiment.launch(cfg, engine)
+        summary = _run(cfg, engine)
+    except Interrupted as exc:
+        interrupted = exc
+        summary = json.loads((Path(cfg.run_dir) / "summary.json").read_text())
     finally:
         tail.close(summary)
-    if cfg.logger.name != "none":
-        final = summary["final"] or {}
-        shown = " ".join(
-            f"test_{k}={round(final[k], 4)}"
-            for k in ("accuracy", "loss", "perplexity")
-            if final.get(k) is not None
-        )
-        print(
-            f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
-            f"workers={summary['num_workers']} updates={summary['updates']} "
-            f"wall={summary['wall_time_s']:.1f}s {shown or 'test_accuracy=None'} "
-            f"mean_lag={summary['lag']['mean']} -> {cfg.run_dir}"
-            + (f"\n  error: {summary['error']}" if summary["error"] else "")
-        )
-    if code:
+    if cfg.logger.name != "none" or interrupted:
+        _print_result(summary, cfg.run_dir)
+    if interrupted:
+        sys.exit(interrupted.exit_code)  # a multirun stops here too
+    code = EXIT_CODES[summary["status"]]
+    if code and not multirun:  # in a multirun the next job runs; the report has them all
         sys.exit(code)
     return (summary["final"] or {}).get("accuracy")
+
+
+def _run(cfg: RunConfig, engine) -> dict:
+    """Run the job: spawned ranks (or the simulator), or rank 0 of a torchrun launch."""
+    from stalebench import experiment
+
+    if "RANK" not in os.environ:
+        return experiment.launch(cfg, engine)
+    from stalebench.runtime.launch import read_summary, run_rank
+
+    try:
+        with interruptible():
+            code = run_rank(cfg, engine, 0, int(os.environ["WORLD_SIZE"]), None)
+        error = None if code == 0 else f"{engine.rank_name(0)} exited with code {code}"
+    except Interrupted as exc:  # torchrun's agent stops the other ranks
+        b = cfg.budget
+        stop(
+            Path(cfg.run_dir),
+            meta(cfg, engine.num_workers),
+            "interrupted",
+            str(exc),
+            b.target_accuracy,
+        )
+        raise
+    except Exception as exc:
+        error = f"{engine.rank_name(0)}: {exc}"
+    # rank 0 may have failed before it wrote summary.json: it is written from the events
+    # then, with status failed
+    return read_summary(cfg, engine, error)
+
+
+def _print_result(summary: dict, run_dir: str) -> None:
+    final = summary["final"] or {}
+    shown = " ".join(
+        f"test_{k}={round(final[k], 4)}"
+        for k in ("accuracy", "loss", "perplexity")
+        if final.get(k) is not None
+    )
+    print(
+        f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
+        f"workers={summary['num_workers']} updates={summary['updates']} "
+        f"wall={summary['wall_time_s']:.1f}s {shown or 'test_accuracy=None'} "
+        f"mean_lag={summary['lag']['mean']} -> {run_dir}"
+        + (f"\n  error: {summary['error']}" if summary["error"] else "")
+    )
+
+
+def _record_invalid(job_dir: Path, exc: ConfigError) -> None:
+    """A multirun job refused before it started: summary.json with status `invalid`, the
+    error, and the labels Hydra's config.yaml gives, so that the report lists it."""
+    from stalebench.report.collect import hydra_labels
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_json(
+        job_dir / "summary.json",
+        {"status": "invalid", "error": str(exc), **hydra_labels(job_dir), "updates": 0},
+    )
 
 
 def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
@@ -199,6 +246,10 @@ def main() -> None:
             "hydra/hydra_logging=none",
         ]
     _hydra_main()
+    from stalebench.callbacks import SWEEP_STATUSES
+
+    if any(status not in ("completed", "diverged") for status in SWEEP_STATUSES):
+        sys.exit(EXIT_CODES["failed"])  # a sweep with a job that measured nothing
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError
 from stalebench.job import Job
+from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
+from stalebench.runtime.signals import Interrupted, interruptible
 
 
 def engine_of(cfg: RunConfig) -> Engine:
@@ -71,7 +73,12 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     if cfg.runtime == "sim":
         job = Job.build(cfg, engine.num_workers, engine.one_stream)
-        return engine.simulate(job, Path(cfg.run_dir))
+        try:
+            with interruptible():
+                return engine.simulate(job, Path(cfg.run_dir))
+        except Interrupted as exc:
+            stop(Path(cfg.run_dir), job.meta, "interrupted", str(exc), cfg.budget.target_accuracy)
+            raise
     from stalebench.runtime import launch as real
 
     return real.launch(cfg, engine, plugins.load)

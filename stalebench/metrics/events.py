@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,23 @@ class EventLog:
     """Appends events to the file; each reaches the disk within `flush_s` seconds (0: at
     once, one write per event). A process that dies loses at most that window."""
 
+    _open: weakref.WeakSet[EventLog] = weakref.WeakSet()
+
     def __init__(self, path: Path, flush_s: float = 0.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1 if flush_s == 0 else 1 << 16)
         self.flush_s = flush_s
         self._flushed = time.monotonic()
+        EventLog._open.add(self)
+
+    @classmethod
+    def flush_all(cls, path: Path) -> None:
+        """Write out what this process's open logs of `path` still hold (a run stopped by
+        an exception in the middle of its loop, e.g. the simulator interrupted)."""
+        for log in list(cls._open):
+            if log.path == Path(path) and not log._file.closed:
+                log._file.flush()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
         event = {"kind": kind, "t": round(t, 6), **fields}

@@ -9,9 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from stalebench.metrics.events import read_events
+from stalebench.metrics.events import EventLog, read_events
 
-STATUSES = ("completed", "diverged", "failed", "timeout")
+STATUSES = ("completed", "diverged", "failed", "timeout", "interrupted", "invalid")
+# the CLI's exit code per status (interrupted: 128 + the signal, e.g. 130 for SIGINT, 143
+# for SIGTERM; invalid: bad input, refused before any process started)
+EXIT_CODES = {"completed": 0, "failed": 1, "invalid": 2, "diverged": 3, "timeout": 4}
 
 
 def summarize(
@@ -130,3 +133,20 @@ def finalize(
     summary = {**summarize(events, meta, status, error, target_accuracy), **(extra or {})}
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def stop(
+    run_dir: Path, meta: dict[str, Any], status: str, error: str | None, target_accuracy: float
+) -> dict[str, Any]:
+    """End a run its writers did not end (interrupted, timed out, a rank lost): a last
+    system event says why, at the time of the last event written, then the files."""
+    path = Path(run_dir) / "events.jsonl"
+    EventLog.flush_all(path)
+    t = max((e["t"] for e in read_events(path)), default=0.0)
+    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        with open(path, "a") as f:  # a writer killed mid-line: its torn line stays apart
+            f.write("\n")
+    events = EventLog(path)
+    events.emit("system", t, event="stop", status=status, reason=error)
+    events.close()
+    return finalize(run_dir, meta, status, error, target_accuracy)

@@ -129,6 +129,13 @@ def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
     return "+".join(parts) if None not in parts else name
 
 
+def hydra_labels(run_dir: Path) -> dict:
+    """The labels (algorithm, cluster, num_workers, seed, runtime, engine) of a run
+    directory as its .hydra/config.yaml gives them (empty without one)."""
+    labels = _labels_without_summary(Path(run_dir), [])
+    return {k: v for k, v in labels.items() if k in (*LABELS, "runtime", "engine")}
+
+
 def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
     """Labels of a run that wrote no summary.json: its start event, else .hydra/config.yaml."""
     start = next((e for e in events if e.get("kind") == "system" and e.get("event") == "start"), {})

@@ -26,8 +26,9 @@ import torch.distributed as dist
 from stalebench.config import RunConfig
 from stalebench.errors import RunError
 from stalebench.job import Job, meta
-from stalebench.metrics.summary import finalize, write_json
+from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
+from stalebench.runtime.signals import Interrupted, die_with_parent, interruptible
 from stalebench.runtime.transport import Gloo
 
 log = logging.getLogger("stalebench")
@@ -88,8 +89,9 @@ def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
 
 
 def _child(
-    setup: Callable[[], None], cfg: RunConfig, engine, rank: int, world: int, port: int
+    setup: Callable[[], None], cfg: RunConfig, engine, rank: int, world: int, port: int, parent: int
 ) -> None:
+    die_with_parent(parent)  # the top process decides on SIGINT; its death is the rank's
     setup()  # what the parent loaded before it (plugins): registries as the parent saw them
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: stay on loopback
     timeout = timedelta(seconds=cfg.timeout_s)
@@ -118,7 +120,7 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
     procs = [
         ctx.Process(
             target=_child,
-            args=(setup, cfg, engine, r, world, store.port),
+            args=(setup, cfg, engine, r, world, store.port, os.getpid()),
             daemon=True,
             name=f"stalebench-rank-{r}",
         )
@@ -126,26 +128,30 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
     ]
     status, error = None, None
     try:
-        for p in procs:
-            p.start()
-        status, error = _supervise(cfg, engine, procs)
-    except KeyboardInterrupt:
-        status, error = "failed", "interrupted"
+        with interruptible():
+            for p in procs:
+                p.start()
+            status, error = _supervise(cfg, engine, procs)
+    except Interrupted as exc:
+        status, error = "interrupted", str(exc)
         raise
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _stop(procs)
         if status is not None:
-            finalize(
-                run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy
-            )
+            stop(run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy)
     return read_summary(cfg, engine, error)
+
+
+def _stop(procs) -> None:
+    """Every rank ends: SIGTERM, then SIGKILL for one still alive 5 s later."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:

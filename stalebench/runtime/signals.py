@@ -1,0 +1,69 @@
+"""SIGINT and SIGTERM to a run's top process: the run stops, not the Python interpreter.
+
+Inside `interruptible()` either signal raises `Interrupted` in the main thread, once: the
+caller stops its ranks, writes summary.json with status `interrupted` and re-raises, and
+further signals are ignored while it winds down (a bounded few seconds). The CLI turns
+`Interrupted` into one line and the exit code 128 + the signal's number.
+
+A rank ignores SIGINT (a Ctrl-C reaches the whole foreground process group; the top
+process decides) and dies with its parent (`die_with_parent`), so even a SIGKILL of the
+top process leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the run's top process (a BaseException, like
+    KeyboardInterrupt: no `except Exception` may swallow it)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for a signal's death
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise `Interrupted` (outside the main thread,
+    where Python cannot catch signals, nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame) -> None:
+        for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a rank: ignore SIGINT, and be killed when the process that started it dies
+    (Linux; elsewhere only the SIGINT part)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
