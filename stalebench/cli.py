@@ -37,19 +37,26 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     rank = int(os.environ.get("RANK", 0))  # torchrun: this process is one rank
     multirun = hc.mode == RunMode.MULTIRUN
+    from stalebench import experiment
+
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
-        from stalebench import experiment
-
         engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
+        kept = experiment.claim_run_dir(cfg, keep="RANK" not in os.environ) if rank == 0 else None
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
-        if multirun and rank == 0:  # the sweep goes on; the report lists this job
+        if multirun and rank == 0 and not isinstance(exc, experiment.RunDirTaken):
+            # the sweep goes on; the report lists this job (a job dir that holds a run stops
+            # the sweep: it is the whole sweep that is being rerun, without resume=true)
             _record_invalid(Path(hc.runtime.output_dir), exc)
             return None
         _remove_if_unused(Path(hc.runtime.output_dir))
         sys.exit(EXIT_CODES["invalid"])
+    if kept:  # resume=true: this job completed with this config before
+        if cfg.logger.name != "none":
+            print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
+        return (kept["final"] or {}).get("accuracy")
     if "RANK" in os.environ and rank > 0:
         from stalebench.runtime.launch import run_rank
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -139,6 +140,10 @@ class RunConfig:
     # final evaluation) after which the supervisor stops every rank and records `timeout`
     grace_s: float = 120.0
     run_dir: str = ""  # set by the CLI from Hydra's output directory
+    # a run_dir that holds a run: refused, unless resume (keep it when it completed with
+    # this very config, else run again from the start) or overwrite (replace it)
+    resume: bool = False
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -151,6 +156,27 @@ class RunConfig:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:
             raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+        check_finite(self)
+
+
+def check_finite(obj: Any, prefix: str = "") -> None:
+    """Refuse NaN and ±inf anywhere in a config: no setting means "no limit" by infinity,
+    and NaN slips past every comparison (budget.max_wall_s=nan would disable the deadline)."""
+    items = (
+        ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        if dataclasses.is_dataclass(obj)
+        else obj.items()
+        if isinstance(obj, dict)
+        else enumerate(obj)
+    )
+    for key, value in items:
+        name = f"{prefix}[{key}]" if isinstance(key, int) else f"{prefix}.{key}".lstrip(".")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+        if dataclasses.is_dataclass(value) or isinstance(value, (dict, list, tuple)):
+            check_finite(value, name)
 
 
 def register_configs() -> None:

@@ -8,6 +8,8 @@ process does; this module only asks it through its hooks.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError
-from stalebench.job import Job
+from stalebench.job import Job, config_sha
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.runtime.signals import Interrupted, interruptible
@@ -57,12 +59,79 @@ def prepare(cfg: RunConfig) -> Engine:
     # a model that cannot take the dataset's inputs fails here, not inside every process
     MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
     check_device(cfg)
+    if cfg.runtime == "real":
+        check_processes(cfg, engine.world_size())
     return engine
 
 
+RANK_MB = 256  # what one rank holds at least: the interpreter, torch, the data (measured)
+
+
+def check_processes(cfg: RunConfig, world: int) -> None:
+    """Refuse a process count this machine cannot hold in memory, before starting any."""
+    need_mb, have_mb = world * RANK_MB, _available_mb()
+    if have_mb is not None and need_mb > have_mb:
+        raise ConfigError(
+            f"cluster.num_workers={cfg.cluster.num_workers} needs {world} processes here "
+            f"(engine={cfg.engine.name}), about {need_mb} MB, but {have_mb} MB is available "
+            "(runtime=sim runs any number of workers in one process)"
+        )
+
+
+def _available_mb() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
+class RunDirTaken(ConfigError):
+    """run_dir holds a run and neither resume nor overwrite was asked for."""
+
+
+RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs")
+
+
+def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:
+    """Make `cfg.run_dir` ready for this run. A directory that holds a run is refused
+    unless `resume` (returns that run's summary when it completed with this very config:
+    nothing to do; otherwise clears it to run again) or `overwrite` (clears it). `keep`
+    False: never keep one (the other ranks of a torchrun launch are already waiting)."""
+    run_dir = Path(cfg.run_dir)
+    held = [n for n in RUN_FILES if (run_dir / n).exists()]
+    if not held:
+        return None
+    previous = _summary(run_dir / "summary.json")
+    if keep and cfg.resume and previous and previous.get("status") == "completed":
+        if previous.get("config_sha") == config_sha(cfg):
+            return previous
+    elif not (cfg.resume or cfg.overwrite):
+        status = previous.get("status") if previous else "no summary.json"
+        raise RunDirTaken(
+            f"run_dir={run_dir} already holds a run ({status}); set resume=true to keep it "
+            "if it completed with this config (else run again), or overwrite=true to replace it"
+        )
+    for name in held:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return None
+
+
+def _summary(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def run(cfg: RunConfig) -> dict[str, Any]:
-    """Run one configured job to its end and return its summary (also in summary.json)."""
-    return launch(cfg, prepare(cfg))
+    """Run one configured job to its end and return its summary (also in summary.json);
+    with `resume`, a job that already completed with this config is not run again."""
+    engine = prepare(cfg)
+    return claim_run_dir(cfg) or launch(cfg, engine)
 
 
 def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:

@@ -9,6 +9,8 @@ compute, whether they share one stream of data) is handed in by the caller.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import platform
 from typing import TYPE_CHECKING, Any
@@ -38,12 +40,23 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         "cluster": cfg.cluster.preset,
         "num_workers": num_workers,
         "seed": cfg.seed,
+        "config_sha": config_sha(cfg),
         "host": {
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "load_avg": list(os.getloadavg()),
         },
     }
+
+
+def config_sha(cfg: RunConfig) -> str:
+    """A fingerprint of everything that decides what a run computes: the resolved config
+    without where it is written and how a rerun treats an earlier one."""
+    fields = dataclasses.asdict(cfg)
+    for key in ("run_dir", "resume", "overwrite"):
+        fields.pop(key, None)
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclasses.dataclass

@@ -25,9 +25,9 @@ class RunRecord:
         self.job, self.run_dir = job, Path(run_dir)
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval)
-        # the host's load goes to summary.json only: events stay a function of config and
-        # seed (byte-identical in the sim runtime)
-        labels = {k: v for k, v in job.meta.items() if k != "host"}
+        # the host's load and the config's fingerprint go to summary.json only: events stay
+        # a function of config and seed (byte-identical in the sim runtime)
+        labels = {k: v for k, v in job.meta.items() if k not in ("host", "config_sha")}
         self.events.emit("system", 0.0, event="start", **job.sharding_fields, **labels)
 
     def finish(

@@ -39,6 +39,15 @@ CASES = [
     (["num_threads=0"], "num_threads must be >= 1, got 0"),
     (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
     (["grace_s=-1"], "grace_s must be > 0, got -1.0"),
+    (["seed=-1"], "seed must be >= 0, got -1"),
+    # no number may be NaN or infinite, at any depth (NaN passes every comparison)
+    (["budget.max_wall_s=nan"], "budget.max_wall_s must be a finite number, got nan"),
+    (["cluster.push_latency_ms=inf"], "cluster.push_latency_ms must be a finite number, got inf"),
+    (["cluster.slowdown=[1,1,1,inf]"], "cluster.slowdown[3] must be a finite number, got inf"),
+    (
+        ["cluster.faults=[{worker:0,at_s:nan}]"],
+        "cluster.faults[0].at_s must be a finite number, got nan",
+    ),
     # cluster
     (["cluster.num_workers=0"], "cluster.num_workers must be >= 1, got 0"),
     (
@@ -363,6 +372,26 @@ def test_an_engine_refuses_a_runtime_it_does_not_run_in():
     engine = SimOnly(cfg.engine, cfg)
     with pytest.raises(ConfigError, match=re.escape("runtime=real: engine=ps runs in sim")):
         engine.validate(None)
+
+
+def test_a_process_count_the_machine_cannot_hold_is_refused(monkeypatch):
+    monkeypatch.setattr(experiment, "_available_mb", lambda: 1000)  # room for 3 ranks
+    cfg = compose(fast_with(["budget.max_updates=5", "cluster.num_workers=3"]))
+    with pytest.raises(ConfigError) as err:
+        experiment.prepare(cfg)  # a server and 3 workers: 4 processes
+    assert str(err.value) == (
+        "cluster.num_workers=3 needs 4 processes here (engine=ps), about 1024 MB, but 1000 MB "
+        "is available (runtime=sim runs any number of workers in one process)"
+    )
+    cfg = compose(fast_with(["budget.max_updates=5", "cluster.num_workers=2"]))
+    experiment.prepare(cfg)  # 3 processes fit
+    experiment.prepare(
+        compose(fast_with(["budget.max_updates=5", "runtime=sim", "cluster.num_workers=50"]))
+    )
+
+
+def test_the_machine_s_available_memory_is_read():
+    assert experiment._available_mb() > experiment.RANK_MB
 
 
 def test_a_run_without_a_directory_is_refused():

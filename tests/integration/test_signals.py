@@ -1,0 +1,123 @@
+"""SIGINT and SIGTERM to `stalebench` (what Ctrl-C, SLURM and Kubernetes send) stop every
+process of the run within seconds, write summary.json with status `interrupted`, end
+events.jsonl with a `stop` event, print one line (no traceback) and exit with 128 + the
+signal; a SIGKILL of the top process takes its ranks with it. Real processes, through the
+CLI, for the parameter server, the pipeline and the local-update engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stalebench.metrics.events import read_events, schema_errors
+from tests.integration.test_cli import FAST, _alive, _pids
+
+pytestmark = pytest.mark.slow
+
+PS = ["algorithm=ssp", "cluster.num_workers=2", *FAST[:-1]]
+PIPELINE = [
+    "algorithm=gpipe",
+    "model.width=32",
+    "model.heads=2",
+    "dataset.context=16",
+    "dataset.batch_size=8",
+    "dataset.corpus_chars=20000",
+    "dataset.corpus_words=120",
+    "eval.train_samples=0",
+    "eval.every_updates=10",
+]
+LOCAL = ["algorithm=diloco", "cluster.num_workers=2", *FAST[:-1]]
+
+
+def start(tmp_path: Path, run_dir: Path, args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stalebench.cli", *args, "budget.max_wall_s=120", "timeout_s=20"]
+        + [f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell job has
+    )
+
+
+def wait_for_updates(proc: subprocess.Popen, run_dir: Path, world: int) -> dict[int, int]:
+    """The ranks' pids, once all of them run and updates are recorded."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
+        updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
+        if len(pids) == world and len(updates) > 5:
+            return pids
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the run did not start: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "args, world, sig, to_group",
+    [
+        (PS, 3, signal.SIGTERM, False),  # a scheduler signals the job's top process
+        (PS, 3, signal.SIGINT, True),  # Ctrl-C reaches the whole foreground group
+        (PIPELINE, 4, signal.SIGTERM, False),
+        (LOCAL, 2, signal.SIGINT, True),
+    ],
+    ids=["ps-SIGTERM", "ps-SIGINT", "pipeline-SIGTERM", "local-SIGINT"],
+)
+def test_a_signal_stops_every_rank_and_records_interrupted(tmp_path, args, world, sig, to_group):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, args)
+    try:
+        pids = wait_for_updates(proc, run_dir, world)
+        sent = time.monotonic()
+        os.killpg(proc.pid, sig) if to_group else proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
+    assert out.startswith("[interrupted] ") and f"error: interrupted by {sig.name}" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["error"] == f"interrupted by {sig.name}"
+    events = read_events(run_dir / "events.jsonl")
+    # what was trained up to the signal is kept
+    assert summary["updates"] == max(e["version"] for e in events if e["kind"] == "update") > 0
+    assert not [e for e in events if schema_errors(e)]
+    assert len(events) == len((run_dir / "events.jsonl").read_text().splitlines())  # none torn
+    assert events[-1] == {
+        "kind": "system",
+        "t": max(e["t"] for e in events),
+        "event": "stop",
+        "status": "interrupted",
+        "reason": f"interrupted by {sig.name}",
+    }
+    assert took < 15, took
+    assert not [r for r, pid in pids.items() if _alive(pid)]
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_top_process_takes_its_ranks_with_it(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(tmp_path, run_dir, PS)
+    try:
+        pids = wait_for_updates(proc, run_dir, 3)
+        proc.kill()  # SIGKILL: no handler runs in the top process
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while [pid for pid in pids.values() if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not [r for r, pid in pids.items() if _alive(pid)]

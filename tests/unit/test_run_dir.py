@@ -1,0 +1,86 @@
+"""A run directory holds one run: a second run into it is refused before anything is
+written, unless `overwrite=true` (replace it) or `resume=true` (keep it when it completed
+with this very config, else run again from the start). Simulated runs, in process."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from stalebench import experiment
+from stalebench.job import config_sha
+from stalebench.metrics.events import read_events
+from tests.conftest import compose, fast_with
+
+SIM = ["runtime=sim", "budget.max_updates=30"]
+
+
+def _run(run_dir, *extra):
+    cfg = compose(fast_with([*SIM, *extra]))
+    cfg.run_dir = str(run_dir)
+    return experiment.run(cfg)
+
+
+def _files(run_dir):
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+
+def test_a_second_run_into_a_held_directory_is_refused_and_changes_nothing(tmp_path):
+    first = _run(tmp_path)
+    before = _files(tmp_path)
+    with pytest.raises(experiment.RunDirTaken) as err:
+        _run(tmp_path)
+    assert str(err.value) == (
+        f"run_dir={tmp_path} already holds a run (completed); set resume=true to keep it if it "
+        "completed with this config (else run again), or overwrite=true to replace it"
+    )
+    assert _files(tmp_path) == before and first["status"] == "completed"
+
+
+def test_a_directory_with_only_events_counts_as_held(tmp_path):
+    (tmp_path / "events.jsonl").write_text('{"kind": "system", "t": 0.0, "event": "start"}\n')
+    with pytest.raises(experiment.RunDirTaken, match=re.escape("(no summary.json)")):
+        _run(tmp_path)
+
+
+def test_overwrite_replaces_the_run(tmp_path):
+    _run(tmp_path, "seed=1")
+    summary = _run(tmp_path, "seed=2", "overwrite=true")
+    events = read_events(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events if e["kind"] == "system"].count("start") == 1
+    assert summary["seed"] == 2 and json.loads((tmp_path / "summary.json").read_text())["seed"] == 2
+
+
+def test_resume_keeps_a_run_that_completed_with_the_same_config(tmp_path):
+    first = _run(tmp_path)
+    before = _files(tmp_path)
+    kept = _run(tmp_path, "resume=true")
+    assert kept == first and _files(tmp_path) == before  # nothing trained, nothing written
+
+
+def test_resume_runs_again_from_the_start_when_the_config_differs(tmp_path):
+    _run(tmp_path)
+    summary = _run(tmp_path, "resume=true", "budget.max_updates=40")
+    events = read_events(tmp_path / "events.jsonl")
+    assert summary["updates"] == 40
+    assert [e["event"] for e in events if e["kind"] == "system"].count("start") == 1
+
+
+def test_resume_runs_again_a_run_that_did_not_complete(tmp_path):
+    died = _run(tmp_path, "cluster.faults=[{worker:1,at_s:0.01,action:die}]")
+    assert died["status"] == "failed"
+    again = _run(tmp_path, "cluster.faults=[{worker:1,at_s:0.01,action:die}]", "resume=true")
+    assert again["status"] == "failed"  # run again (and failed again), not kept
+    events = read_events(tmp_path / "events.jsonl")
+    assert [e["event"] for e in events if e["kind"] == "system"].count("start") == 1
+
+
+def test_the_config_fingerprint_ignores_where_and_how_a_run_is_written_only():
+    base = compose(fast_with(SIM))
+    same = compose(fast_with([*SIM, "resume=true", "overwrite=true"]))
+    same.run_dir = "elsewhere"
+    assert config_sha(base) == config_sha(same)
+    for change in ("seed=1", "algorithm.update.lr=0.2", "cluster.num_workers=3"):
+        assert config_sha(compose(fast_with([*SIM, change]))) != config_sha(base), change
