@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from typing import Any, Optional
 
@@ -144,6 +145,9 @@ class RunConfig:
     # this very config, else run again from the start) or overwrite (replace it)
     resume: bool = False
     overwrite: bool = False
+    # the address the real runtime's sockets listen on (the rendezvous store, gloo): the
+    # loopback by default, so that no other machine can reach a run's unauthenticated store
+    listen_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -156,6 +160,12 @@ class RunConfig:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:
             raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
+        try:
+            ipaddress.ip_address(self.listen_host)
+        except ValueError:
+            raise ConfigError(
+                f"listen_host must be an IP address, got {self.listen_host!r}"
+            ) from None
         if self.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
         check_finite(self)

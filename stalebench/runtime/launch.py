@@ -9,10 +9,12 @@ The runtime knows an engine only through its hooks (`world_size`, `rank_name`,
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -93,9 +95,10 @@ def _child(
 ) -> None:
     die_with_parent(parent)  # the top process decides on SIGINT; its death is the rank's
     setup()  # what the parent loaded before it (plugins): registries as the parent saw them
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: stay on loopback
+    if ipaddress.ip_address(cfg.listen_host).is_loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on loopback too
     timeout = timedelta(seconds=cfg.timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    store = dist.TCPStore(cfg.listen_host, port, is_master=False, timeout=timeout)
     code = run_rank(cfg, engine, rank, world, store)
     logging.shutdown()
     os._exit(code)  # no interpreter teardown: gloo threads must not delay or hang the exit
@@ -109,13 +112,7 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
 
     run_dir = Path(cfg.run_dir)
     world = engine.world_size()
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=cfg.timeout_s),
-    )  # port 0: never collides
+    store = _store(cfg)
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
@@ -140,6 +137,22 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
         if status is not None:
             stop(run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy)
     return read_summary(cfg, engine, error)
+
+
+def _store(cfg: RunConfig) -> dist.TCPStore:
+    """The rendezvous store, listening on `cfg.listen_host` only (loopback by default) at a
+    free port: the socket is bound here and handed over to the store, which then owns it
+    (torch binds every interface when it opens its own)."""
+    listener = socket.create_server((cfg.listen_host, 0), backlog=128)
+    port = listener.getsockname()[1]
+    return dist.TCPStore(
+        cfg.listen_host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.timeout_s),
+        master_listen_fd=listener.detach(),
+    )
 
 
 def _stop(procs) -> None:

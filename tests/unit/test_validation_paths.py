@@ -40,6 +40,7 @@ CASES = [
     (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
     (["grace_s=-1"], "grace_s must be > 0, got -1.0"),
     (["seed=-1"], "seed must be >= 0, got -1"),
+    (["listen_host=localhost"], "listen_host must be an IP address, got 'localhost'"),
     # no number may be NaN or infinite, at any depth (NaN passes every comparison)
     (["budget.max_wall_s=nan"], "budget.max_wall_s must be a finite number, got nan"),
     (["cluster.push_latency_ms=inf"], "cluster.push_latency_ms must be a finite number, got inf"),
