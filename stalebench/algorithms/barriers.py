@@ -71,5 +71,7 @@ class ASPConfig(BarrierConfig):
 class ASP(Barrier):
     """Asynchronous Parallel (Hogwild!/Downpour PS form): never wait."""
 
+    tolerates_loss = True
+
     def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         return True

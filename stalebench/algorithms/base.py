@@ -61,6 +61,9 @@ class Barrier:
     # True when every worker waits for the whole round and the round is one update (BSP):
     # only such a barrier can run on the allreduce engine, where the all-reduce is the barrier
     synchronous: ClassVar[bool] = False
+    # True when no worker ever waits for another: a lost worker leaves the others as they
+    # were, so the run goes on with the survivors (otherwise a lost worker fails the run)
+    tolerates_loss: ClassVar[bool] = False
 
     def __init__(self, cfg: BarrierConfig, num_workers: int, seed: int = 0):
         self.cfg = cfg

@@ -70,6 +70,11 @@ class Engine:
     def rank_name(self, rank: int) -> str:
         return f"worker {rank} (rank {rank})"
 
+    def survives_loss_of(self, rank: int) -> bool:
+        """Does the run go on when this rank dies? (The engine then records the loss; by
+        default a dead rank fails the run.)"""
+        return False
+
     def validate(self, splits: Splits) -> None:
         """Refuse what this engine cannot run, naming the key and value; the base checks
         the runtime, the algorithm slots and the cluster fields in `ignores`."""

@@ -65,6 +65,10 @@ def summarize(
         },
         "max_clock_gap": max((e.get("clock_gap", 0) for e in updates), default=0),
         "clocks": _clocks(updates, num_workers),
+        # workers lost during the run that it went on without (a barrier-free algorithm)
+        "workers_lost": sorted(
+            e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "lost"
+        ),
         "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
         "throughput_updates_per_s": (
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None

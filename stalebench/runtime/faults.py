@@ -22,14 +22,23 @@ from stalebench.runtime.transport import Pending, Transport
 FAULT_EXIT = 3  # exit code of a process that an injected fault killed
 
 
-class WorkerDied(RunError):
+class WorkerLost(RunError):
+    """A worker is gone (dead, or silent past timeout_s): a barrier-free algorithm goes on
+    without it, any other run fails."""
+
+    def __init__(self, worker: int, message: str):
+        super().__init__(message)
+        self.worker = worker
+
+
+class WorkerDied(WorkerLost):
     """A `die` fault of cluster.faults struck."""
 
     def __init__(self, worker: int, at_s: float):
         super().__init__(
-            f"worker {worker} died at {at_s:.3f} s (a fault injected by cluster.faults)"
+            worker, f"worker {worker} died at {at_s:.3f} s (a fault injected by cluster.faults)"
         )
-        self.worker, self.at_s = worker, at_s
+        self.at_s = at_s
 
 
 class Faults:

@@ -177,7 +177,11 @@ def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
     error, failed_at = None, None
     while procs[0].exitcode is None:
         time.sleep(0.05)
-        dead = [r for r, p in enumerate(procs[1:], 1) if p.exitcode not in (None, 0)]
+        dead = [
+            r
+            for r, p in enumerate(procs[1:], 1)
+            if p.exitcode not in (None, 0) and not engine.survives_loss_of(r)
+        ]
         if dead and failed_at is None:
             # the cause before its consequences: a rank killed by a signal or an injected
             # fault, not a neighbour that then lost it (a pipeline stage exits with 1)

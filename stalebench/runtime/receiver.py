@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch
 
-from stalebench.errors import RunError
+from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.transport import Transport
 
 
@@ -98,14 +98,15 @@ class Inbox:
                 if max_wall_s and now >= max_wall_s:
                     return None
                 if first and now - first.armed_at >= timeout:
-                    raise RunError(
+                    raise WorkerLost(
+                        first.worker,
                         f"worker {first.worker} (rank {first.worker + 1}) silent for "
-                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}"
+                        f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}",
                     ) from None
                 continue
             self.receivers[w].armed_at = None
             if isinstance(item, Exception):
                 if w not in active:
                     continue  # it had been told to stop: its exit is not a failure
-                raise item
+                raise WorkerLost(w, str(item)) from item
             return w, item

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stalebench.algorithms.base import UPDATES
+from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
 from stalebench.engines.ps.state import ParameterServer, Push, Reply
 from stalebench.errors import ConfigError
@@ -42,6 +42,12 @@ class ParameterServerEngine(DataParallel):
 
     def rank_name(self, rank: int) -> str:
         return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
+
+    def survives_loss_of(self, rank: int) -> bool:
+        """A worker, under a barrier that never waits for one (ASP and the update rules on
+        it): the server goes on with the others. A dead server always ends the run."""
+        barrier, _ = BARRIERS.get(self.run.algorithm.barrier.name)
+        return rank > 0 and barrier.tolerates_loss
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
         from stalebench.engines.ps.real import Server, work

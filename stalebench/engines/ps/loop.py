@@ -12,7 +12,9 @@ from torch.nn.utils import parameters_to_vector
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.config import BudgetConfig
 from stalebench.engines.ps.state import ParameterServer, Push, Reply
+from stalebench.errors import RunError
 from stalebench.job import Job
+from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 
@@ -32,6 +34,9 @@ class Port(Protocol):
         """The run ends: release the workers waiting for a reply (the runtime tells the rest
         when they next push)."""
 
+    def forget(self, worker: int) -> None:
+        """The worker is lost: no longer wait for it, nor send to it."""
+
 
 def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, ParameterServer]:
     """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
@@ -45,19 +50,42 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
 
 def serve(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig) -> str:
     """Feed every arriving push to the server and send its replies, snapshot θ, and keep
-    the budget; returns the status: completed or diverged."""
+    the budget; returns the status: completed or diverged. A lost worker (`WorkerLost`)
+    ends the run unless the barrier lets the others go on without it."""
     record.snapshots.maybe(0.0, 0, ps.params)
     port.send(ps.start(0.0))
     while True:
-        push = port.next_push()
-        if push is None:  # the wall budget ran out while no push arrived
-            port.stop(set(ps.held))
-            return "completed"
-        replies = ps.on_push(push, port.now())
-        t = port.now()
-        snapped = record.snapshots.maybe(t, ps.version, ps.params)
-        status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
-        if status or spent(budget, ps.version, t):  # θ is checked at snapshots
-            port.stop(set(ps.held) | {r.worker for r in replies})
-            return status or "completed"
-        port.send(replies)
+        try:
+            status = _serve_one(ps, port, record, budget)
+        except WorkerLost as lost:
+            if not ps.barrier.tolerates_loss:
+                raise
+            _lose(ps, port, record, lost)
+            continue
+        if status:
+            return status
+
+
+def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig):
+    """One push in, its replies out; the status once the run ends, else None."""
+    push = port.next_push()
+    if push is None:  # the wall budget ran out while no push arrived
+        port.stop(set(ps.held))
+        return "completed"
+    replies = ps.on_push(push, port.now())
+    t = port.now()
+    snapped = record.snapshots.maybe(t, ps.version, ps.params)
+    status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
+    if status or spent(budget, ps.version, t):  # θ is checked at snapshots
+        port.stop(set(ps.held) | {r.worker for r in replies})
+        return status or "completed"
+    port.send(replies)
+    return None
+
+
+def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> None:
+    ps.lose(lost.worker)
+    port.forget(lost.worker)
+    record.events.emit("worker", port.now(), worker=lost.worker, event="lost", reason=str(lost))
+    if len(ps.lost) == ps.num_workers:
+        raise RunError(f"every worker is lost (the last: {lost})")

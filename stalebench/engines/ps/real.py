@@ -118,6 +118,10 @@ class Server:
             self.transport.send(self.out, r.worker + 1)
             self.receivers[r.worker].arm(self.now())
 
+    def forget(self, worker: int) -> None:
+        self.active.discard(worker)
+        self.receivers[worker].close()
+
     def stop(self, waiting: set[int]) -> None:
         """Tell the workers waiting for a reply to stop; the others (still computing) are
         told at their next push."""

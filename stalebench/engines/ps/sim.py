@@ -31,7 +31,7 @@ from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.clock import EventQueue
-from stalebench.runtime.faults import Faults
+from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import RunRecord, flatten_parameters, gradient
 
 Emit = Callable[..., Any]
@@ -127,9 +127,16 @@ class SimPort:
             wk = self.workers[r.worker]
             wk.params.copy_(r.params)
             wk.version, wk.received_at = r.version, self.t + self.net.pull_s()
-            start = wk.faults.strike(wk.received_at, self._pause(r.worker))
+            try:
+                start = wk.faults.strike(wk.received_at, self._pause(r.worker))
+            except WorkerDied as died:  # the server learns of it at that time
+                self.queue.push(wk.received_at, died)
+                continue
             wk.step_s = self.profile.step_s(r.worker)
             self.queue.push(start + wk.step_s + self.net.push_s(), r.worker)
+
+    def forget(self, worker: int) -> None:
+        pass  # a lost worker has nothing scheduled
 
     def _pause(self, worker: int):
         def pause(at: float, seconds: float) -> None:
@@ -146,6 +153,8 @@ class SimPort:
             self.t = max_wall_s  # the budget ends before this push arrives
             return None
         self.t = t
+        if isinstance(w, WorkerDied):
+            raise w
         wk = self.workers[w]
         grad, loss = _step(self.compute, self.flat, self.params, self.buffers, wk, self.device)
         message = self.rule_cls.worker_message(self.cfg.algorithm.update, grad, wk.state)

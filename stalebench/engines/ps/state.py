@@ -59,6 +59,7 @@ class ParameterServer:
         self.min_clock = 0
         self._at_clock = collections.Counter({0: num_workers})
         self.held: dict[int, float] = {}  # worker -> time its push arrived (waiting to start)
+        self.lost: set[int] = set()  # workers gone for good
         self.wait_s = [0.0] * num_workers  # barrier wait before the step in progress
         self.gap = [0] * num_workers  # clock gap when the step in progress was admitted
         self.rounds: dict[int, dict[int, tuple[Push, dict[str, Any]]]] = {}
@@ -118,6 +119,12 @@ class ParameterServer:
             self.emit(
                 "update", now, version=self.version, lag=self.version - 1 - p.version_read, **record
             )
+
+    def lose(self, worker: int) -> None:
+        """The worker is gone for good: it no longer waits, and the run goes on without it
+        (only a barrier that never waits for a peer allows that)."""
+        self.held.pop(worker, None)
+        self.lost.add(worker)
 
     def _release(self, now: float) -> list[Reply]:
         replies = []

@@ -1,0 +1,80 @@
+"""A lost worker, by algorithm: under a barrier that never waits (ASP and the update rules
+on it) the parameter server goes on with the survivors and records the loss; under any
+other barrier the run fails naming the worker; a lost server always fails the run. The
+simulator gives the same outcome deterministically; the real runtime is tried with a
+worker killed from outside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stalebench.metrics.events import read_events
+from tests.conftest import run_job
+from tests.integration.test_cli import FAST, _alive, kill_mid_run
+
+DIE = "cluster.faults=[{worker:1,at_s:0.2,action:die}]"
+SIM = ["runtime=sim", "budget.max_updates=300", DIE]
+
+
+def _lost(events):
+    return [e for e in events if e["kind"] == "worker" and e["event"] == "lost"]
+
+
+@pytest.mark.parametrize("algorithm", ["asp", "dana", "gap_aware"])
+def test_in_the_simulator_a_barrier_free_run_goes_on_without_a_dead_worker(tmp_path, algorithm):
+    runs = [run_job(tmp_path / f"r{i}", [f"algorithm={algorithm}", *SIM]) for i in range(2)]
+    summary, events = runs[0].summary, runs[0].events
+    assert summary["status"] == "completed" and summary["error"] is None
+    assert summary["updates"] == 300 and summary["workers_lost"] == [1]
+    assert _lost(events) == [
+        {
+            "kind": "worker",
+            "t": 0.2,
+            "worker": 1,
+            "event": "lost",
+            "reason": "worker 1 died at 0.200 s (a fault injected by cluster.faults)",
+        }
+    ]
+    after = [e for e in events if e["kind"] == "update" and e["t"] > 0.2 + 0.01]
+    assert after and {e["worker"] for e in after} == {0, 2, 3}  # the survivors go on
+    assert events == runs[1].events  # deterministic, bit for bit
+
+
+@pytest.mark.parametrize("algorithm", ["ssp", "bsp", "dssp", "psp"])
+def test_in_the_simulator_a_waiting_barrier_fails_when_a_worker_dies(tmp_path, algorithm):
+    summary = run_job(tmp_path, [f"algorithm={algorithm}", *SIM]).summary
+    assert summary["status"] == "failed"
+    assert summary["error"] == "worker 1 died at 0.200 s (a fault injected by cluster.faults)"
+    assert summary["workers_lost"] == []
+
+
+def test_in_the_simulator_a_run_that_loses_every_worker_fails(tmp_path):
+    faults = ",".join(f"{{worker:{w},at_s:0.1,action:die}}" for w in range(4))
+    summary = run_job(
+        tmp_path,
+        ["algorithm=asp", "runtime=sim", "budget.max_updates=300", f"cluster.faults=[{faults}]"],
+    ).summary
+    assert summary["status"] == "failed"
+    assert summary["error"].startswith("every worker is lost (the last: worker ")
+    assert summary["workers_lost"] == [0, 1, 2, 3]  # the fourth loss ends the run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_real_asp_run_that_loses_one_of_four_workers_completes_with_three(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["algorithm=asp", "budget.max_wall_s=8", "timeout_s=10", *FAST[:-1]]
+    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=5, rank=2)  # worker 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir / "events.jsonl")
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [1]
+    (lost,) = _lost(events)
+    assert lost["reason"].startswith("worker 1 (rank 2) lost: ")
+    after = [e for e in events if e["kind"] == "update" and e["t"] > lost["t"]]
+    assert {e["worker"] for e in after} == {0, 2, 3}
+    assert summary["final"]["accuracy"] is not None  # evaluated as usual
+    assert ended_after < 30, ended_after
+    assert not [r for r, pid in pids.items() if _alive(pid)]
