@@ -18,21 +18,13 @@ import pytest
 
 from stalebench.metrics.events import read_events, schema_errors
 from tests.integration.test_cli import FAST, _alive, _pids
+from tests.unit.test_pipeline_rules import SMALL
 
 pytestmark = pytest.mark.slow
 
 PS = ["algorithm=ssp", "cluster.num_workers=2", *FAST[:-1]]
-PIPELINE = [
-    "algorithm=gpipe",
-    "model.width=32",
-    "model.heads=2",
-    "dataset.context=16",
-    "dataset.batch_size=8",
-    "dataset.corpus_chars=20000",
-    "dataset.corpus_words=120",
-    "eval.train_samples=0",
-    "eval.every_updates=10",
-]
+# the pipeline rules' small transformer, in real processes
+PIPELINE = ["algorithm=gpipe", *(o for o in SMALL if o not in ("runtime=sim", "logger=none"))]
 LOCAL = ["algorithm=diloco", "cluster.num_workers=2", *FAST[:-1]]
 
 
