@@ -60,6 +60,10 @@ CASES = [
         ["cluster.compute=gamma", "cluster.compute_ms=0"],
         "cluster.compute_ms must be > 0 for compute=gamma, got 0.0",
     ),
+    (
+        ["cluster.compute=lognormal", "cluster.compute_ms=0"],
+        "cluster.compute_ms must be > 0 for compute=lognormal, got 0.0",
+    ),
     (["cluster.gamma_shape=0"], "cluster.gamma_shape must be > 0, got 0.0"),
     (["cluster.lognormal_sigma=-1"], "cluster.lognormal_sigma must be >= 0, got -1.0"),
     (["cluster.compute=trace"], "cluster.trace_file must be a CSV path for compute=trace, got ''"),
@@ -400,6 +404,14 @@ def test_a_run_without_a_directory_is_refused():
     cfg.run_dir = ""
     with pytest.raises(ConfigError, match="run_dir is empty"):
         experiment.launch(cfg)
+
+
+@pytest.mark.parametrize("model", ["gamma", "lognormal"])
+def test_a_random_step_time_below_one_ms_is_accepted(model):
+    cfg = compose(
+        fast_with(["budget.max_updates=5", f"cluster.compute={model}", "cluster.compute_ms=0.5"])
+    )
+    assert (cfg.cluster.compute, cfg.cluster.compute_ms) == (model, 0.5)
 
 
 def test_cuda_asked_for_where_there_is_none_is_refused():
