@@ -88,11 +88,11 @@ def test_sim_fault_pause_and_die(tmp_path):
     assert paused.summary["status"] == "completed"
     (pause,) = [e for e in paused.events if e["kind"] == "worker" and e["event"] == "pause"]
     assert pause["worker"] == 1 and pause["duration_s"] == 0.2
-    died = run_job(
+    died = run_job(  # a barrier that waits for every worker (ASP goes on: test_worker_loss)
         tmp_path / "d",
         [
             "runtime=sim",
-            "algorithm=asp",
+            "algorithm=ssp",
             "budget.max_updates=60",
             "cluster.faults=[{worker:2,at_s:0.05,action:die}]",
         ],
@@ -104,10 +104,10 @@ def test_sim_fault_pause_and_die(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_real_fault_die_fails_the_run_and_names_the_fault(tmp_path):
-    run = run_job(
+    run = run_job(  # a barrier that waits for every worker (ASP goes on: test_worker_loss)
         tmp_path,
         [
-            "algorithm=asp",
+            "algorithm=ssp",
             "budget.max_updates=400",
             "timeout_s=10",
             "cluster.faults=[{worker:1,at_s:0.3,action:die}]",
