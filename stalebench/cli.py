@@ -16,12 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
-from stalebench.job import meta
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
-from stalebench.metrics.summary import EXIT_CODES, stop, write_json
+from stalebench.metrics.summary import EXIT_CODES, write_json
 from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
-from stalebench.runtime.signals import Interrupted, interruptible
+from stalebench.runtime.signals import Interrupted
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
@@ -88,20 +87,10 @@ def _run(cfg: RunConfig, engine) -> dict:
         return experiment.launch(cfg, engine)
     from stalebench.runtime.launch import read_summary, run_rank
 
-    try:
-        with interruptible():
+    try:  # an interrupt: torchrun's agent stops the other ranks
+        with experiment.recording_interrupts(cfg, engine.num_workers):
             code = run_rank(cfg, engine, 0, int(os.environ["WORLD_SIZE"]), None)
         error = None if code == 0 else f"{engine.rank_name(0)} exited with code {code}"
-    except Interrupted as exc:  # torchrun's agent stops the other ranks
-        b = cfg.budget
-        stop(
-            Path(cfg.run_dir),
-            meta(cfg, engine.num_workers),
-            "interrupted",
-            str(exc),
-            b.target_accuracy,
-        )
-        raise
     except Exception as exc:
         error = f"{engine.rank_name(0)}: {exc}"
     # rank 0 may have failed before it wrote summary.json: it is written from the events

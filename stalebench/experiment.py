@@ -8,8 +8,10 @@ process does; this module only asks it through its hooks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError
-from stalebench.job import Job, config_sha
+from stalebench.job import Job, config_sha, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.runtime.signals import Interrupted, interruptible
@@ -140,14 +142,24 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
     if not cfg.run_dir:
         raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    if cfg.runtime == "sim":
-        job = Job.build(cfg, engine.num_workers, engine.one_stream)
-        try:
-            with interruptible():
-                return engine.simulate(job, Path(cfg.run_dir))
-        except Interrupted as exc:
-            stop(Path(cfg.run_dir), job.meta, "interrupted", str(exc), cfg.budget.target_accuracy)
-            raise
-    from stalebench.runtime import launch as real
+    with recording_interrupts(cfg, engine.num_workers):
+        if cfg.runtime == "sim":
+            job = Job.build(cfg, engine.num_workers, engine.one_stream)
+            return engine.simulate(job, Path(cfg.run_dir))
+        from stalebench.runtime import launch as real
 
-    return real.launch(cfg, engine, plugins.load)
+        return real.launch(cfg, engine, plugins.load)
+
+
+@contextlib.contextmanager
+def recording_interrupts(cfg: RunConfig, num_workers: int) -> Iterator[None]:
+    """SIGINT or SIGTERM inside ends the run `interrupted`: whatever the block does on its
+    way out runs first (the real runtime stops its ranks), then the stop event and
+    summary.json are written, with further signals ignored, and `Interrupted` goes on."""
+    with interruptible():
+        try:
+            yield
+        except Interrupted as exc:
+            target = cfg.budget.target_accuracy
+            stop(Path(cfg.run_dir), meta(cfg, num_workers), "interrupted", str(exc), target)
+            raise

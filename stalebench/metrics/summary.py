@@ -147,9 +147,11 @@ def stop(
     path = Path(run_dir) / "events.jsonl"
     EventLog.flush_all(path)
     t = max((e["t"] for e in read_events(path)), default=0.0)
-    if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-        with open(path, "a") as f:  # a writer killed mid-line: its torn line stays apart
-            f.write("\n")
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:  # a writer killed mid-line: its torn line stays apart
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
     events = EventLog(path)
     events.emit("system", t, event="stop", status=status, reason=error)
     events.close()

@@ -30,7 +30,7 @@ from stalebench.errors import RunError
 from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
-from stalebench.runtime.signals import Interrupted, die_with_parent, interruptible
+from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo
 
 log = logging.getLogger("stalebench")
@@ -128,14 +128,10 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
         for r in range(world)
     ]
     status, error = None, None
-    try:
-        with interruptible():
-            for p in procs:
-                p.start()
-            status, error = _supervise(cfg, engine, procs)
-    except Interrupted as exc:
-        status, error = "interrupted", str(exc)
-        raise
+    try:  # an exception (an interrupt) still ends every rank before it goes on
+        for p in procs:
+            p.start()
+        status, error = _supervise(cfg, engine, procs)
     finally:
         _stop(procs)
         if status is not None:
