@@ -142,9 +142,12 @@ class RunConfig:
     grace_s: float = 120.0
     run_dir: str = ""  # set by the CLI from Hydra's output directory
     # a run_dir that holds a run: refused, unless resume (keep it when it completed with
-    # this very config, else run again from the start) or overwrite (replace it)
+    # this very config; continue it from its last checkpoint; else run again from the start)
+    # or overwrite (replace it)
     resume: bool = False
     overwrite: bool = False
+    # run seconds between checkpoints of the server's state (engine=ps, runtime=real); 0: none
+    checkpoint_every_s: float = 60.0
     # the address the real runtime's sockets listen on (the rendezvous store, gloo): the
     # loopback by default, so that no other machine can reach a run's unauthenticated store
     listen_host: str = "127.0.0.1"
@@ -160,6 +163,8 @@ class RunConfig:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:
             raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
+        if not self.checkpoint_every_s >= 0:
+            raise ConfigError(f"checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         try:
             ipaddress.ip_address(self.listen_host)
         except ValueError:

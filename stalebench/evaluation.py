@@ -31,13 +31,13 @@ class Snapshots:
     def __init__(self, cfg: EvalConfig):
         self.cfg = cfg
         self.taken: list[Snapshot] = []
-        self._next_version = 0
-        self._next_t = 0.0
+        self.next_version = 0
+        self.next_t = 0.0
 
     def maybe(self, t: float, version: int, params: torch.Tensor) -> bool:
         """Take a snapshot if one is due; True when it did."""
-        due_v = self.cfg.every_updates > 0 and version >= self._next_version
-        due_t = self.cfg.every_s > 0 and t >= self._next_t
+        due_v = self.cfg.every_updates > 0 and version >= self.next_version
+        due_t = self.cfg.every_s > 0 and t >= self.next_t
         if due_v or due_t or not self.taken:
             self.take(t, version, params)
             return True
@@ -47,8 +47,8 @@ class Snapshots:
         if self.taken and self.taken[-1].version == version:
             return
         self.taken.append(Snapshot(t, version, params.detach().clone()))
-        self._next_version = version + max(self.cfg.every_updates, 1)
-        self._next_t = t + self.cfg.every_s
+        self.next_version = version + max(self.cfg.every_updates, 1)
+        self.next_t = t + self.cfg.every_s
 
 
 def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

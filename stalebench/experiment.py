@@ -26,6 +26,7 @@ from stalebench.errors import ConfigError
 from stalebench.job import Job, config_sha, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
+from stalebench.runtime import checkpoint
 from stalebench.runtime.signals import Interrupted, interruptible
 
 
@@ -94,14 +95,15 @@ class RunDirTaken(ConfigError):
     """run_dir holds a run and neither resume nor overwrite was asked for."""
 
 
-RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs")
+RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint")
 
 
 def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:
     """Make `cfg.run_dir` ready for this run. A directory that holds a run is refused
     unless `resume` (returns that run's summary when it completed with this very config:
-    nothing to do; otherwise clears it to run again) or `overwrite` (clears it). `keep`
-    False: never keep one (the other ranks of a torchrun launch are already waiting)."""
+    nothing to do; keeps it when it holds a checkpoint of this config, which the run goes
+    on from; otherwise clears it to run again) or `overwrite` (clears it). `keep` False:
+    never keep a completed one (the other ranks of a torchrun launch are already waiting)."""
     run_dir = Path(cfg.run_dir)
     held = [n for n in RUN_FILES if (run_dir / n).exists()]
     if not held:
@@ -114,12 +116,26 @@ def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:
         status = previous.get("status") if previous else "no summary.json"
         raise RunDirTaken(
             f"run_dir={run_dir} already holds a run ({status}); set resume=true to keep it "
-            "if it completed with this config (else run again), or overwrite=true to replace it"
+            "if it completed with this config (else continue or run again), or overwrite=true "
+            "to replace it"
         )
+    saved = _checkpoint(run_dir, cfg) if cfg.resume else None
+    if saved:  # go on from it: the files of the run's end are written again
+        checkpoint.rewind(run_dir, saved)
+        held = [n for n in held if n in ("summary.json", "metrics.parquet", "model.pt")]
     for name in held:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
+
+
+def _checkpoint(run_dir: Path, cfg: RunConfig) -> dict[str, Any] | None:
+    """The checkpoint in run_dir of a run of this very config, if there is one."""
+    try:
+        saved = checkpoint.load(run_dir)
+    except Exception:  # a checkpoint that cannot be read is no checkpoint: run again
+        return None
+    return saved if saved and saved.get("config_sha") == config_sha(cfg) else None
 
 
 def _summary(path: Path) -> dict[str, Any] | None:

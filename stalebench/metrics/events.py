@@ -67,6 +67,10 @@ class EventLog:
             self._file.flush()
             self._flushed = time.monotonic()
 
+    def flush(self) -> None:
+        self._file.flush()
+        self._flushed = time.monotonic()
+
     def close(self) -> None:
         self._file.close()
 

@@ -44,9 +44,10 @@ class WorkerDied(WorkerLost):
 class Faults:
     """One worker's scheduled faults, struck in time order when its steps start."""
 
-    def __init__(self, profile: Profile, worker: int):
+    def __init__(self, profile: Profile, worker: int, after_s: float = 0.0):
+        """`after_s`: a resumed run's start; the faults before it struck the earlier run."""
         self.worker = worker
-        self.pending: list[FaultConfig] = profile.faults(worker)
+        self.pending: list[FaultConfig] = [f for f in profile.faults(worker) if f.at_s >= after_s]
 
     def strike(self, now: float, pause: Callable[[float, float], None]) -> float:
         """Strike the faults due by `now` (run seconds); returns when the step can start.

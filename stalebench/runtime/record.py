@@ -16,15 +16,29 @@ from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
 from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
+from stalebench.runtime import checkpoint
+from stalebench.runtime.checkpoint import Checkpoints
 
 
 class RunRecord:
     """The run directory being written: events, θ snapshots, and the final files."""
 
-    def __init__(self, job: Job, run_dir: Path, flush_s: float = 0.0):
+    def __init__(
+        self, job: Job, run_dir: Path, flush_s: float = 0.0, resume: dict[str, Any] | None = None
+    ):
         self.job, self.run_dir = job, Path(run_dir)
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval)
+        self.checkpoints = Checkpoints(
+            self.run_dir, job.cfg.checkpoint_every_s, self.events, self.snapshots,
+            job.meta["config_sha"],
+        )  # fmt: skip
+        if resume:  # the checkpoint this run goes on from (events.jsonl rewound to it)
+            checkpoint.restore_snapshots(self.run_dir, resume, self.snapshots)
+            self.checkpoints.saved_snapshots = len(self.snapshots.taken)
+            self.checkpoints.restart(resume["t"])
+            self.events.emit("system", resume["t"], event="resume", version=resume["version"])
+            return
         # the host's load and the config's fingerprint go to summary.json only: events stay
         # a function of config and seed (byte-identical in the sim runtime)
         labels = {k: v for k, v in job.meta.items() if k not in ("host", "config_sha")}

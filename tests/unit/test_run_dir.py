@@ -1,6 +1,7 @@
 """A run directory holds one run: a second run into it is refused before anything is
 written, unless `overwrite=true` (replace it) or `resume=true` (keep it when it completed
-with this very config, else run again from the start). Simulated runs, in process."""
+with this very config, go on from its checkpoint of this config, else run again from the
+start). Simulated runs, in process, and checkpoints written by `Checkpoints`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import re
 import pytest
 
 from stalebench import experiment
+from stalebench.evaluation import Snapshots
 from stalebench.job import config_sha
-from stalebench.metrics.events import read_events
+from stalebench.metrics.events import EventLog, read_events
+from stalebench.runtime.checkpoint import Checkpoints
 from tests.conftest import compose, fast_with
 
 SIM = ["runtime=sim", "budget.max_updates=30"]
@@ -34,7 +37,8 @@ def test_a_second_run_into_a_held_directory_is_refused_and_changes_nothing(tmp_p
         _run(tmp_path)
     assert str(err.value) == (
         f"run_dir={tmp_path} already holds a run (completed); set resume=true to keep it if it "
-        "completed with this config (else run again), or overwrite=true to replace it"
+        "completed with this config (else continue or run again), or overwrite=true to "
+        "replace it"
     )
     assert _files(tmp_path) == before and first["status"] == "completed"
 
@@ -79,8 +83,50 @@ def test_resume_runs_again_a_run_that_did_not_complete(tmp_path):
 
 def test_the_config_fingerprint_ignores_where_and_how_a_run_is_written_only():
     base = compose(fast_with(SIM))
-    same = compose(fast_with([*SIM, "resume=true", "overwrite=true"]))
+    same = compose(fast_with([*SIM, "resume=true", "overwrite=true", "checkpoint_every_s=5"]))
     same.run_dir = "elsewhere"
     assert config_sha(base) == config_sha(same)
     for change in ("seed=1", "algorithm.update.lr=0.2", "cluster.num_workers=3"):
         assert config_sha(compose(fast_with([*SIM, change]))) != config_sha(base), change
+
+
+def _checkpointed_run(run_dir, cfg):
+    """A run that wrote a checkpoint at version 2, then more events and a summary (stopped);
+    returns the bytes of events.jsonl at the checkpoint and the lines after it."""
+    events = EventLog(run_dir / "events.jsonl")
+    events.emit("system", 0.0, event="start")
+    events.emit("update", 1.0, version=1)
+    saver = Checkpoints(run_dir, 1.0, events, Snapshots(cfg.eval), config_sha(cfg))
+    saver.save(1.5, 2, {"ps": "state"})
+    at_checkpoint = (run_dir / "events.jsonl").read_bytes()
+    events.emit("update", 2.0, version=3)
+    events.emit("system", 2.0, event="stop", status="interrupted", reason="SIGTERM")
+    events.close()
+    after = (run_dir / "events.jsonl").read_bytes()[len(at_checkpoint) :]
+    for name in ("summary.json", "metrics.parquet", "model.pt"):
+        (run_dir / name).write_text("{}")
+    return at_checkpoint, after
+
+
+def test_resume_rewinds_to_a_checkpoint_of_this_config(tmp_path):
+    cfg = compose(fast_with([*SIM, "resume=true"]))
+    cfg.run_dir = str(tmp_path)
+    at_checkpoint, after = _checkpointed_run(tmp_path, cfg)
+    assert at_checkpoint.endswith(b'"event": "checkpoint", "version": 2}\n')
+    assert experiment.claim_run_dir(cfg) is None  # the run goes on
+    assert (tmp_path / "events.jsonl").read_bytes() == at_checkpoint
+    assert (tmp_path / "checkpoint" / "cut-2.jsonl").read_bytes() == after  # kept apart
+    assert (tmp_path / "checkpoint" / "state.pt").exists()
+    assert not [
+        n for n in ("summary.json", "metrics.parquet", "model.pt") if (tmp_path / n).exists()
+    ]
+
+
+@pytest.mark.parametrize("flags", [["resume=true", "seed=5"], ["overwrite=true"]])
+def test_a_checkpoint_of_another_config_or_an_overwrite_starts_over(tmp_path, flags):
+    ours = compose(fast_with([*SIM]))
+    _checkpointed_run(tmp_path, ours)
+    cfg = compose(fast_with([*SIM, *flags]))
+    cfg.run_dir = str(tmp_path)
+    assert experiment.claim_run_dir(cfg) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

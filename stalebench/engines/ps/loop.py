@@ -37,6 +37,9 @@ class Port(Protocol):
     def forget(self, worker: int) -> None:
         """The worker is lost: no longer wait for it, nor send to it."""
 
+    def checkpoint(self) -> None:
+        """Between two pushes: save what a resumed run needs, if a checkpoint is due."""
+
 
 def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, ParameterServer]:
     """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
@@ -48,12 +51,15 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
     return model, ParameterServer(params, barrier, rule, n, emit)
 
 
-def serve(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig) -> str:
-    """Feed every arriving push to the server and send its replies, snapshot θ, and keep
-    the budget; returns the status: completed or diverged. A lost worker (`WorkerLost`)
-    ends the run unless the barrier lets the others go on without it."""
-    record.snapshots.maybe(0.0, 0, ps.params)
-    port.send(ps.start(0.0))
+def serve(
+    ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig, t: float = 0.0
+) -> str:
+    """From run time `t` (a resumed run's checkpoint, else 0), feed every arriving push to
+    the server and send its replies, snapshot θ, and keep the budget; returns the status:
+    completed or diverged. A lost worker (`WorkerLost`) ends the run unless the barrier
+    lets the others go on without it."""
+    record.snapshots.maybe(t, ps.version, ps.params)
+    port.send(ps.start(t))
     while True:
         try:
             status = _serve_one(ps, port, record, budget)
@@ -64,6 +70,7 @@ def serve(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConf
             continue
         if status:
             return status
+        port.checkpoint()
 
 
 def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig):

@@ -20,6 +20,7 @@ from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push
 from stalebench.errors import RunError
 from stalebench.job import Job
+from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults, Shaped, pad_to
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.record import RunRecord, flatten_parameters, gradient
@@ -28,8 +29,10 @@ from stalebench.runtime.transport import Transport
 log = logging.getLogger("stalebench")
 
 HEADER = 8  # float32 slots before the payload of every message
-# int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push)
-# float slots: 3 loss, 4 compute_s, 5 rtt_s, 6 paused_s
+# int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push) / the
+# worker's clock (reply: a resumed run's workers start at their checkpointed clocks)
+# float slots: 3 loss (push) / the run time this server started at (reply), 4 compute_s,
+# 5 rtt_s, 6 paused_s, 7 whether the worker keeps state of its own (push)
 PUSH, PARAMS, STOP = 1, 2, 3
 
 
@@ -51,8 +54,14 @@ class Server:
         cfg = job.cfg
         self.job, self.cfg, self.transport = job, cfg, transport
         self.n = cfg.cluster.num_workers
-        self.record = RunRecord(job, run_dir)
+        resume = checkpoint.load(run_dir) if cfg.resume else None
+        self.record = RunRecord(job, run_dir, resume=resume)
         self.model, self.ps = build_server(job, self.record.events.emit)
+        self.started_at, self.bytes_before = 0.0, 0  # run time and bytes before this process
+        if resume:
+            self.ps.resume(resume["state"]["ps"])
+            self.started_at, self.bytes_before = resume["t"], resume["state"]["bytes_sent"]
+        self.worker_state = False  # a worker keeps state a checkpoint cannot hold
         self.size = HEADER + self.ps.params.numel()
         make = lambda: [torch.empty(self.size)]  # noqa: E731
         self.inbox = Inbox(transport, self.n, make, self.now, cfg.timeout_s)
@@ -65,7 +74,8 @@ class Server:
         self.t0 = time.perf_counter()
         try:
             self.inbox.start()
-            status = serve(self.ps, self, self.record, self.cfg.budget)
+            self.stop(set(self.ps.lost))  # a resumed run: the workers lost before stay out
+            status = serve(self.ps, self, self.record, self.cfg.budget, self.started_at)
             while self.active:  # a push that crossed our decision to stop: discard it
                 w, _ = self._next(0.0)
                 self.stop({w})
@@ -80,11 +90,22 @@ class Server:
             self.now(),
             status,
             error,
-            bytes_sent=self.transport.bytes_sent,
+            bytes_sent=self.bytes_before + self.transport.bytes_sent,
         )
 
     def now(self) -> float:
-        return time.perf_counter() - self.t0
+        return self.started_at + time.perf_counter() - self.t0
+
+    def checkpoint(self) -> None:
+        t, checkpoints = self.now(), self.record.checkpoints
+        if not checkpoints.due(t):
+            return
+        if self.worker_state:  # e.g. DANA-Slim's momentum, on the workers: none is saved
+            log.warning("server: the workers keep state of their own: no checkpoints")
+            checkpoints.every_s = 0.0
+            return
+        state = {"ps": self.ps.state(), "bytes_sent": self.bytes_before + self.transport.bytes_sent}
+        checkpoints.save(t, self.ps.version, state)
 
     def next_push(self) -> Push | None:
         item = self._next(self.cfg.budget.max_wall_s)
@@ -94,6 +115,7 @@ class Server:
         ints = _ints(buf)
         if int(ints[0]) != PUSH:
             raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
+        self.worker_state |= bool(buf[7])
         if float(buf[6]) > 0:
             self.record.events.emit(
                 "worker", self.now(), worker=w, event="pause", duration_s=float(buf[6])
@@ -113,7 +135,9 @@ class Server:
 
     def send(self, replies) -> None:
         for r in replies:
-            _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, 0], dtype=torch.int32)
+            clock = self.ps.clocks[r.worker]
+            _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, clock], dtype=torch.int32)
+            self.out[3] = self.started_at
             self.out[HEADER:] = r.params
             self.transport.send(self.out, r.worker + 1)
             self.receivers[r.worker].arm(self.now())
@@ -151,7 +175,6 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     batches = job.batches(worker)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
-    faults = Faults(profile, worker)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
     warmup = slice(0, cfg.dataset.batch_size)
     gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
@@ -159,11 +182,14 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     while True:
         transport.recv(inbox, 0)
         received = time.perf_counter()
-        t0 = received if t0 is None else t0
         kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
         if kind == STOP:
             return
-        now = received - t0
+        if t0 is None:  # the first reply: the worker's clock and the run time it starts at
+            t0, clock, started_at = received, int(_ints(inbox)[2]), float(inbox[3])
+            faults = Faults(profile, worker, after_s=started_at)  # (both 0 unless resumed)
+            _skip(batches, profile, worker, clock)
+        now = started_at + received - t0
         paused = faults.strike(now, lambda at, s: _pause(worker, at, s)) - now
         start = time.perf_counter()
         flat.copy_(inbox[HEADER:])
@@ -173,10 +199,18 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         compute = time.perf_counter() - start
         rtt = received - pushed_at if pushed_at is not None else 0.0
         _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)
-        out[3:7] = torch.tensor([loss_value, compute, rtt, paused])
+        out[3:8] = torch.tensor([loss_value, compute, rtt, paused, float(bool(rule_state))])
         pushed_at = time.perf_counter()
         transport.send(out, 0)
         clock += 1
+
+
+def _skip(batches, profile, worker: int, steps: int) -> None:
+    """A resumed worker's data stream and step times, moved on past the steps it took
+    before the checkpoint, so it reads the batches an uninterrupted run would."""
+    for _ in range(steps):
+        next(batches)
+        profile.step_s(worker)
 
 
 def _pause(worker: int, at: float, seconds: float) -> None:

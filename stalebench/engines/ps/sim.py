@@ -138,6 +138,9 @@ class SimPort:
     def forget(self, worker: int) -> None:
         pass  # a lost worker has nothing scheduled
 
+    def checkpoint(self) -> None:
+        pass  # a simulated run is rerun from the start: it takes seconds, deterministically
+
     def _pause(self, worker: int):
         def pause(at: float, seconds: float) -> None:
             self.record.events.emit("worker", at, worker=worker, event="pause", duration_s=seconds)

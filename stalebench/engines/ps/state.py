@@ -9,6 +9,7 @@ averaged; the update rule applies gradients and chooses what each worker reads.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -65,9 +66,27 @@ class ParameterServer:
         self.rounds: dict[int, dict[int, tuple[Push, dict[str, Any]]]] = {}
 
     def start(self, now: float) -> list[Reply]:
-        """Step 0: every worker reads θ₀."""
-        self.held = {w: now for w in range(self.num_workers)}
+        """Step 0, or the first step after a resume: every worker still in the run is held,
+        and reads θ once the barrier admits it."""
+        self.held = {w: now for w in range(self.num_workers) if w not in self.lost}
         return self._release(now)
+
+    def state(self) -> dict[str, Any]:
+        """Everything a resumed server needs, for one `torch.save`: θ, the version and the
+        clocks, the rounds in progress, and the barrier and the update rule whole (their
+        buffers and random streams). Workers held or computing now are held again by the
+        resumed `start`."""
+        barrier = copy.copy(self.barrier)
+        barrier.emit = None  # the event log stays with this process
+        skip = ("emit", "barrier", "held")
+        return {**{k: v for k, v in vars(self).items() if k not in skip}, "barrier": barrier}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Take over the `state()` of an earlier server of this run."""
+        for key, value in state.items():
+            setattr(self, key, value)
+        self.barrier.emit = self.emit
+        self.held = {}
 
     def on_push(self, push: Push, now: float) -> list[Reply]:
         w = push.worker

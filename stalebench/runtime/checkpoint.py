@@ -1,0 +1,96 @@
+"""Checkpoints of a run in progress, so a preempted run continues instead of starting over.
+
+A checkpoint is the directory `checkpoint/` of the run directory: `state.pt` (what the
+engine needs to go on, the run time and the length of events.jsonl when it was taken) and
+one file per θ snapshot taken so far (`snap-00000.pt`, ..., written once each). It is
+replaced whole (a new state.pt is renamed over the old), so a kill at any moment leaves
+the previous one intact. Before a resumed run starts, events.jsonl is cut back to that
+length (what happened after the checkpoint is computed again; the cut lines are kept in
+`cut-<version>.jsonl`), and the run goes on from there, on the same time axis.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stalebench.evaluation import Snapshot, Snapshots
+from stalebench.metrics.events import EventLog
+
+DIR = "checkpoint"
+
+
+def load(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's last checkpoint, or None. (It holds pickled objects of this
+    package: only a checkpoint this code wrote is to be loaded.)"""
+    path = Path(run_dir) / DIR / "state.pt"
+    if not path.exists():
+        return None
+    return torch.load(path, weights_only=False)
+
+
+class Checkpoints:
+    """Saves a checkpoint when `every_s` run seconds have passed since the last one."""
+
+    def __init__(
+        self, run_dir: Path, every_s: float, events: EventLog, snapshots: Snapshots, sha: str
+    ):
+        self.dir = Path(run_dir) / DIR
+        self.every_s, self.events, self.snapshots, self.sha = every_s, events, snapshots, sha
+        self.saved_snapshots = len(snapshots.taken)  # those already on disk
+        self._next_t = every_s
+
+    def restart(self, t: float) -> None:
+        """A resumed run: the next checkpoint is due `every_s` after `t`."""
+        self._next_t = t + self.every_s
+
+    def due(self, t: float) -> bool:
+        return self.every_s > 0 and t >= self._next_t
+
+    def save(self, t: float, version: int, state: dict[str, Any]) -> None:
+        """Write the checkpoint at run time `t`: the events up to here, the snapshots not yet
+        on disk, then `state` (the engine's) with where events.jsonl ends."""
+        self.dir.mkdir(exist_ok=True)
+        self.events.emit("system", t, event="checkpoint", version=version)
+        self.events.flush()
+        for i in range(self.saved_snapshots, len(self.snapshots.taken)):
+            snap = self.snapshots.taken[i]
+            torch.save(vars(snap), self.dir / f"snap-{i:05d}.pt")
+        self.saved_snapshots = len(self.snapshots.taken)
+        record = {
+            "config_sha": self.sha,  # a resume with another config starts over
+            "t": t,
+            "version": version,
+            "events_bytes": self.events.path.stat().st_size,
+            "snapshots": self.saved_snapshots,
+            "snapshot_next": (self.snapshots.next_version, self.snapshots.next_t),
+            "state": state,
+        }
+        tmp = self.dir / "state.pt.tmp"
+        torch.save(record, tmp)
+        os.replace(tmp, self.dir / "state.pt")
+        self._next_t = t + self.every_s
+
+
+def restore_snapshots(run_dir: Path, checkpoint: dict[str, Any], snapshots: Snapshots) -> None:
+    """The snapshots taken up to the checkpoint, back in `snapshots`."""
+    folder = Path(run_dir) / DIR
+    for i in range(checkpoint["snapshots"]):
+        snapshots.taken.append(Snapshot(**torch.load(folder / f"snap-{i:05d}.pt")))
+    snapshots.next_version, snapshots.next_t = checkpoint["snapshot_next"]
+
+
+def rewind(run_dir: Path, saved: dict[str, Any]) -> None:
+    """Take the run directory back to the checkpoint `saved`: events.jsonl is cut back to
+    its length, and what is cut (the events since, which the resumed run computes again)
+    is kept apart in checkpoint/cut-<version>.jsonl."""
+    path = Path(run_dir) / "events.jsonl"
+    with open(path, "rb+") as f:
+        f.seek(saved["events_bytes"])
+        tail = f.read()
+        f.truncate(saved["events_bytes"])
+    with open(Path(run_dir) / DIR / f"cut-{saved['version']}.jsonl", "ab") as f:
+        f.write(tail)
