@@ -31,6 +31,8 @@ class FaultConfig:
     at_s: float = 0.0  # run time (s, real or virtual) after which the fault strikes
     action: str = "pause"  # pause: the worker goes silent for duration_s; die: it exits
     duration_s: float = 0.0  # pause length (s)
+    # or, when >= 0, the worker's step (0-based) at whose start it strikes, whatever the time
+    at_step: int = -1
 
 
 @dataclasses.dataclass
@@ -107,6 +109,8 @@ class ClusterConfig(ComponentConfig):
                 raise bad(f"faults[{i}].action", f.action, f"one of {', '.join(FAULT_ACTIONS)}")
             if f.at_s < 0 or f.duration_s < 0:
                 raise bad(f"faults[{i}]", f, "at_s >= 0 and duration_s >= 0")
+            if f.at_step < -1 or (f.at_step >= 0 and f.at_s):
+                raise bad(f"faults[{i}]", f, "at_step >= 0 (with at_s 0) or at_step -1 (by time)")
 
 
 def read_trace(path: str) -> list[np.ndarray]:

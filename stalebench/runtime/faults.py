@@ -42,24 +42,34 @@ class WorkerDied(WorkerLost):
 
 
 class Faults:
-    """One worker's scheduled faults, struck in time order when its steps start."""
+    """One worker's scheduled faults, struck when its steps start: those of its step index
+    (`at_step`), then those due by the time (`at_s`), in order. Every engine calls `strike`
+    once per step the worker starts."""
 
-    def __init__(self, profile: Profile, worker: int, after_s: float = 0.0):
-        """`after_s`: a resumed run's start; the faults before it struck the earlier run."""
-        self.worker = worker
-        self.pending: list[FaultConfig] = [f for f in profile.faults(worker) if f.at_s >= after_s]
+    def __init__(self, profile: Profile, worker: int, after_s: float = 0.0, step: int = 0):
+        """A resumed run starts at run time `after_s` and the worker's step `step`: the
+        faults before struck the earlier run."""
+        self.worker, self.step = worker, step
+        mine = profile.faults(worker)
+        self.by_step = sorted((f for f in mine if f.at_step >= step), key=lambda f: f.at_step)
+        self.pending = [f for f in mine if f.at_step < 0 and f.at_s >= after_s]
 
     def strike(self, now: float, pause: Callable[[float, float], None]) -> float:
-        """Strike the faults due by `now` (run seconds); returns when the step can start.
-        A pause calls `pause(at, seconds)` and pushes the start back (a later fault may then
-        fall due); a death raises `WorkerDied`."""
+        """Strike the faults due at this step or by `now` (run seconds); returns when the
+        step can start. A pause calls `pause(at, seconds)` and pushes the start back (a
+        later fault may then fall due); a death raises `WorkerDied`."""
+        step, self.step = self.step, self.step + 1
+        while self.by_step and self.by_step[0].at_step <= step:
+            now = self._hit(self.by_step.pop(0), now, pause)
         while self.pending and self.pending[0].at_s <= now:
-            fault = self.pending.pop(0)
-            if fault.action == "die":
-                raise WorkerDied(self.worker, now)
-            pause(now, fault.duration_s)
-            now += fault.duration_s
+            now = self._hit(self.pending.pop(0), now, pause)
         return now
+
+    def _hit(self, fault: FaultConfig, now: float, pause) -> float:
+        if fault.action == "die":
+            raise WorkerDied(self.worker, now)
+        pause(now, fault.duration_s)
+        return now + fault.duration_s
 
 
 def pad_to(start: float, target_s: float) -> None:

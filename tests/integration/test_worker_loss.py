@@ -78,3 +78,28 @@ def test_a_real_asp_run_that_loses_one_of_four_workers_completes_with_three(tmp_
     assert summary["final"]["accuracy"] is not None  # evaluated as usual
     assert ended_after < 30, ended_after
     assert not [r for r, pid in pids.items() if _alive(pid)]
+
+
+STEP_DEATH = "cluster.faults=[{worker:1,at_step:5,action:die}]"
+
+
+@pytest.mark.parametrize("runtime", ["sim", "real"])
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_at_its_step_k_pushed_exactly_k_gradients(tmp_path, runtime):
+    # a step-indexed fault strikes when the worker starts step 5, whatever the time: in
+    # both runtimes it has pushed steps 0..4, and the others go on
+    run = run_job(
+        tmp_path,
+        ["algorithm=asp", f"runtime={runtime}", "budget.max_updates=60", "budget.max_wall_s=0"]
+        + ["cluster=homogeneous", "cluster.compute_ms=5", "timeout_s=20", STEP_DEATH],
+    )
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["workers_lost"] == [1] and run.summary["updates"] == 60
+    clocks = [e["clock"] for e in run.events if e["kind"] == "update" and e["worker"] == 1]
+    assert clocks == [0, 1, 2, 3, 4]
+    (lost,) = _lost(run.events)
+    last_push = max(e["t"] for e in run.events if e["kind"] == "update" and e["worker"] == 1)
+    assert lost["t"] >= last_push
+    if runtime == "sim":  # it dies when it would start step 5: as step 4's push is answered
+        reason = f"worker 1 died at {last_push:.3f} s (a fault injected by cluster.faults)"
+        assert lost == {**lost, "t": last_push, "reason": reason}

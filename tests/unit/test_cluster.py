@@ -9,6 +9,7 @@ import pytest
 
 from stalebench.cluster import ClusterConfig, FaultConfig, Profile
 from stalebench.errors import ConfigError
+from stalebench.runtime.faults import Faults, WorkerDied
 
 
 def profile(seed=0, **kw):
@@ -147,3 +148,52 @@ def test_a_ring_all_gather_step_lasts_as_long_as_its_slower_direction():
     p = Profile(ClusterConfig(num_workers=3, push_latency_ms=1, pull_bandwidth_gbps=0.001))
     # each step receives a 1,000-byte piece at 1 Mbit/s: 8 ms, more than the 1 ms send
     assert p.allgather_s(1000) == pytest.approx(2 * 0.008)
+
+
+def pauses(faults, times):
+    """(step, at, seconds) of each pause struck when steps start at `times`."""
+    out = []
+    for step, now in enumerate(times):
+        faults.strike(now, lambda at, s, step=step: out.append((step, at, s)))
+    return out
+
+
+def test_a_step_indexed_fault_strikes_at_that_step_whatever_the_time():
+    p = profile(
+        num_workers=2,
+        faults=[
+            FaultConfig(1, action="pause", duration_s=0.5, at_step=3),
+            FaultConfig(1, 10.0, "pause", 2),  # by time, due at the step starting at 10
+            FaultConfig(0, action="pause", duration_s=9, at_step=1),
+        ],
+    )
+    times = [0.0, 4.0, 8.0, 9.0, 9.5, 11.0]
+    assert pauses(Faults(p, 1), times) == [(3, 9.0, 0.5), (5, 11.0, 2)]
+    assert pauses(Faults(p, 0), times) == [(1, 4.0, 9)]
+
+
+def test_a_step_indexed_fault_before_a_time_fault_pushes_it_back():
+    # the step fault's pause makes the time fault due at the same start
+    p = profile(faults=[FaultConfig(0, 1.5, "pause", 1), FaultConfig(0, 0, "pause", 1, 2)])
+    assert pauses(Faults(p, 0), [0.0, 0.5, 1.0]) == [(2, 1.0, 1), (2, 2.0, 1)]
+
+
+def test_a_step_indexed_death_and_a_resumed_worker_s_faults():
+    p = profile(faults=[FaultConfig(0, action="die", at_step=2), FaultConfig(0, 1.0, "pause", 1)])
+    faults = Faults(p, 0)
+    assert pauses(faults, [0.0, 0.1]) == []
+    with pytest.raises(WorkerDied, match="worker 0 died at 0.200 s"):
+        faults.strike(0.2, lambda at, s: None)
+    # resumed at step 3 and run time 5: the death at step 2 and the pause at 1 s were struck
+    assert Faults(p, 0, after_s=5.0, step=3).by_step == [] and not Faults(p, 0, 5.0, 3).pending
+    assert [f.at_step for f in Faults(p, 0, after_s=0.5, step=2).by_step] == [2]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [FaultConfig(0, 1.0, "die", at_step=3), FaultConfig(0, action="die", at_step=-2)],
+    ids=["both", "negative"],
+)
+def test_a_fault_by_step_and_by_time_at_once_is_refused(fault):
+    with pytest.raises(ConfigError, match=re.escape("must be at_step >= 0 (with at_s 0)")):
+        ClusterConfig(name="profile", faults=[fault])

@@ -85,7 +85,7 @@ CASES = [
     ),
     (["cluster.straggler_prob=2"], "cluster.straggler_prob must be in [0, 1], got 2.0"),
     (["cluster.straggler_factor=0.5"], "cluster.straggler_factor must be >= 1, got 0.5"),
-    (["cluster.faults=[{worker:9}]"], "cluster.faults[0].worker must be in [0, 4), got 9"),
+    (["cluster.faults=[{worker:4}]"], "cluster.faults[0].worker must be in [0, 4), got 4"),
     (
         ["cluster.faults=[{action:explode}]"],
         "cluster.faults[0].action must be one of pause, die, got 'explode'",
@@ -413,6 +413,27 @@ def test_a_random_step_time_below_one_ms_is_accepted(model):
         fast_with(["budget.max_updates=5", f"cluster.compute={model}", "cluster.compute_ms=0.5"])
     )
     assert (cfg.cluster.compute, cfg.cluster.compute_ms) == (model, 0.5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["cluster.compute=lognormal", "cluster.lognormal_sigma=0"],  # a constant step
+        ["cluster.slow_fraction=1", "cluster.slow_factor=3"],  # every worker slow
+        ["cluster.slow_factor=2", "cluster.slow_factor_max=2"],
+        ["cluster.straggler_prob=1", "cluster.straggler_factor=1.5"],
+        ["cluster.straggler_prob=0.5", "cluster.straggler_factor=1"],
+        ["cluster.faults=[{worker:1,at_s:0,action:pause,duration_s:0}]"],
+        ["cluster.faults=[{worker:1,at_s:0.5,action:die}]"],
+    ],
+    ids=str,
+)
+def test_the_bounds_of_each_cluster_range_are_accepted(overrides):
+    cfg = compose(fast_with(["budget.max_updates=5", "cluster.num_workers=2", *overrides]))
+    for key, value in (o.split("=", 1) for o in overrides):
+        if key not in ("cluster.faults", "cluster.compute"):
+            assert float(getattr(cfg.cluster, key.split(".")[1])) == float(value)
+    assert len(cfg.cluster.faults) == sum(o.startswith("cluster.faults") for o in overrides)
 
 
 def test_cuda_asked_for_where_there_is_none_is_refused():

@@ -187,7 +187,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
             return
         if t0 is None:  # the first reply: the worker's clock and the run time it starts at
             t0, clock, started_at = received, int(_ints(inbox)[2]), float(inbox[3])
-            faults = Faults(profile, worker, after_s=started_at)  # (both 0 unless resumed)
+            faults = Faults(profile, worker, started_at, clock)  # (both 0 unless resumed)
             _skip(batches, profile, worker, clock)
         now = started_at + received - t0
         paused = faults.strike(now, lambda at, s: _pause(worker, at, s)) - now

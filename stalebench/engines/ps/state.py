@@ -78,8 +78,8 @@ class ParameterServer:
         resumed `start`."""
         barrier = copy.copy(self.barrier)
         barrier.emit = None  # the event log stays with this process
-        skip = ("emit", "barrier", "held")
-        return {**{k: v for k, v in vars(self).items() if k not in skip}, "barrier": barrier}
+        kept = {k: v for k, v in vars(self).items() if k not in ("emit", "held")}
+        return {**kept, "barrier": barrier}  # the copy, not the live barrier
 
     def resume(self, state: dict[str, Any]) -> None:
         """Take over the `state()` of an earlier server of this run."""
