@@ -93,7 +93,12 @@ CASES = [
     (
         ["cluster.faults=[{at_s:-1}]"],
         "cluster.faults[0] must be at_s >= 0 and duration_s >= 0, got FaultConfig(worker=0, "
-        "at_s=-1.0, action='pause', duration_s=0.0)",
+        "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1)",
+    ),
+    (
+        ["cluster.faults=[{at_s:2,at_step:3}]"],
+        "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
+        "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3)",
     ),
     # algorithms
     (

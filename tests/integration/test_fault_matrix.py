@@ -1,0 +1,144 @@
+"""The fault matrix: every real engine × barrier family × {worker killed, worker stopped past
+the timeout, server (rank 0) killed, NaN, SIGINT, SIGTERM}. Each cell runs `stalebench`
+with real processes and checks that the run ends in its documented status within its
+timeout, with the exit code of that status, no process left (by pid), and events.jsonl
+whole up to its `end` (or the supervisor's `stop`) event.
+
+42 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+test_worker_loss and test_cli). Run it with
+
+    STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
+
+which also writes each cell's outcome and seconds, one JSON line per cell, to results.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stalebench.metrics.events import read_events
+from stalebench.metrics.summary import EXIT_CODES
+from tests.conftest import compose
+from tests.integration.test_cli import FAST, _alive, _pids
+from tests.integration.test_signals import wait_for_updates
+from tests.unit.test_pipeline_rules import SMALL
+
+OUT = os.environ.get("STALEBENCH_FAULT_MATRIX")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not OUT, reason="the fault matrix runs with STALEBENCH_FAULT_MATRIX=<file>"),
+]
+
+DATA = [*FAST[:-1], "cluster.num_workers=2"]
+PIPE = [o for o in SMALL if o not in ("runtime=sim", "logger=none")]
+UPDATE, INNER, OPT = (
+    "algorithm.update.lr=1e12",
+    "algorithm.inner.lr=1e12",
+    "algorithm.optimizer.lr=1e12",
+)
+# family: (overrides, the override that makes it diverge, a worker's rank, loses a worker?)
+FAMILIES = {
+    "ps/waiting (ssp)": (["algorithm=ssp", *DATA], UPDATE, 2, False),
+    "ps/barrier-free (asp)": (["algorithm=asp", *DATA], UPDATE, 2, True),
+    "allreduce (bsp)": (["algorithm=bsp", "engine=allreduce", *DATA], UPDATE, 1, False),
+    "local/sync (diloco)": (["algorithm=diloco", *DATA], INNER, 1, False),
+    "local/async (async_diloco)": (["algorithm=async_diloco", *DATA], INNER, 2, False),
+    "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),
+    "pipeline/async (pipedream)": (["algorithm=pipedream", *PIPE], OPT, 1, False),
+}
+FAULTS = ["worker killed", "worker stopped", "server killed", "NaN", "SIGINT", "SIGTERM"]
+TIMEOUT_S = 5
+
+
+def expected(fault: str, survives: bool) -> str:
+    if fault in ("SIGINT", "SIGTERM"):
+        return "interrupted"
+    if fault == "NaN":
+        return "diverged"
+    if fault.startswith("worker") and survives:
+        return "completed"
+    return "failed"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_fault_matrix(tmp_path, family, fault):
+    args, nan, worker_rank, survives = FAMILIES[family]
+    world = _world(args)
+    run_dir = tmp_path / "run"
+    # a run that goes on without the worker ends by its wall budget
+    wall = 10 if survives and fault.startswith("worker") else 120
+    extra = [nan] if fault == "NaN" else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stalebench.cli", *args, *extra, f"budget.max_wall_s={wall}"]
+        + [f"timeout_s={TIMEOUT_S}", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell job has
+    )
+    began = time.monotonic()
+    try:
+        pids = wait_for_updates(proc, run_dir, world) if fault != "NaN" else {}
+        acted = time.monotonic()
+        if fault == "worker killed":
+            os.kill(pids[worker_rank], signal.SIGKILL)
+        elif fault == "worker stopped":
+            os.kill(pids[worker_rank], signal.SIGSTOP)
+        elif fault == "server killed":
+            os.kill(pids[0], signal.SIGKILL)
+        elif fault == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)
+        elif fault == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=180)
+        took = time.monotonic() - (acted if fault != "NaN" else began)
+        pids = pids or _pids(run_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    events = read_events(run_dir / "events.jsonl")
+    left = [r for r, pid in pids.items() if _alive(pid)]
+    for pid in pids.values():  # a stopped rank left behind is not left for the next cell
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    row = {
+        "family": family,
+        "fault": fault,
+        "expected": expected(fault, survives),
+        "status": summary["status"],
+        "exit": proc.returncode,
+        "seconds": round(took, 1),
+        "left": left,
+        "error": (summary["error"] or "")[:160],
+        "workers_lost": summary.get("workers_lost"),
+    }
+    with open(OUT, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+    status = expected(fault, survives)
+    assert summary["status"] == status, row
+    code = 128 + getattr(signal, fault) if status == "interrupted" else EXIT_CODES[status]
+    assert proc.returncode == code, row
+    assert not left, row
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    assert len(events) == len(lines), row  # no torn line
+    ends = [i for i, e in enumerate(events) if e.get("event") in ("end", "stop")]
+    assert ends and all(e["kind"] == "eval" for e in events[ends[-1] + 1 :]), row
+    assert took < 20 + 2 * TIMEOUT_S + (wall if wall < 120 else 0), row
+
+
+def _world(args: list[str]) -> int:
+    from stalebench.experiment import engine_of
+
+    return engine_of(compose(args)).world_size()
