@@ -97,8 +97,18 @@ class Gloo(Transport):
         except Exception as exc:
             raise self.lost(src, exc) from exc
 
+    def collective_failed(self, what: str, exc: Exception) -> RunError:
+        """A collective names no peer: say what may have happened to one."""
+        return RunError(
+            f"{what} failed (a peer died, or was silent for more than timeout_s="
+            f"{self.timeout.total_seconds():g}): {brief(exc)}"
+        )
+
     def all_reduce(self, buf: torch.Tensor) -> None:
-        dist.all_reduce(buf)
+        try:
+            dist.all_reduce(buf)
+        except Exception as exc:
+            raise self.collective_failed("an all-reduce", exc) from exc
 
     def all_reduce_start(self, buf: torch.Tensor) -> Pending:
         work = dist.all_reduce(buf, async_op=True)
@@ -107,7 +117,7 @@ class Gloo(Transport):
             try:
                 work.wait(self.timeout)
             except Exception as exc:
-                raise RunError(f"an all-reduce failed: {brief(exc)}") from exc
+                raise self.collective_failed("an all-reduce", exc) from exc
 
         return Pending(wait)
 
@@ -118,7 +128,7 @@ class Gloo(Transport):
             try:
                 work.wait(self.timeout)
             except Exception as exc:
-                raise RunError(f"an all-gather failed: {brief(exc)}") from exc
+                raise self.collective_failed("an all-gather", exc) from exc
 
         return Pending(wait)
 

@@ -131,6 +131,8 @@ def test_fault_matrix(tmp_path, family, fault):
     code = 128 + getattr(signal, fault) if status == "interrupted" else EXIT_CODES[status]
     assert proc.returncode == code, row
     assert not left, row
+    if status == "failed":  # a clear reason: the rank lost, or what a collective can say
+        assert "(rank " in summary["error"] or "a peer died" in summary["error"], row
     lines = (run_dir / "events.jsonl").read_text().splitlines()
     assert len(events) == len(lines), row  # no torn line
     ends = [i for i, e in enumerate(events) if e.get("event") in ("end", "stop")]
