@@ -49,7 +49,7 @@ FAMILIES = {
     "ps/barrier-free (asp)": (["algorithm=asp", *DATA], UPDATE, 2, True),
     "allreduce (bsp)": (["algorithm=bsp", "engine=allreduce", *DATA], UPDATE, 1, False),
     "local/sync (diloco)": (["algorithm=diloco", *DATA], INNER, 1, False),
-    "local/async (async_diloco)": (["algorithm=async_diloco", *DATA], INNER, 2, False),
+    "local/async (async_diloco)": (["algorithm=async_diloco", *DATA], INNER, 2, True),
     "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),
     "pipeline/async (pipedream)": (["algorithm=pipedream", *PIPE], OPT, 1, False),
 }

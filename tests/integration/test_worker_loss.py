@@ -103,3 +103,33 @@ def test_a_worker_that_dies_at_its_step_k_pushed_exactly_k_gradients(tmp_path, r
     if runtime == "sim":  # it dies when it would start step 5: as step 4's push is answered
         reason = f"worker 1 died at {last_push:.3f} s (a fault injected by cluster.faults)"
         assert lost == {**lost, "t": last_push, "reason": reason}
+
+
+@pytest.mark.parametrize("runtime", ["sim", "real"])
+@pytest.mark.timeout(120)
+def test_asynchronous_local_sgd_goes_on_without_a_dead_worker(tmp_path, runtime):
+    # engine=local in mode async: nobody waits for a worker, so its loss is recorded and
+    # the others go on; worker 1 dies at its inner step 25, in its third round of 10
+    run = run_job(
+        tmp_path,
+        ["algorithm=async_diloco", f"runtime={runtime}", "algorithm.outer.inner_steps=10"]
+        + [
+            "budget.max_updates=12",
+            "budget.max_wall_s=0",
+            "cluster=homogeneous",
+            "cluster.num_workers=2",
+        ]
+        + [
+            "cluster.compute_ms=2",
+            "timeout_s=20",
+            "cluster.faults=[{worker:1,at_step:25,action:die}]",
+        ],
+    )
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["workers_lost"] == [1] and run.summary["updates"] == 12
+    ones = [e for e in run.events if e["kind"] == "update" and e["worker"] == 1]
+    assert [e["clock"] for e in ones] == [0, 1]  # two rounds pushed, the third never
+    (lost,) = _lost(run.events)
+    assert lost["reason"].startswith("worker 1 ")
+    after = [e for e in run.events if e["kind"] == "update" and e["t"] > lost["t"]]
+    assert after and {e["worker"] for e in after} == {0}

@@ -74,6 +74,11 @@ class LocalEngine(Engine):
     def world_size(self) -> int:
         return self.num_workers + 1 if self.asynchronous else self.num_workers
 
+    def survives_loss_of(self, rank: int) -> bool:
+        """A worker, in the asynchronous mode (nobody waits for it): the server goes on with
+        the others. A synchronous round needs every replica; a dead server ends the run."""
+        return self.asynchronous and rank > 0
+
     def rank_name(self, rank: int) -> str:
         if not self.asynchronous:
             return super().rank_name(rank)

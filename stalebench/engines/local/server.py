@@ -38,7 +38,7 @@ from stalebench.engines.local.round import (
 )
 from stalebench.errors import RunError
 from stalebench.job import Job
-from stalebench.runtime.faults import Shaped, pad_to
+from stalebench.runtime.faults import Shaped, WorkerLost, pad_to
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.record import RunRecord, diverged, gradient, spent
 from stalebench.runtime.transport import Transport
@@ -68,6 +68,7 @@ class Server:
         self.inbox = Inbox(transport, self.m, make, self.now, self.cfg.timeout_s)
         self.out = torch.empty(REPLY + d)
         self.active = set(range(self.m))  # workers not yet told to stop
+        self.lost: set[int] = set()
         self.rounds = [0] * self.m
 
     def now(self) -> float:
@@ -80,7 +81,7 @@ class Server:
             self.inbox.start()
             for w in range(self.m):
                 self.reply(w, PARAMS, a.steps)
-            while (item := self.inbox.next(self.active, self.cfg.budget.max_wall_s)) is not None:
+            while (item := self.next(self.cfg.budget.max_wall_s)) is not None:
                 w, (header, payload) = item
                 if header[0] != PUSH:
                     raise RunError(f"worker {w} sent message kind {header[0]:g}, expected a push")
@@ -90,9 +91,8 @@ class Server:
                     break
                 self.reply(w, PARAMS, a.next_steps(w))
             t_end = self.now()
-            while self.active:  # a push that crossed our decision to stop: discard it
-                w, _ = self.inbox.next(self.active, 0.0)
-                self.reply(w, STOP, 0)
+            while self.active and (item := self.next(0.0)):  # a push that crossed our
+                self.reply(item[0], STOP, 0)  # decision to stop: discarded
         except Exception as exc:
             status, error, t_end = "failed", str(exc), self.now()
             log.error("server: %s\n%s", exc, traceback.format_exc())
@@ -100,6 +100,24 @@ class Server:
             self.net.model, self.theta, a.version, t_end, status, error,
             bytes_sent=a.version * (self.push_bytes + self.pull_bytes),
         )  # fmt: skip
+
+    def next(self, max_wall_s: float):
+        """The next push, or None when the wall budget runs out first. A lost worker is
+        recorded and the others go on (nobody waits for it); losing all fails the run."""
+        while True:
+            try:
+                return self.inbox.next(self.active, max_wall_s)
+            except WorkerLost as lost:
+                self.active.discard(lost.worker)
+                self.inbox.receivers[lost.worker].close()
+                self.lost.add(lost.worker)
+                self.record.events.emit(
+                    "worker", self.now(), worker=lost.worker, event="lost", reason=str(lost)
+                )
+                if len(self.lost) == self.m:
+                    raise RunError(f"every worker is lost (the last: {lost})") from None
+                if not self.active:
+                    return None
 
     def arrive(self, w: int, header: torch.Tensor, payload: torch.Tensor) -> str:
         """Apply worker w's push; its events; the run's status after it."""

@@ -35,6 +35,7 @@ from stalebench.engines.local.round import (
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.clock import EventQueue
+from stalebench.runtime.faults import WorkerDied
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 
@@ -156,7 +157,11 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
         rep, read, now, compute, paused, losses = reps[w], theta.clone(), at, 0.0, 0.0, []
         rep.inner.new_round()
         for _ in range(steps):
-            begin = rep.faults.strike(now, lambda at, s: None)
+            try:
+                begin = rep.faults.strike(now, lambda at, s: None)
+            except WorkerDied as died:  # the server learns of it at that time
+                queue.push(died.at_s, died)
+                return
             step_s = profile.step_s(w)
             losses.append(rep.step(net))
             paused, compute, now = paused + begin - now, compute + step_s, begin + step_s
@@ -165,15 +170,26 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
         stats.append(wire.error(read - rep.x))
         queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x))
 
+    def lose(died: WorkerDied, at: float) -> None:
+        lost.append(died.worker)
+        record.events.emit("worker", at, worker=died.worker, event="lost", reason=str(died))
+        if len(lost) == m:
+            raise RunError(f"every worker is lost (the last: {died})")
+
+    lost: list[int] = []
     try:
         for w in range(m):
             start(w, pull_s, server.steps)
         while queue:
-            t_next, (w, delta, read, steps, stats, own) = queue.pop()
+            t_next, item = queue.pop()
             if cfg.budget.max_wall_s and t_next > cfg.budget.max_wall_s:
                 t = cfg.budget.max_wall_s  # the budget ends before this push arrives
                 break
             t = t_next
+            if isinstance(item, WorkerDied):  # nobody waits for it: the others go on
+                lose(item, t)
+                continue
+            w, delta, read, steps, stats, own = item
             lag = server.apply(w, delta, read, steps, stats[0])
             rounds[w] += 1
             if stats[2] > 0:
