@@ -24,6 +24,8 @@ class SSP(Barrier):
     """Stale Synchronous Parallel (Ho et al., NIPS 2013), eager reads: start step c only
     while c − min_j clock_j ≤ s; s = 0 is BSP's barrier, s = ∞ is ASP."""
 
+    reformable = True
+
     @property
     def staleness(self) -> int:
         return self.cfg.staleness

@@ -22,11 +22,18 @@ class BarrierConfig(ComponentConfig):
     # per_arrival: apply each gradient as it arrives; per_round: average the gradients of one
     # clock from every worker and apply them once (BSP, docs/algorithms.md §2.1, §4.5)
     apply: str = "per_arrival"
+    # a lost worker, under a barrier that waits for it: fail the run, or reform the barrier
+    # over the survivors (bsp, ssp). A barrier that never waits (asp) always goes on.
+    on_loss: str = "fail"
 
     def __post_init__(self) -> None:
         if self.apply not in ("per_arrival", "per_round"):
             raise ConfigError(
                 f"algorithm.barrier.apply must be 'per_arrival' or 'per_round', got {self.apply!r}"
+            )
+        if self.on_loss not in ("fail", "reform"):
+            raise ConfigError(
+                f"algorithm.barrier.on_loss must be 'fail' or 'reform', got {self.on_loss!r}"
             )
 
 
@@ -64,6 +71,9 @@ class Barrier:
     # True when no worker ever waits for another: a lost worker leaves the others as they
     # were, so the run goes on with the survivors (otherwise a lost worker fails the run)
     tolerates_loss: ClassVar[bool] = False
+    # True when admission reads only the slowest clock (and rounds are per clock): without a
+    # lost worker's clock the barrier is the same rule over the survivors (on_loss=reform)
+    reformable: ClassVar[bool] = False
 
     def __init__(self, cfg: BarrierConfig, num_workers: int, seed: int = 0):
         self.cfg = cfg
@@ -72,6 +82,11 @@ class Barrier:
         # emit(kind, t, **fields): the engine points this at the run's event log, so a
         # barrier can record its decisions (kind "barrier", with `worker` and `event`)
         self.emit: Callable[..., None] = _no_emit
+
+    @property
+    def survives_loss(self) -> bool:
+        """Does the run go on when a worker is lost?"""
+        return self.tolerates_loss or self.cfg.on_loss == "reform"
 
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
         """Called after a push from `worker` has been counted (clocks already advanced)."""

@@ -92,6 +92,11 @@ class AllReduceEngine(DataParallel):
                 f"engine=allreduce is synchronous: algorithm.barrier must be one of "
                 f"{', '.join(sync)}, got {barrier!r}"
             )
+        if self.run.algorithm.barrier.on_loss == "reform":
+            raise ConfigError(
+                "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "
+                "shrink; use engine=ps to re-form the barrier over the survivors"
+            )
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
         return replica(job, rank, ctx.run_dir, ctx.transport)

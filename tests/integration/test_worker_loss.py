@@ -133,3 +133,32 @@ def test_asynchronous_local_sgd_goes_on_without_a_dead_worker(tmp_path, runtime)
     assert lost["reason"].startswith("worker 1 ")
     after = [e for e in run.events if e["kind"] == "update" and e["t"] > lost["t"]]
     assert after and {e["worker"] for e in after} == {0}
+
+
+@pytest.mark.parametrize(
+    "runtime, algorithm", [("sim", "bsp"), ("sim", "ssp"), ("real", "bsp")], ids=str
+)
+@pytest.mark.timeout(120)
+def test_a_barrier_reformed_over_the_survivors_goes_on(tmp_path, runtime, algorithm):
+    # on_loss=reform: worker 1 dies at its step 3; the barrier is the same rule over the
+    # other three, and BSP's rounds from then on average three gradients
+    run = run_job(
+        tmp_path,
+        [f"algorithm={algorithm}", f"runtime={runtime}", "algorithm.barrier.on_loss=reform"]
+        + ["cluster.num_workers=4", "budget.max_updates=20", "budget.max_wall_s=0"]
+        + ["cluster=homogeneous", "cluster.compute_ms=2", "timeout_s=20"]
+        + ["cluster.faults=[{worker:1,at_step:3,action:die}]"],
+    )
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["workers_lost"] == [1] and run.summary["updates"] == 20
+    updates = [e for e in run.events if e["kind"] == "update"]
+    assert [e["clock"] for e in updates if e["worker"] == 1] == [0, 1, 2]
+    (lost,) = _lost(run.events)
+    after = [e for e in updates if e["t"] > lost["t"]]
+    assert after and {e["worker"] for e in after} == {0, 2, 3}
+    if algorithm == "bsp":  # a round per version: four pushes before the loss, three after
+        per_version = {}
+        for e in updates:
+            per_version.setdefault(e["version"], []).append(e["worker"])
+        assert [sorted(per_version[v]) for v in (1, 2, 3)] == [[0, 1, 2, 3]] * 3
+        assert all(sorted(per_version[v]) == [0, 2, 3] for v in range(4, 21))

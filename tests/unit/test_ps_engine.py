@@ -103,3 +103,40 @@ def test_a_barrier_that_holds_everyone_is_reported_as_deadlock():
     ps.on_push(push(0, 0, 0, [0.0, 0.0]), 1.0)
     with pytest.raises(RunError, match="deadlock"):
         ps.on_push(push(1, 0, 0, [0.0, 0.0]), 2.0)
+
+
+def test_bsp_reformed_over_the_survivors_completes_the_round_without_the_lost_worker():
+    # three workers; round 0 has pushes from 0 and 1 when 2 is lost: the round is complete
+    # among the survivors, its mean is theirs, and both are released; round 1 needs two
+    ps, events = server(BSP(BSPConfig(name="bsp", on_loss="reform"), 3), 3)
+    ps.start(0.0)
+    assert ps.on_push(push(0, 0, 0, [3.0, 0.0]), 1.0) == []
+    assert ps.on_push(push(1, 0, 0, [1.0, 2.0]), 2.0) == []
+    replies = ps.lose(2, 2.5)
+    assert sorted(r.worker for r in replies) == [0, 1] and ps.version == 1
+    torch.testing.assert_close(ps.params, torch.tensor([-2.0, -1.0]))  # − mean of two
+    assert [(e["worker"], e["t"]) for e in events] == [(0, 2.5), (1, 2.5)]
+    assert ps.min_clock == 1
+    assert ps.on_push(push(1, 1, 1, [2.0, 2.0]), 3.0) == []
+    assert sorted(r.worker for r in ps.on_push(push(0, 1, 1, [0.0, 0.0]), 4.0)) == [0, 1]
+    torch.testing.assert_close(ps.params, torch.tensor([-3.0, -2.0]))
+
+
+def test_ssp_reformed_over_the_survivors_forgets_the_lost_worker_s_clock():
+    # staleness 1: worker 0 runs ahead of the stuck worker 2 until it is held; losing 2
+    # makes worker 1 the slowest, and worker 0 may go on
+    ps, _ = server(SSP(SSPConfig(name="ssp", staleness=1, on_loss="reform"), 3), 3)
+    ps.start(0.0)
+    ps.on_push(push(1, 0, 0, [0.0, 0.0]), 1.0)
+    assert [r.worker for r in ps.on_push(push(0, 0, 0, [0.0, 0.0]), 1.5)] == [0]
+    assert ps.on_push(push(0, 1, 1, [0.0, 0.0]), 2.0) == []  # 2 − 0 > 1: held
+    assert ps.min_clock == 0
+    assert [r.worker for r in ps.lose(2, 3.0)] == [0]  # the slowest is now worker 1, at 1
+    assert ps.min_clock == 1 and ps.lost == {2}
+
+
+def test_a_barrier_that_waits_fails_on_loss_by_default():
+    barrier = SSP(SSPConfig(name="ssp"), 2)
+    assert not barrier.survives_loss
+    assert SSP(SSPConfig(name="ssp", on_loss="reform"), 2).survives_loss
+    assert ASP(ASPConfig(name="asp"), 2).survives_loss

@@ -124,7 +124,7 @@ def test_a_worker_lost_before_the_checkpoint_stays_out():
     driver = Driver(ps)
     driver.take(ps.start(0.0))
     driver.step()
-    ps.lose(1)
+    ps.lose(1, 0.5)
     rebuilt, _ = build("asp", [])
     rebuilt.resume(through_disk(ps.state()))
     assert rebuilt.lost == {1}

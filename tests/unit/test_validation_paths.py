@@ -106,6 +106,20 @@ CASES = [
         "algorithm.barrier.apply must be 'per_arrival' for asp, got 'per_round'",
     ),
     (
+        ["algorithm=ssp", "algorithm.barrier.on_loss=wait"],
+        "algorithm.barrier.on_loss must be 'fail' or 'reform', got 'wait'",
+    ),
+    (
+        ["algorithm=dssp", "algorithm.barrier.on_loss=reform"],
+        "algorithm.barrier.on_loss=reform: barrier dssp decides from more than the slowest "
+        "clock and cannot be re-formed over the survivors; bsp, ssp can",
+    ),
+    (
+        ["algorithm=bsp", "engine=allreduce", "algorithm.barrier.on_loss=reform"],
+        "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot shrink; use "
+        "engine=ps to re-form the barrier over the survivors",
+    ),
+    (
         ["algorithm=bsp", "algorithm.barrier.apply=per_arrival"],
         "algorithm.barrier.apply must be 'per_round' for bsp (ssp with staleness=0 applies per "
         "arrival), got 'per_arrival'",

@@ -23,6 +23,14 @@ class DataParallel(Engine):
     def validate(self, splits) -> None:
         super().validate(splits)
         a = self.run.algorithm
+        barrier_cls, _ = BARRIERS.get(a.barrier.name)
+        if a.barrier.on_loss == "reform" and not barrier_cls.reformable:
+            able = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].reformable]
+            raise ConfigError(
+                f"algorithm.barrier.on_loss=reform: barrier {a.barrier.name} decides from more "
+                f"than the slowest clock and cannot be re-formed over the survivors; "
+                f"{', '.join(able)} can"
+            )
         rule_cls, _ = UPDATES.get(a.update.name)
         if a.barrier.apply == "per_round" and rule_cls.per_worker:
             raise ConfigError(
@@ -45,9 +53,11 @@ class ParameterServerEngine(DataParallel):
 
     def survives_loss_of(self, rank: int) -> bool:
         """A worker, under a barrier that never waits for one (ASP and the update rules on
-        it): the server goes on with the others. A dead server always ends the run."""
-        barrier, _ = BARRIERS.get(self.run.algorithm.barrier.name)
-        return rank > 0 and barrier.tolerates_loss
+        it), or one re-formed over the survivors (on_loss=reform): the server goes on with
+        the others. A dead server always ends the run."""
+        cfg = self.run.algorithm.barrier
+        barrier, _ = BARRIERS.get(cfg.name)
+        return rank > 0 and (barrier.tolerates_loss or cfg.on_loss == "reform")
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
         from stalebench.engines.ps.real import Server, work

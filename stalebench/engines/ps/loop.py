@@ -64,7 +64,7 @@ def serve(
         try:
             status = _serve_one(ps, port, record, budget)
         except WorkerLost as lost:
-            if not ps.barrier.tolerates_loss:
+            if not ps.barrier.survives_loss:
                 raise
             _lose(ps, port, record, lost)
             continue
@@ -91,8 +91,8 @@ def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: Budge
 
 
 def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> None:
-    ps.lose(lost.worker)
-    port.forget(lost.worker)
     record.events.emit("worker", port.now(), worker=lost.worker, event="lost", reason=str(lost))
-    if len(ps.lost) == ps.num_workers:
+    if len(ps.lost) + 1 == ps.num_workers:
         raise RunError(f"every worker is lost (the last: {lost})")
+    port.forget(lost.worker)
+    port.send(ps.lose(lost.worker, port.now()))

@@ -118,9 +118,16 @@ class ParameterServer:
     def _apply_rounds(self, push: Push, record: dict[str, Any], now: float) -> None:
         # Rounds complete in clock order: all workers pushing clock c+1 have pushed c.
         self.rounds.setdefault(push.clock, {})[push.worker] = (push, record)
-        if len(self.rounds[push.clock]) == self.num_workers:
-            entries = self.rounds.pop(push.clock)
-            ordered = [entries[w] for w in range(self.num_workers)]  # fixed summation order
+        self._complete_rounds(now)
+
+    def _complete_rounds(self, now: float) -> None:
+        """Apply the rounds every worker still in the run has pushed, in clock order."""
+        for clock in sorted(self.rounds):
+            entries = self.rounds[clock]
+            if len(entries) + sum(w not in entries for w in self.lost) < self.num_workers:
+                return
+            del self.rounds[clock]
+            ordered = [entries[w] for w in range(self.num_workers) if w in entries]  # fixed order
             self._apply([p for p, _ in ordered], [r for _, r in ordered], now)
 
     def _apply(self, pushes: list[Push], records: list[dict[str, Any]], now: float) -> None:
@@ -139,11 +146,20 @@ class ParameterServer:
                 "update", now, version=self.version, lag=self.version - 1 - p.version_read, **record
             )
 
-    def lose(self, worker: int) -> None:
+    def lose(self, worker: int, now: float) -> list[Reply]:
         """The worker is gone for good: it no longer waits, and the run goes on without it
-        (only a barrier that never waits for a peer allows that)."""
+        (a barrier that never waits for a peer; or one re-formed over the survivors: the
+        slowest clock and the rounds become theirs). Returns the replies that releases."""
         self.held.pop(worker, None)
         self.lost.add(worker)
+        if self.barrier.tolerates_loss:
+            return []
+        self._at_clock[self.clocks[worker]] -= 1
+        alive = [c for c, k in self._at_clock.items() if k > 0]
+        self.min_clock = min(alive, default=self.min_clock)
+        if self.barrier.per_round:
+            self._complete_rounds(now)
+        return self._release(now)
 
     def _release(self, now: float) -> list[Reply]:
         replies = []
@@ -152,6 +168,6 @@ class ParameterServer:
                 self.wait_s[w] = now - self.held.pop(w)
                 self.gap[w] = self.clocks[w] - self.min_clock
                 replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
-        if len(self.held) == self.num_workers:
+        if self.held and len(self.held) + len(self.lost) == self.num_workers:
             raise RunError(f"deadlock: the barrier holds every worker (clocks {self.clocks})")
         return replies
