@@ -34,9 +34,11 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
-    rank = int(os.environ.get("RANK", 0))  # torchrun: this process is one rank
-    multirun = hc.mode == RunMode.MULTIRUN
     from stalebench import experiment
+    from stalebench.runtime import nodes
+
+    rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
+    multirun = hc.mode == RunMode.MULTIRUN
 
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
@@ -59,7 +61,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     if "RANK" in os.environ and rank > 0:
         from stalebench.runtime.launch import run_rank
 
-        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
+        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))  # (its rank:
+        # nodes.form_group)
     tail = _follow(cfg, dcfg, hc)
     summary, interrupted = None, None
     try:
@@ -232,7 +235,9 @@ def main() -> None:
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if os.environ.get("RANK", "0") != "0":
+    from stalebench.runtime.nodes import owns_run_dir
+
+    if not owns_run_dir():
         # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);
         # Hydra must not make a directory of its own, which ${now:} would name per process.
         sys.argv += [

@@ -139,6 +139,17 @@ def finalize(
     return summary
 
 
+def _ended(events: list[dict[str, Any]], status: str, error: str | None):
+    """An interrupt while a failed (diverged, timed-out) run was winding down leaves that
+    status, with the run's error and then the interrupt's."""
+    system = [e for e in events if e.get("kind") == "system"]
+    end = next((e for e in reversed(system) if e.get("event") == "end"), None)
+    if status != "interrupted" or not end or end.get("status") in (None, "completed"):
+        return status, error
+    said = [e.get("error") for e in system if e.get("event") == "error"]
+    return end["status"], "; then ".join(m for m in (said[-1] if said else None, error) if m)
+
+
 def stop(
     run_dir: Path, meta: dict[str, Any], status: str, error: str | None, target_accuracy: float
 ) -> dict[str, Any]:
@@ -146,7 +157,9 @@ def stop(
     system event says why, at the time of the last event written, then the files."""
     path = Path(run_dir) / "events.jsonl"
     EventLog.flush_all(path)
-    t = max((e["t"] for e in read_events(path)), default=0.0)
+    events = read_events(path)
+    t = max((e["t"] for e in events), default=0.0)
+    status, error = _ended(events, status, error)
     if path.exists() and path.stat().st_size:
         with open(path, "rb+") as f:  # a writer killed mid-line: its torn line stays apart
             f.seek(-1, os.SEEK_END)

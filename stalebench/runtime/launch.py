@@ -29,6 +29,7 @@ from stalebench.config import RunConfig
 from stalebench.errors import RunError
 from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
+from stalebench.runtime import nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo
@@ -47,7 +48,8 @@ class RankContext:
 
 def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Store | None) -> int:
     """One process's part in a run; returns its exit code. With `store` None the process
-    group forms from the environment (torchrun); rank 0 then tells the others the run dir."""
+    group forms from torchrun's environment, each process taking the rank it plays
+    (`nodes.form_group`); rank 0 then tells the others the run dir."""
     torch.set_num_threads(cfg.num_threads)
     if world_size != engine.world_size():
         raise RunError(
@@ -55,14 +57,21 @@ def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Sto
             f"needs for cluster.num_workers={cfg.cluster.num_workers}"
         )
     timeout = timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    shared = None
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
-        shared = [cfg.run_dir]
-        dist.broadcast_object_list(shared, src=0)
-        cfg.run_dir = shared[0]
+        die_with_parent(os.getppid(), ignore_sigint=False)  # its node's agent: a lost node
+        rank, shared = nodes.form_group(timeout)
+        run_dir_of_rank_0 = [cfg.run_dir]
+        dist.broadcast_object_list(run_dir_of_rank_0, src=0)
+        cfg.run_dir = run_dir_of_rank_0[0]
+    else:
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     run_dir = Path(cfg.run_dir)
     _setup_logging(run_dir, rank, "INFO")
-    log.info("rank %d of %d (pid %d): process group ready", rank, world_size, os.getpid())
+    given = f" (torchrun rank {os.environ['RANK']})" if shared is not None else ""
+    log.info("rank %d of %d (pid %d): process group ready%s", rank, world_size, os.getpid(), given)
     ctx = RankContext(run_dir, Gloo(cfg.timeout_s, engine.rank_name), world_size)
     job = Job.build(cfg, engine.num_workers, engine.one_stream)
     summary = None
@@ -70,16 +79,45 @@ def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Sto
         summary = engine.run_rank(job, rank, ctx)
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
+        if summary and shared is not None:
+            shared.set("summary", "written")  # for the other nodes: rank 0 ended the run
     except WorkerDied as exc:
         log.warning("%s: %s", engine.rank_name(rank), exc)
         return FAULT_EXIT
     except Exception as exc:
         log.error("%s: %s\n%s", engine.rank_name(rank), exc, traceback.format_exc())
+        if shared is not None and rank > 0:
+            _summary_if_rank_0_is_gone(cfg, engine, shared, str(exc))
         return 1
     if summary and summary["status"] != "completed":
         return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
     dist.destroy_process_group()
     return 0
+
+
+def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error: str) -> None:
+    """torchrun, a rank that failed: if rank 0 does not say within timeout_s that it wrote
+    summary.json (its node is gone, with torchrun's store perhaps), one failed rank of this
+    node writes one into the run dir (on this node's disk), status failed. Every failed
+    rank waits (torchrun stops a node's ranks when its first one exits); a lock file picks
+    the writer."""
+    try:
+        shared.wait(["summary"], timedelta(seconds=cfg.timeout_s))
+        return
+    except Exception:
+        pass
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / ".summary.lock"
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    if not (run_dir / "summary.json").exists():
+        reason = f"{engine.rank_name(0)} ended without a summary (its node lost?); here: {error}"
+        log.error("writing summary.json: %s", reason)
+        stop(run_dir, meta(cfg, engine.num_workers), "failed", reason, cfg.budget.target_accuracy)
+    lock.unlink()
 
 
 def _setup_logging(run_dir: Path, rank: int, level: str) -> None:

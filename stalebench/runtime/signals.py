@@ -58,10 +58,11 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """In a rank: ignore SIGINT, and be killed when the process that started it dies
-    (Linux; elsewhere only the SIGINT part)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def die_with_parent(parent_pid: int, ignore_sigint: bool = True) -> None:
+    """In a rank: ignore SIGINT (the top process decides), and be killed when the process
+    that started it dies (Linux; elsewhere only the SIGINT part)."""
+    if ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

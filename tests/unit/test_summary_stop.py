@@ -98,3 +98,39 @@ def test_stop_of_an_empty_events_file(tmp_path):
     raw = lines(tmp_path / "events.jsonl")
     assert len(raw) == 2 and raw[1] == ""
     assert json.loads(raw[0])["reason"] is None
+
+
+def test_an_interrupt_while_a_failed_run_winds_down_keeps_its_status(tmp_path):
+    written = [
+        {"kind": "system", "t": 0.0, "event": "start"},
+        update(1.0, 0, 0, 1, 0, 0.5, 0),
+        {"kind": "system", "t": 1.5, "event": "error", "error": "worker 1 (rank 2) lost"},
+        {"kind": "system", "t": 1.5, "event": "end", "status": "failed", "updates": 1},
+        {"kind": "eval", "t": 1.5, "version": 1, "split": "test", "loss": 1.0, "accuracy": 0.5},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
+    s = stop(tmp_path, META, "interrupted", "interrupted by SIGTERM", target_accuracy=0.9)
+    assert s["status"] == "failed"
+    assert s["error"] == "worker 1 (rank 2) lost; then interrupted by SIGTERM"
+    last = read_events(tmp_path / "events.jsonl")[-1]
+    assert (last["status"], last["reason"]) == ("failed", s["error"])
+
+
+def test_an_interrupt_while_a_completed_run_is_evaluated_is_an_interrupt(tmp_path):
+    # its evaluation did not finish: the summary says so, not completed
+    written = [
+        {"kind": "system", "t": 0.0, "event": "start"},
+        {"kind": "system", "t": 2.0, "event": "end", "status": "completed", "updates": 0},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
+    s = stop(tmp_path, META, "interrupted", "interrupted by SIGINT", target_accuracy=0.9)
+    assert (s["status"], s["error"]) == ("interrupted", "interrupted by SIGINT")
+
+
+def test_a_diverged_run_without_an_error_event_keeps_the_interrupt_as_its_error(tmp_path):
+    written = [{"kind": "system", "t": 3.0, "event": "end", "status": "diverged", "updates": 0}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in written))
+    s = stop(tmp_path, META, "interrupted", "interrupted by SIGINT", target_accuracy=0.9)
+    assert (s["status"], s["error"]) == ("diverged", "interrupted by SIGINT")
+    s = stop(tmp_path, META, "timeout", "the supervisor's deadline", target_accuracy=0.9)
+    assert s["status"] == "timeout"  # only an interrupt defers to how the run ended

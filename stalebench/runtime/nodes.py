@@ -1,0 +1,81 @@
+"""Ranks started by torchrun, on one node or several: which process plays rank 0 (the
+server, or stage 0, which owns the run directory), whatever rank the rendezvous gave it.
+
+The node that owns the run directory is started with `STALEBENCH_RUN_DIR_NODE=1`, the
+others with `=0`; then its first process (`LOCAL_RANK` 0) is rank 0 and its other
+processes come next, whatever order the rendezvous picked. With the variable set nowhere,
+torchrun's rank 0 is rank 0. The processes agree on their ranks through torchrun's store,
+then form the process group in that order.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from stalebench.errors import RunError
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+OWNER_ENV = "STALEBENCH_RUN_DIR_NODE"
+FORMING = timedelta(minutes=5)  # the longest wait for the other processes to arrive
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ
+
+
+def owns_run_dir() -> bool:
+    """Does this process play rank 0? (A process that is not under torchrun does.)"""
+    if not under_torchrun():
+        return True
+    flag = os.environ.get(OWNER_ENV)
+    if flag is None:
+        return os.environ["RANK"] == "0"
+    return flag == "1" and os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def store(timeout: timedelta) -> dist.Store:
+    """torchrun's store (its agent's), under our prefix; a restart gets a fresh one. Under
+    another launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://),
+    rank 0 hosts it, as torch's env:// rendezvous does."""
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    main = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+        is_master=not agent and os.environ["RANK"] == "0", timeout=timeout,
+    )  # fmt: skip
+    return dist.PrefixStore(f"stalebench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/", main)
+
+
+def roles(flags: list[str], nodes: list[str]) -> list[int]:
+    """The order of torchrun's ranks as the run's ranks: the processes of the node flagged
+    "1" first, then the others, each in torchrun's order. `flags[r]`, `nodes[r]`: the flag
+    and the node (GROUP_RANK) of torchrun's rank r."""
+    owners = {n for f, n in zip(flags, nodes, strict=True) if f == "1"}
+    if len(owners) > 1:
+        raise RunError(f"{OWNER_ENV}=1 on {len(owners)} nodes: set it on one (=0 elsewhere)")
+    if not owners and "0" in flags:
+        raise RunError(f"{OWNER_ENV}=0 on some node but =1 on none: set it on the run dir's node")
+    return sorted(range(len(flags)), key=lambda r: (flags[r] != "1", r))
+
+
+def form_group(timeout: timedelta) -> tuple[int, dist.Store]:
+    """Join the process group of a torchrun launch as the rank this process plays; returns
+    it, and the store (where rank 0 says that summary.json is written)."""
+    import torch.distributed as dist
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    # every process waits here for the others, rank 0 last (it checks the input first)
+    shared = store(max(timeout, FORMING))
+    node = os.environ.get("GROUP_RANK", "0")
+    shared.set(f"node/{rank}", f"{os.environ.get(OWNER_ENV, '')}:{node}")
+    seen = [shared.get(f"node/{r}").decode().split(":") for r in range(world)]
+    order = roles([f for f, _ in seen], [n for _, n in seen])
+    role = order.index(rank)
+    group = dist.PrefixStore("group/", shared)
+    dist.init_process_group("gloo", store=group, rank=role, world_size=world, timeout=timeout)
+    return role, shared
