@@ -96,6 +96,11 @@ CASES = [
         "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1)",
     ),
     (
+        ["cluster.faults=[{at_s:0.5,at_step:0}]"],
+        "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
+        "FaultConfig(worker=0, at_s=0.5, action='pause', duration_s=0.0, at_step=0)",
+    ),
+    (
         ["cluster.faults=[{at_s:2,at_step:3}]"],
         "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
         "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3)",
@@ -444,6 +449,7 @@ def test_a_random_step_time_below_one_ms_is_accepted(model):
         ["cluster.straggler_prob=0.5", "cluster.straggler_factor=1"],
         ["cluster.faults=[{worker:1,at_s:0,action:pause,duration_s:0}]"],
         ["cluster.faults=[{worker:1,at_s:0.5,action:die}]"],
+        ["cluster.faults=[{worker:1,at_step:0,action:die}]"],  # at its first step
     ],
     ids=str,
 )
