@@ -72,6 +72,7 @@ def test_multirun_gives_each_job_its_directory_and_every_algorithm_learns(tmp_pa
         "eval.every_s=0",
         "eval.every_updates=50",
         "cluster=homogeneous",
+        "cluster.num_workers=2",
         "cluster.compute_ms=2",
         "hydra.sweep.dir=sweep",
     ]

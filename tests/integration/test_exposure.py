@@ -57,7 +57,7 @@ def test_every_listening_socket_is_on_loopback_and_no_secret_is_written(tmp_path
     env = {**os.environ, "STALEBENCH_TEST_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": SECRET}
     proc = subprocess.Popen(
         [sys.executable, "-m", "stalebench.cli", "algorithm=asp", "cluster.num_workers=2"]
-        + [*FAST[:-1], "budget.max_wall_s=8", "logger=wandb", f"hydra.run.dir={run_dir}"],
+        + [*FAST[:-1], "budget.max_wall_s=3", "logger=wandb", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
