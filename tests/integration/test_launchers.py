@@ -27,7 +27,7 @@ SLURM = [
 def test_a_parallel_joblib_sweep_of_real_runs_never_collides(tmp_path):
     done = stalebench(
         ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=sweep"]
-        + ["algorithm=asp,ssp", "seed=0,1", "cluster.num_workers=2", *FAST[:-1]]
+        + ["algorithm=asp,ssp", "seed=0", "cluster.num_workers=2", *FAST[:-1]]
         + ["budget.max_updates=60", "logger=none"],
         tmp_path,
         timeout=280,
@@ -36,14 +36,9 @@ def test_a_parallel_joblib_sweep_of_real_runs_never_collides(tmp_path):
     summaries = [
         json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("*/summary.json"))
     ]
-    assert [(s["status"], s["updates"]) for s in summaries] == [("completed", 60)] * 4
-    assert sorted((s["algorithm"], s["seed"]) for s in summaries) == [
-        ("asp", 0),
-        ("asp", 1),
-        ("ssp", 0),
-        ("ssp", 1),
-    ]
-    assert "Runs: 4 (4 completed)" in (tmp_path / "sweep" / "report.md").read_text()
+    assert [(s["status"], s["updates"]) for s in summaries] == [("completed", 60)] * 2
+    assert sorted((s["algorithm"], s["seed"]) for s in summaries) == [("asp", 0), ("ssp", 0)]
+    assert "Runs: 2 (2 completed)" in (tmp_path / "sweep" / "report.md").read_text()
 
 
 def test_the_slurm_launcher_composes_with_the_readme_settings():
