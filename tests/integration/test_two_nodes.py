@@ -81,10 +81,14 @@ def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, los
                 n.kill()
     assert not (tmp_path / "other" / "run").exists()  # the other node made no directory
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["updates"] > 20
-    if lost == "other":  # the server saw a worker go
-        assert "(rank " in summary["error"] and " lost" in summary["error"], summary["error"]
+    assert summary["updates"] > 20
+    if lost == "other":  # the server saw a worker go; or the owner's torchrun agent, seeing
+        # the other node leave, stopped its ranks first (SIGTERM): interrupted, still written
+        assert summary["status"] in ("failed", "interrupted"), summary
+        if summary["status"] == "failed":
+            assert "(rank " in summary["error"] and " lost" in summary["error"], summary["error"]
     else:  # the other node's ranks lost the server and wrote the summary
+        assert summary["status"] == "failed"
         assert summary["error"].startswith(
             "server (rank 0) ended without a summary (its node lost?); here: server (rank 0) lost"
         ), summary["error"]
