@@ -44,7 +44,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
         engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
-        kept = experiment.claim_run_dir(cfg, keep="RANK" not in os.environ) if rank == 0 else None
+        kept = experiment.claim_run_dir(cfg, keep=not nodes.under_torchrun()) if rank == 0 else None
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
         if multirun and rank == 0 and not isinstance(exc, experiment.RunDirTaken):
@@ -58,11 +58,10 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if cfg.logger.name != "none":
             print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
         return (kept["final"] or {}).get("accuracy")
-    if "RANK" in os.environ and rank > 0:
+    if nodes.under_torchrun() and rank > 0:  # its rank in the run: nodes.form_group
         from stalebench.runtime.launch import run_rank
 
-        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))  # (its rank:
-        # nodes.form_group)
+        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
     tail = _follow(cfg, dcfg, hc)
     summary, interrupted = None, None
     try:
@@ -85,8 +84,9 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
 def _run(cfg: RunConfig, engine) -> dict:
     """Run the job: spawned ranks (or the simulator), or rank 0 of a torchrun launch."""
     from stalebench import experiment
+    from stalebench.runtime import nodes
 
-    if "RANK" not in os.environ:
+    if not nodes.under_torchrun():
         return experiment.launch(cfg, engine)
     from stalebench.runtime.launch import read_summary, run_rank
 

@@ -83,10 +83,10 @@ class Barrier:
         # barrier can record its decisions (kind "barrier", with `worker` and `event`)
         self.emit: Callable[..., None] = _no_emit
 
-    @property
-    def survives_loss(self) -> bool:
-        """Does the run go on when a worker is lost?"""
-        return self.tolerates_loss or self.cfg.on_loss == "reform"
+    @classmethod
+    def survives_loss(cls, cfg: BarrierConfig) -> bool:
+        """Does a run with this barrier and `cfg` go on when a worker is lost?"""
+        return cls.tolerates_loss or cfg.on_loss == "reform"
 
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
         """Called after a push from `worker` has been counted (clocks already advanced)."""

@@ -43,9 +43,14 @@ class Checkpoints:
         self.saved_snapshots = len(snapshots.taken)  # those already on disk
         self._next_t = every_s
 
-    def restart(self, t: float) -> None:
-        """A resumed run: the next checkpoint is due `every_s` after `t`."""
-        self._next_t = t + self.every_s
+    def resume(self, saved: dict[str, Any]) -> None:
+        """A run that goes on from the checkpoint `saved`: its θ snapshots back in place,
+        and the next checkpoint due `every_s` after it."""
+        for i in range(saved["snapshots"]):
+            self.snapshots.taken.append(Snapshot(**torch.load(self.dir / f"snap-{i:05d}.pt")))
+        self.snapshots.next_version, self.snapshots.next_t = saved["snapshot_next"]
+        self.saved_snapshots = len(self.snapshots.taken)
+        self._next_t = saved["t"] + self.every_s
 
     def due(self, t: float) -> bool:
         return self.every_s > 0 and t >= self._next_t
@@ -73,14 +78,6 @@ class Checkpoints:
         torch.save(record, tmp)
         os.replace(tmp, self.dir / "state.pt")
         self._next_t = t + self.every_s
-
-
-def restore_snapshots(run_dir: Path, checkpoint: dict[str, Any], snapshots: Snapshots) -> None:
-    """The snapshots taken up to the checkpoint, back in `snapshots`."""
-    folder = Path(run_dir) / DIR
-    for i in range(checkpoint["snapshots"]):
-        snapshots.taken.append(Snapshot(**torch.load(folder / f"snap-{i:05d}.pt")))
-    snapshots.next_version, snapshots.next_t = checkpoint["snapshot_next"]
 
 
 def rewind(run_dir: Path, saved: dict[str, Any]) -> None:

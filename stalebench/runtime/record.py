@@ -11,13 +11,14 @@ import torch
 from torch.nn.utils import vector_to_parameters
 
 from stalebench.config import BudgetConfig
+from stalebench.errors import RunError
 from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
 from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
 from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
-from stalebench.runtime import checkpoint
 from stalebench.runtime.checkpoint import Checkpoints
+from stalebench.runtime.faults import WorkerLost
 
 
 class RunRecord:
@@ -34,15 +35,20 @@ class RunRecord:
             job.meta["config_sha"],
         )  # fmt: skip
         if resume:  # the checkpoint this run goes on from (events.jsonl rewound to it)
-            checkpoint.restore_snapshots(self.run_dir, resume, self.snapshots)
-            self.checkpoints.saved_snapshots = len(self.snapshots.taken)
-            self.checkpoints.restart(resume["t"])
+            self.checkpoints.resume(resume)
             self.events.emit("system", resume["t"], event="resume", version=resume["version"])
             return
         # the host's load and the config's fingerprint go to summary.json only: events stay
         # a function of config and seed (byte-identical in the sim runtime)
         labels = {k: v for k, v in job.meta.items() if k not in ("host", "config_sha")}
         self.events.emit("system", 0.0, event="start", **job.sharding_fields, **labels)
+
+    def worker_lost(self, t: float, lost: WorkerLost, gone: int) -> None:
+        """Record a worker the run goes on without (`gone`: how many it has lost, this one
+        included); losing the last one ends the run."""
+        self.events.emit("worker", t, worker=lost.worker, event="lost", reason=str(lost))
+        if gone == self.job.cfg.cluster.num_workers:
+            raise RunError(f"every worker is lost (the last: {lost})")
 
     def finish(
         self,

@@ -137,6 +137,6 @@ def test_ssp_reformed_over_the_survivors_forgets_the_lost_worker_s_clock():
 
 def test_a_barrier_that_waits_fails_on_loss_by_default():
     barrier = SSP(SSPConfig(name="ssp"), 2)
-    assert not barrier.survives_loss
-    assert SSP(SSPConfig(name="ssp", on_loss="reform"), 2).survives_loss
-    assert ASP(ASPConfig(name="asp"), 2).survives_loss
+    assert not barrier.survives_loss(barrier.cfg)
+    assert SSP.survives_loss(SSPConfig(name="ssp", on_loss="reform"))
+    assert ASP.survives_loss(ASPConfig(name="asp"))

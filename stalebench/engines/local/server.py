@@ -111,11 +111,7 @@ class Server:
                 self.active.discard(lost.worker)
                 self.inbox.receivers[lost.worker].close()
                 self.lost.add(lost.worker)
-                self.record.events.emit(
-                    "worker", self.now(), worker=lost.worker, event="lost", reason=str(lost)
-                )
-                if len(self.lost) == self.m:
-                    raise RunError(f"every worker is lost (the last: {lost})") from None
+                self.record.worker_lost(self.now(), lost, len(self.lost))
                 if not self.active:
                     return None
 

@@ -170,13 +170,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
         stats.append(wire.error(read - rep.x))
         queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x))
 
-    def lose(died: WorkerDied, at: float) -> None:
-        lost.append(died.worker)
-        record.events.emit("worker", at, worker=died.worker, event="lost", reason=str(died))
-        if len(lost) == m:
-            raise RunError(f"every worker is lost (the last: {died})")
-
-    lost: list[int] = []
+    lost = 0
     try:
         for w in range(m):
             start(w, pull_s, server.steps)
@@ -187,7 +181,8 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
                 break
             t = t_next
             if isinstance(item, WorkerDied):  # nobody waits for it: the others go on
-                lose(item, t)
+                lost += 1
+                record.worker_lost(t, item, lost)
                 continue
             w, delta, read, steps, stats, own = item
             lag = server.apply(w, delta, read, steps, stats[0])

@@ -57,7 +57,7 @@ class ParameterServerEngine(DataParallel):
         the others. A dead server always ends the run."""
         cfg = self.run.algorithm.barrier
         barrier, _ = BARRIERS.get(cfg.name)
-        return rank > 0 and (barrier.tolerates_loss or cfg.on_loss == "reform")
+        return rank > 0 and barrier.survives_loss(cfg)
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
         from stalebench.engines.ps.real import Server, work

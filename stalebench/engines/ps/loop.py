@@ -12,7 +12,6 @@ from torch.nn.utils import parameters_to_vector
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.config import BudgetConfig
 from stalebench.engines.ps.state import ParameterServer, Push, Reply
-from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord, diverged, spent
@@ -64,7 +63,7 @@ def serve(
         try:
             status = _serve_one(ps, port, record, budget)
         except WorkerLost as lost:
-            if not ps.barrier.survives_loss:
+            if not ps.barrier.survives_loss(ps.barrier.cfg):
                 raise
             _lose(ps, port, record, lost)
             continue
@@ -91,8 +90,6 @@ def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: Budge
 
 
 def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> None:
-    record.events.emit("worker", port.now(), worker=lost.worker, event="lost", reason=str(lost))
-    if len(ps.lost) + 1 == ps.num_workers:
-        raise RunError(f"every worker is lost (the last: {lost})")
+    record.worker_lost(port.now(), lost, len(ps.lost) + 1)
     port.forget(lost.worker)
     port.send(ps.lose(lost.worker, port.now()))
