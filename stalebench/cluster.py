@@ -22,17 +22,20 @@ from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
-FAULT_ACTIONS = ("pause", "die")
+FAULT_ACTIONS = ("pause", "die", "slow")
 
 
 @dataclasses.dataclass
 class FaultConfig:
     worker: int = 0
     at_s: float = 0.0  # run time (s, real or virtual) after which the fault strikes
-    action: str = "pause"  # pause: the worker goes silent for duration_s; die: it exits
-    duration_s: float = 0.0  # pause length (s)
+    # pause: the worker goes silent for duration_s; die: it exits; slow: every message it
+    # sends takes delay_ms longer, for duration_s (0 = to the end of the run)
+    action: str = "pause"
+    duration_s: float = 0.0  # pause length, or how long sends are slowed (s)
     # or, when >= 0, the worker's step (0-based) at whose start it strikes, whatever the time
     at_step: int = -1
+    delay_ms: float = 0.0  # slow: the extra time of each message the worker sends
 
 
 @dataclasses.dataclass
@@ -109,6 +112,8 @@ class ClusterConfig(ComponentConfig):
                 raise bad(f"faults[{i}].action", f.action, f"one of {', '.join(FAULT_ACTIONS)}")
             if f.at_s < 0 or f.duration_s < 0:
                 raise bad(f"faults[{i}]", f, "at_s >= 0 and duration_s >= 0")
+            if (f.action == "slow") != (f.delay_ms > 0):
+                raise bad(f"faults[{i}].delay_ms", f.delay_ms, "> 0 with action slow, else 0")
             if f.at_step < -1 or (f.at_step >= 0 and f.at_s):
                 raise bad(f"faults[{i}]", f, "at_step >= 0 (with at_s 0) or at_step -1 (by time)")
 
@@ -173,13 +178,15 @@ class Profile:
             base *= c.straggler_factor
         return float(base) * self.slowdown[worker] / 1000.0
 
-    def push_s(self, nbytes: float) -> float:
-        return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes)
+    def push_s(self, nbytes: float, slow_s: float = 0.0) -> float:
+        """Seconds of one message from a worker; `slow_s` is what a slow fault adds to each
+        message that worker sends (`Faults.slow_s`)."""
+        return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes) + slow_s
 
     def pull_s(self, nbytes: float) -> float:
         return _delay(self.cfg.pull_latency_ms, self.cfg.pull_bandwidth_gbps, nbytes)
 
-    def allreduce_s(self, nbytes: float) -> float:
+    def allreduce_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of a ring all-reduce of `nbytes` over the N workers: 2(N − 1) steps of a
         chunk of nbytes/N each, 2(N − 1)·(α + nbytes/(N·β)) when both directions have latency
         α and bandwidth β (N = 1: 0).
@@ -187,18 +194,19 @@ class Profile:
         In each step every worker sends a chunk to the next worker (charged the push
         direction's latency and bandwidth) while it receives one from the previous (the pull
         direction's); the step lasts as long as the slower of the two, because the next step
-        forwards the chunk just received.
+        forwards the chunk just received. A worker whose sends a slow fault delays by `slow_s`
+        makes every step that much longer: the next step waits for its chunk.
         """
         n = self.cfg.num_workers
         chunk = nbytes / n
         step = max(self.push_s(chunk), self.pull_s(chunk))
-        return 2 * (n - 1) * step
+        return 2 * (n - 1) * (step + slow_s)
 
-    def allgather_s(self, nbytes: float) -> float:
+    def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
         N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`)."""
         n = self.cfg.num_workers
-        return (n - 1) * max(self.push_s(nbytes), self.pull_s(nbytes))
+        return (n - 1) * (max(self.push_s(nbytes), self.pull_s(nbytes)) + slow_s)
 
     def faults(self, worker: int) -> list[FaultConfig]:
         return sorted((f for f in self.cfg.faults if f.worker == worker), key=lambda f: f.at_s)

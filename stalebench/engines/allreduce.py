@@ -119,8 +119,8 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
     buf = torch.zeros(round_slots(d, n))
     batches = job.batches(rank)
     profile = job.profile
-    network = Shaped(transport, profile)  # a round costs the profile's ring all-reduce
     faults = Faults(profile, rank)
+    network = Shaped(transport, profile, faults)  # a round costs the profile's ring all-reduce
     record = RunRecord(job, run_dir) if rank == 0 else None
     status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
     gradient(net, net_params, (job.splits.x_train[:1], job.splits.y_train[:1]), device)  # warm-up
@@ -184,15 +184,20 @@ class RingAllReduce:
     round_s: float
     volume: int  # bytes all workers send in one all-reduce
     num_workers: int
+    profile: Profile
+    nbytes: int  # one worker's message
 
     @classmethod
     def build(cls, profile: Profile, num_params: int) -> RingAllReduce:
         n = profile.cfg.num_workers
         nbytes = round_bytes(num_params, n)  # the real engine's message, tail included
-        return cls(profile.allreduce_s(nbytes), ring_volume(nbytes, n), n)
+        return cls(profile.allreduce_s(nbytes), ring_volume(nbytes, n), n, profile, nbytes)
 
-    def push_s(self) -> float:
-        return self.round_s
+    def push_s(self, slow_s: float = 0.0) -> float:
+        """A worker whose sends are slowed enters the ring later by what its slowness adds to
+        the round, so the round ends that much later (the real engine: it sleeps longer
+        before the all-reduce, which waits for it)."""
+        return self.profile.allreduce_s(self.nbytes, slow_s)
 
     def pull_s(self) -> float:
         return 0.0

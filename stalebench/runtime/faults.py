@@ -9,6 +9,7 @@ seconds to its virtual clock and a death ends the run with `WorkerDied`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -44,7 +45,8 @@ class WorkerDied(WorkerLost):
 class Faults:
     """One worker's scheduled faults, struck when its steps start: those of its step index
     (`at_step`), then those due by the time (`at_s`), in order. Every engine calls `strike`
-    once per step the worker starts."""
+    once per step the worker starts, and adds `slow_s` to each message the worker sends in
+    that step (the profile's `push_s`, `allreduce_s`, `allgather_s` take it)."""
 
     def __init__(self, profile: Profile, worker: int, after_s: float = 0.0, step: int = 0):
         """A resumed run starts at run time `after_s` and the worker's step `step`: the
@@ -53,6 +55,8 @@ class Faults:
         mine = profile.faults(worker)
         self.by_step = sorted((f for f in mine if f.at_step >= step), key=lambda f: f.at_step)
         self.pending = [f for f in mine if f.at_step < 0 and f.at_s >= after_s]
+        self.slowing: list[tuple[float, float]] = []  # (until, seconds) of the slow faults
+        self.slow_s = 0.0  # what the slow faults in force add to each message sent
 
     def strike(self, now: float, pause: Callable[[float, float], None]) -> float:
         """Strike the faults due at this step or by `now` (run seconds); returns when the
@@ -63,11 +67,17 @@ class Faults:
             now = self._hit(self.by_step.pop(0), now, pause)
         while self.pending and self.pending[0].at_s <= now:
             now = self._hit(self.pending.pop(0), now, pause)
+        self.slowing = [(until, s) for until, s in self.slowing if until > now]
+        self.slow_s = sum(s for _, s in self.slowing)
         return now
 
     def _hit(self, fault: FaultConfig, now: float, pause) -> float:
         if fault.action == "die":
             raise WorkerDied(self.worker, now)
+        if fault.action == "slow":  # from this step on, for duration_s (0: to the end)
+            until = now + fault.duration_s if fault.duration_s else math.inf
+            self.slowing.append((until, fault.delay_ms / 1000.0))
+            return now
         pause(now, fault.duration_s)
         return now + fault.duration_s
 
@@ -83,21 +93,33 @@ def pad_to(start: float, target_s: float) -> None:
 class Shaped(Transport):
     """A worker's transport with the profile's network: a send waits the push direction's
     delay for its size, a receive the pull direction's once the message is in, an
-    all-reduce the ring all-reduce's time (`Profile.allreduce_s`)."""
+    all-reduce the ring all-reduce's time (`Profile.allreduce_s`); each as slowed by the
+    worker's `faults` in force (set it once they are known)."""
 
-    def __init__(self, inner: Transport, profile: Profile):
-        self.inner, self.profile = inner, profile
+    def __init__(self, inner: Transport, profile: Profile, faults: Faults | None = None):
+        self.inner, self.profile, self.faults = inner, profile, faults
+
+    @property
+    def slow_s(self) -> float:
+        return self.faults.slow_s if self.faults is not None else 0.0
 
     @property
     def bytes_sent(self) -> int:  # type: ignore[override]
         return self.inner.bytes_sent
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
-        time.sleep(self.profile.push_s(_size(buf)))
+        time.sleep(self.profile.push_s(_size(buf), self.slow_s))
         self.inner.send(buf, dst)
 
+    def send_all(self, bufs: list[torch.Tensor], dst: int) -> None:
+        """Send `bufs` (of different dtypes) as one message of the profile: one delay for
+        their total size."""
+        time.sleep(self.profile.push_s(sum(map(_size, bufs)), self.slow_s))
+        for buf in bufs:
+            self.inner.send(buf, dst)
+
     def isend(self, buf: torch.Tensor, dst: int):
-        time.sleep(self.profile.push_s(_size(buf)))
+        time.sleep(self.profile.push_s(_size(buf), self.slow_s))
         return self.inner.isend(buf, dst)
 
     def wait(self, work, dst: int) -> None:
@@ -108,27 +130,29 @@ class Shaped(Transport):
         time.sleep(self.profile.pull_s(_size(buf)))
 
     def all_reduce(self, buf: torch.Tensor) -> None:
-        time.sleep(self.profile.allreduce_s(_size(buf)))
+        time.sleep(self.profile.allreduce_s(_size(buf), self.slow_s))
         self.inner.all_reduce(buf)
 
     def all_reduce_start(self, buf: torch.Tensor) -> Pending:
         """The all-reduce goes on while the caller computes; its wait() returns no sooner
         than the profile's ring all-reduce time after the start."""
         start, inner = time.perf_counter(), self.inner.all_reduce_start(buf)
+        seconds = self.profile.allreduce_s(_size(buf), self.slow_s)
 
         def wait() -> None:
             inner.wait()
-            pad_to(start, self.profile.allreduce_s(_size(buf)))
+            pad_to(start, seconds)
 
         return Pending(wait)
 
     def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
         """As all_reduce_start, at the profile's ring all-gather time."""
         start, inner = time.perf_counter(), self.inner.all_gather_start(out, buf)
+        seconds = self.profile.allgather_s(_size(buf), self.slow_s)
 
         def wait() -> None:
             inner.wait()
-            pad_to(start, self.profile.allgather_s(_size(buf)))
+            pad_to(start, seconds)
 
         return Pending(wait)
 

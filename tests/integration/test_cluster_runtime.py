@@ -140,6 +140,56 @@ def test_real_fault_pause_and_network_delay(tmp_path):
     assert statistics.median(e["comm_s"] for e in later) >= 0.008  # both latencies, each step
 
 
+SLOW = "cluster.faults=[{worker:1,at_step:3,action:slow,delay_ms:40}]"
+
+
+@pytest.mark.timeout(60)
+def test_sim_slow_sends_lengthen_that_workers_round_trips_from_its_step(tmp_path):
+    base = ["runtime=sim", "algorithm=asp", "cluster=slow_network", "budget.max_updates=60"]
+    plain, slow = (run_job(tmp_path / k, [*base, *f]) for k, f in [("p", []), ("s", [SLOW])])
+    comm = {(e["worker"], e["clock"]): e["comm_s"] for e in ups(plain)}
+    slowed = {(e["worker"], e["clock"]): e["comm_s"] for e in ups(slow)}
+    # the push of its step 3 is the first slowed: the round trip read at its step 4
+    for (w, clock), c in slowed.items():
+        if clock > 0:
+            extra = 0.04 if (w, clock >= 4) == (1, True) else 0.0
+            assert c == pytest.approx(comm[(0, 1)] + extra), (w, clock)
+    assert max(k[1] for k in slowed if k[0] == 1) < max(k[1] for k in comm if k[0] == 1)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "args,messages",
+    [
+        (["engine=allreduce", "algorithm=bsp"], 6),  # a ring all-reduce: 2(N − 1) sends
+        (["algorithm=diloco", "algorithm.outer.inner_steps=1"], 6),  # one fused all-reduce
+    ],
+    ids=["allreduce", "local"],
+)
+def test_sim_a_slow_sender_slows_every_ring_step_of_the_round(tmp_path, args, messages):
+    """From worker 1's step 3 every round ends 2(N − 1) × 40 ms later: each of the ring's
+    steps waits for its chunk."""
+    base = ["runtime=sim", *args, "cluster=homogeneous", "budget.max_updates=8"]
+    plain, slow = (run_job(tmp_path / k, [*base, *f]) for k, f in [("p", []), ("s", [SLOW])])
+    ends = [[e["t"] for e in ups(r) if e["worker"] == 0] for r in (plain, slow)]
+    extra = [b - a for a, b in zip(*ends, strict=True)]
+    assert extra == pytest.approx([0, 0, 0] + [messages * 0.04 * k for k in range(1, 6)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_slow_sends_lengthen_that_workers_round_trips(tmp_path):
+    slow = "cluster.faults=[{worker:1,at_step:3,action:slow,delay_ms:150}]"
+    args = ["algorithm=asp", "budget.max_updates=100000", "budget.max_wall_s=1.5", slow]
+    run = run_job(tmp_path, args)
+    assert run.summary["status"] == "completed"
+    comm = {
+        w: [e["comm_s"] for e in ups(run) if e["worker"] == w and e["clock"] >= 4] for w in (0, 1)
+    }
+    assert comm[1] and min(comm[1]) >= 0.15  # each of its pushes waits 150 ms more
+    assert statistics.median(comm[0]) < 0.05
+
+
 @pytest.mark.timeout(60)
 def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     import torch

@@ -197,3 +197,46 @@ def test_a_step_indexed_death_and_a_resumed_worker_s_faults():
 def test_a_fault_by_step_and_by_time_at_once_is_refused(fault):
     with pytest.raises(ConfigError, match=re.escape("must be at_step >= 0 (with at_s 0)")):
         ClusterConfig(name="profile", faults=[fault])
+
+
+def slowness(faults, times):
+    """`slow_s` in force for the sends of each step, steps starting at `times`."""
+    out = []
+    for now in times:
+        faults.strike(now, lambda at, s: None)
+        out.append(faults.slow_s)
+    return out
+
+
+def test_a_slow_fault_delays_the_sends_of_the_steps_in_its_window():
+    p = profile(
+        num_workers=2,
+        faults=[
+            FaultConfig(0, 1.0, "slow", 2.0, delay_ms=30),  # steps starting in [1, 3)
+            FaultConfig(0, action="slow", at_step=2, delay_ms=5),  # from step 2 to the end
+            FaultConfig(1, 0.5, "pause", 1),
+        ],
+    )
+    assert slowness(Faults(p, 0), [0.0, 1.0, 2.0, 2.9, 3.0, 50.0]) == pytest.approx(
+        [0.0, 0.03, 0.035, 0.035, 0.005, 0.005]
+    )
+    assert slowness(Faults(p, 1), [0.0, 1.0]) == [0.0, 0.0]  # a pause slows no send
+
+
+def test_a_slow_fault_adds_its_delay_to_every_message_the_worker_sends():
+    p = Profile(ClusterConfig(num_workers=4, push_latency_ms=2, pull_latency_ms=1))
+    assert p.push_s(1000, 0.03) == pytest.approx(0.002 + 0.03)
+    assert p.pull_s(1000) == pytest.approx(0.001)  # what it receives is not slowed
+    # a ring all-reduce: 2(N − 1) = 6 steps, each waits for the slow worker's chunk
+    assert p.allreduce_s(1000, 0.03) == pytest.approx(6 * (0.002 + 0.03))
+    assert p.allgather_s(1000, 0.03) == pytest.approx(3 * (0.002 + 0.03))
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [FaultConfig(0, 1.0, "slow"), FaultConfig(0, 1.0, "pause", 1, delay_ms=5)],
+    ids=["slow-without-delay", "delay-without-slow"],
+)
+def test_a_slow_fault_needs_a_delay_and_only_it_has_one(fault):
+    with pytest.raises(ConfigError, match=re.escape("cluster.faults[0].delay_ms must be > 0")):
+        ClusterConfig(name="profile", faults=[fault])

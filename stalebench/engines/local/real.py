@@ -75,7 +75,7 @@ class Worker:
             Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
             for part in self.parts
         ]
-        self.network = Shaped(transport, job.profile)
+        self.network = Shaped(transport, job.profile, self.rep.faults)
         self.record = RunRecord(job, run_dir) if rank == 0 else None
         self.status, self.version, self.nbytes = "completed", 0, 0
         self.sent: dict[int, Sent] = {}

@@ -191,12 +191,13 @@ class Exchange:
         """One all-reduce carries payload and statistics: a float32 mean payload."""
         return self.rule.exchange == "mean" and self.wire.dtype == torch.float32
 
-    def comm_s(self, profile) -> float:
-        """The round's collectives, as the profile prices them."""
+    def comm_s(self, profile, slow_s: float = 0.0) -> float:
+        """The round's collectives, as the profile prices them (`slow_s`: the most a slow
+        fault adds to a message of one of the workers)."""
         if self.fused:
-            return profile.allreduce_s(self.payload_bytes + self.stats_bytes)
+            return profile.allreduce_s(self.payload_bytes + self.stats_bytes, slow_s)
         payload = profile.allgather_s if self.gathers else profile.allreduce_s
-        return profile.allreduce_s(self.stats_bytes) + payload(self.payload_bytes)
+        return profile.allreduce_s(self.stats_bytes, slow_s) + payload(self.payload_bytes, slow_s)
 
     def volume(self) -> int:
         """Bytes all workers together send in the round's collectives: 2(M − 1) times the

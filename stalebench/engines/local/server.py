@@ -151,10 +151,10 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     """Rank worker + 1: from each θ it is sent, H inner steps (each at the profile's step
     time, faults striking at step starts), then push Δ; until told to stop."""
     cfg, profile = job.cfg, job.profile
-    transport = Shaped(transport, profile)
     net = Net(job, job.device(worker))
     d = net.flat.numel()
     rep, wire = Replica(job, worker, net.flat.detach().cpu(), net), wire_of(job, net)
+    transport = Shaped(transport, profile, rep.faults)
     rule = OUTER.build(cfg.algorithm.outer, torch.zeros(d), cfg.cluster.num_workers)
     inbox, header = torch.empty(REPLY + d), torch.zeros(HEADER)
     warm = (job.splits.x_train[:1], job.splits.y_train[:1])
@@ -187,6 +187,5 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         err = wire.error(delta)
         header[:] = torch.tensor([PUSH, clock, version, steps, compute, loss, paused, rtt, err])
         pushed_at = time.perf_counter()
-        transport.send(header, 0)
-        transport.send(wire.encode(delta), 0)
+        transport.send_all([header, wire.encode(delta)], 0)
         clock += 1

@@ -46,6 +46,7 @@ class Sent:
     rows: list[list[float]]
     done: float  # when the all-reduce ends
     steps: int
+    comm_s: float  # how long it took (a slow fault on any worker slows the ring)
 
 
 def setup(job: Job, run_dir: Path):
@@ -85,8 +86,8 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
                 total = ex.contribution(0, deltas[0]).clone()
                 for w in range(1, m):
                     total += ex.contribution(w, deltas[w])
-            done = max(clocks) + ex.comm_s(profile)
-            sent[p] = Sent(total, deltas, rows, done, len(busy[0][2]))
+            comm_s = ex.comm_s(profile, max(rep.faults.slow_s for rep in reps))
+            sent[p] = Sent(total, deltas, rows, max(clocks) + comm_s, len(busy[0][2]), comm_s)
             for b in busy:
                 b[:] = [0.0, 0.0, []]
 
@@ -117,9 +118,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
                 volume = ex.volume()
                 nbytes += volume
                 t = max(clocks)
-                report(
-                    record.events.emit, t, version, s.rows, ex.comm_s(profile), s.steps, volume // m
-                )
+                report(record.events.emit, t, version, s.rows, s.comm_s, s.steps, volume // m)
                 record.snapshots.maybe(t, version, theta)
                 if diverged(sum(r[1] for r in s.rows), theta):
                     status = "diverged"
@@ -148,7 +147,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
     server = Arrivals(job, theta)
     wire = Wire(e.quantize, segments([p.numel() for p in net.params], slice(0, theta.numel())))
     push_bytes, pull_bytes = 4 * HEADER + wire.nbytes(theta.numel()), reply_bytes(theta.numel())
-    push_s, pull_s = profile.push_s(push_bytes), profile.pull_s(pull_bytes)
+    pull_s = profile.pull_s(pull_bytes)
     queue, rounds, t, status, error = EventQueue(), [0] * m, 0.0, "completed", None
     loop_start = time.perf_counter()
 
@@ -168,7 +167,8 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
         delta = wire.decode(wire.encode(read - rep.x))
         stats = [compute, statistics.fmean(losses), paused, float((read - rep.x).norm())]
         stats.append(wire.error(read - rep.x))
-        queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x))
+        push_s = profile.push_s(push_bytes, rep.faults.slow_s)
+        queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x, push_s))
 
     lost = 0
     try:
@@ -184,7 +184,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
                 lost += 1
                 record.worker_lost(t, item, lost)
                 continue
-            w, delta, read, steps, stats, own = item
+            w, delta, read, steps, stats, own, push_s = item
             lag = server.apply(w, delta, read, steps, stats[0])
             rounds[w] += 1
             if stats[2] > 0:

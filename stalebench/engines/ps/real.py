@@ -188,6 +188,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
         if t0 is None:  # the first reply: the worker's clock and the run time it starts at
             t0, clock, started_at = received, int(_ints(inbox)[2]), float(inbox[3])
             faults = Faults(profile, worker, started_at, clock)  # (both 0 unless resumed)
+            transport.faults = faults  # a slow fault delays the worker's pushes
             _skip(batches, profile, worker, clock)
         now = started_at + received - t0
         paused = faults.strike(now, lambda at, s: _pause(worker, at, s)) - now

@@ -40,8 +40,9 @@ Emit = Callable[..., Any]
 class Network(Protocol):
     """What the sim charges for communication, in virtual seconds."""
 
-    def push_s(self) -> float:
-        """From a worker's end of compute to its gradient reaching the update."""
+    def push_s(self, slow_s: float = 0.0) -> float:
+        """From a worker's end of compute to its gradient reaching the update, when a slow
+        fault adds `slow_s` to each message the worker sends."""
 
     def pull_s(self) -> float:
         """From an update releasing a worker to the parameters reaching it."""
@@ -65,8 +66,8 @@ class PointToPoint:
     def build(cls, profile: Profile, num_params: int) -> PointToPoint:
         return cls(profile, message_bytes(num_params))
 
-    def push_s(self) -> float:
-        return self.profile.push_s(self.nbytes)
+    def push_s(self, slow_s: float = 0.0) -> float:
+        return self.profile.push_s(self.nbytes, slow_s)
 
     def pull_s(self) -> float:
         return self.profile.pull_s(self.nbytes)
@@ -89,6 +90,7 @@ class SimWorker:
     clock: int = 0
     received_at: float = 0.0  # when the parameters of its current step reached it
     pushed_at: float = 0.0  # when it sent its previous push
+    push_s: float = 0.0  # how long its push under way takes (a slow fault lengthens it)
     step_s: float = 0.0  # the current step's compute time
 
 
@@ -133,7 +135,8 @@ class SimPort:
                 self.queue.push(wk.received_at, died)
                 continue
             wk.step_s = self.profile.step_s(r.worker)
-            self.queue.push(start + wk.step_s + self.net.push_s(), r.worker)
+            wk.push_s = self.net.push_s(wk.faults.slow_s)
+            self.queue.push(start + wk.step_s + wk.push_s, r.worker)
 
     def forget(self, worker: int) -> None:
         pass  # a lost worker has nothing scheduled
@@ -164,7 +167,7 @@ class SimPort:
         push = Push(
             w, wk.clock, wk.version, message, loss, wk.step_s, wk.received_at - wk.pushed_at
         )
-        wk.clock, wk.pushed_at = wk.clock + 1, t - self.net.push_s()
+        wk.clock, wk.pushed_at = wk.clock + 1, t - wk.push_s
         return push
 
     def stop(self, waiting: set[int]) -> None:
