@@ -61,6 +61,10 @@ class ClusterConfig(ComponentConfig):
     push_bandwidth_gbps: float = 0.0
     pull_bandwidth_gbps: float = 0.0
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
+    # standby workers: each lost worker's place is taken by the next (its shard, speed,
+    # clock and later faults; it reads the current θ), while any is left (engine=ps, under
+    # a barrier that never waits)
+    spares: int = 0
 
     def __post_init__(self) -> None:
         def bad(key: str, value: object, valid: str) -> ConfigError:
@@ -68,6 +72,8 @@ class ClusterConfig(ComponentConfig):
 
         if self.num_workers < 1:
             raise bad("num_workers", self.num_workers, ">= 1")
+        if self.spares < 0:
+            raise bad("spares", self.spares, ">= 0")
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         for key in (

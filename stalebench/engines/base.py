@@ -12,8 +12,9 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
   (the base checks the algorithm's config slots it reads and the cluster fields it cannot
   model, by name);
 - `world_size()` and `rank_name(rank)`: the processes of a real run and how errors name
-  them; `num_workers`: those that compute; `one_stream`: whether they read one stream of
-  data over the whole split (a pipeline) instead of a shard each;
+  them (`takes_spares`: whether it runs `cluster.spares` standby workers too);
+  `num_workers`: those that compute; `one_stream`: whether they read one stream of data
+  over the whole split (a pipeline) instead of a shard each;
 - `run_rank(job, rank, ctx)`: what one process does in the real runtime (rank 0 owns the
   run directory and returns the summary; the others return None);
 - `simulate(job, run_dir)`: the whole run in the simulator, on a virtual clock.
@@ -49,6 +50,8 @@ class Engine:
     slots: tuple[str, ...] = ("barrier", "update")
     # ClusterConfig fields this engine cannot model: a run that sets one is refused
     ignores: tuple[str, ...] = ()
+    # whether a spare worker (cluster.spares) can take a lost worker's place
+    takes_spares = False
     # the runtimes it runs in
     runtimes: tuple[str, ...] = ("real", "sim")
     one_stream = False
@@ -95,6 +98,11 @@ class Engine:
                     f"{run.algorithm.name or '?'} does not set (it sets {sets}): choose a "
                     f"preset made for engine={name}, or another engine"
                 )
+        if run.cluster.spares and not self.takes_spares:
+            raise ConfigError(
+                f"cluster.spares={run.cluster.spares}: engine={name} cannot hand a lost "
+                "worker's place to a spare; engine=ps can"
+            )
         for key in self.ignores:
             value = getattr(run.cluster, key)
             if value:

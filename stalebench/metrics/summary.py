@@ -69,6 +69,10 @@ def summarize(
         "workers_lost": sorted(
             e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "lost"
         ),
+        # of those, the places a spare took (cluster.spares), once per spare
+        "workers_replaced": sorted(
+            e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "replaced"
+        ),
         "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
         "throughput_updates_per_s": (
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None

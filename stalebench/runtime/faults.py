@@ -48,13 +48,23 @@ class Faults:
     once per step the worker starts, and adds `slow_s` to each message the worker sends in
     that step (the profile's `push_s`, `allreduce_s`, `allgather_s` take it)."""
 
-    def __init__(self, profile: Profile, worker: int, after_s: float = 0.0, step: int = 0):
+    def __init__(
+        self,
+        profile: Profile,
+        worker: int,
+        after_s: float = 0.0,
+        step: int = 0,
+        replaced: bool = False,
+    ):
         """A resumed run starts at run time `after_s` and the worker's step `step`: the
-        faults before struck the earlier run."""
+        faults before struck the earlier run. A spare in a lost worker's place (`replaced`)
+        starts there too, and the faults that struck its predecessor then do not strike it
+        again."""
         self.worker, self.step = worker, step
-        mine = profile.faults(worker)
-        self.by_step = sorted((f for f in mine if f.at_step >= step), key=lambda f: f.at_step)
-        self.pending = [f for f in mine if f.at_step < 0 and f.at_s >= after_s]
+        mine, first = profile.faults(worker), step + replaced
+        self.by_step = sorted((f for f in mine if f.at_step >= first), key=lambda f: f.at_step)
+        due = (lambda f: f.at_s > after_s) if replaced else (lambda f: f.at_s >= after_s)
+        self.pending = [f for f in mine if f.at_step < 0 and due(f)]
         self.slowing: list[tuple[float, float]] = []  # (until, seconds) of the slow faults
         self.slow_s = 0.0  # what the slow faults in force add to each message sent
 

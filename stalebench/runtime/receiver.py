@@ -16,10 +16,11 @@ from stalebench.runtime.transport import Transport
 
 
 class Receiver(threading.Thread):
-    """Receives the messages of worker `worker` (rank worker + 1): each one the buffers
-    `make()` returns, filled in order, put on `inbox` as (worker, buffers) — or (worker,
-    the exception) when the peer is lost. It posts the next receive only once armed (after
-    the server replied), so its timeout measures the worker's silence, not the server's."""
+    """Receives the messages of worker `worker` from rank `rank`: each one the buffers
+    `make()` returns, filled in order, put on `inbox` as (this receiver, buffers) — or
+    (this receiver, the exception) when the peer is lost. It posts the next receive only
+    once armed (after the server replied), so its timeout measures the worker's silence,
+    not the server's."""
 
     def __init__(
         self,
@@ -27,9 +28,11 @@ class Receiver(threading.Thread):
         worker: int,
         make: Callable[[], list[torch.Tensor]],
         inbox: queue.Queue,
+        rank: int,
     ):
-        super().__init__(daemon=True, name=f"recv-worker-{worker}")
+        super().__init__(daemon=True, name=f"recv-worker-{worker}-rank-{rank}")
         self.transport, self.worker, self.make, self.inbox = transport, worker, make, inbox
+        self.rank = rank
         self.armed = threading.Event()
         self.armed_at: float | None = None  # server time of the reply it waits to follow
         self.closed = False
@@ -52,11 +55,11 @@ class Receiver(threading.Thread):
             try:  # the server judges silence itself (it knows whom it waits for): no
                 # gloo timeout here, which would also break the other workers' receives
                 for buf in bufs:
-                    self.transport.recv(buf, self.worker + 1, timedelta(days=1))
+                    self.transport.recv(buf, self.rank, timedelta(days=1))
             except Exception as exc:  # a dead or silent peer: the server ends the run
-                self.inbox.put((self.worker, exc))
+                self.inbox.put((self, exc))
                 return
-            self.inbox.put((self.worker, bufs))
+            self.inbox.put((self, bufs))
 
 
 class Inbox:
@@ -73,12 +76,22 @@ class Inbox:
         timeout_s: float,
     ):
         self.queue: queue.Queue = queue.Queue()
-        self.receivers = [Receiver(transport, w, make, self.queue) for w in range(num_workers)]
+        self.transport, self.make = transport, make
+        self.receivers = [
+            Receiver(transport, w, make, self.queue, w + 1) for w in range(num_workers)
+        ]
         self.now, self.timeout_s = now, timeout_s
 
     def start(self) -> None:
         for r in self.receivers:
             r.start()
+
+    def replace(self, worker: int, rank: int) -> None:
+        """Worker `worker` is now rank `rank` (a spare in a lost worker's place): what its
+        closed receiver may still get from the old rank is dropped."""
+        self.receivers[worker].close()
+        self.receivers[worker] = Receiver(self.transport, worker, self.make, self.queue, rank)
+        self.receivers[worker].start()
 
     def next(self, active: set[int], max_wall_s: float):
         """The next (worker, buffers) from a worker in `active`; None when the wall budget
@@ -92,7 +105,7 @@ class Inbox:
             if max_wall_s:
                 wait = min(wait, max_wall_s - now)
             try:
-                w, item = self.queue.get(timeout=max(wait, 0.0) + 1e-3)
+                receiver, item = self.queue.get(timeout=max(wait, 0.0) + 1e-3)
             except queue.Empty:
                 now = self.now()
                 if max_wall_s and now >= max_wall_s:
@@ -100,11 +113,14 @@ class Inbox:
                 if first and now - first.armed_at >= timeout:
                     raise WorkerLost(
                         first.worker,
-                        f"worker {first.worker} (rank {first.worker + 1}) silent for "
+                        f"worker {first.worker} (rank {first.rank}) silent for "
                         f"{now - first.armed_at:.1f} s, more than timeout_s={timeout:g}",
                     ) from None
                 continue
-            self.receivers[w].armed_at = None
+            w = receiver.worker
+            if self.receivers[w] is not receiver:
+                continue  # from the rank a spare replaced
+            receiver.armed_at = None
             if isinstance(item, Exception):
                 if w not in active:
                     continue  # it had been told to stop: its exit is not a failure

@@ -162,3 +162,53 @@ def test_a_barrier_reformed_over_the_survivors_goes_on(tmp_path, runtime, algori
             per_version.setdefault(e["version"], []).append(e["worker"])
         assert [sorted(per_version[v]) for v in (1, 2, 3)] == [[0, 1, 2, 3]] * 3
         assert all(sorted(per_version[v]) == [0, 2, 3] for v in range(4, 21))
+
+
+def _worker_events(events):
+    return [(e["t"], e["worker"], e["event"]) for e in events if e["kind"] == "worker"]
+
+
+def test_in_the_simulator_a_spare_takes_a_dead_workers_place_from_its_clock(tmp_path):
+    dies = "{worker:1,at_s:0.1,action:die},{worker:1,at_s:0.25,action:die}"
+    args = ["algorithm=asp", "runtime=sim", "budget.max_updates=300", "cluster.spares=1"]
+    args.append(f"cluster.faults=[{dies},{{worker:2,at_s:0.15,action:die}}]")
+    runs = [run_job(tmp_path / f"r{i}", args) for i in range(2)]
+    summary, events = runs[0].summary, runs[0].events
+    assert summary["status"] == "completed" and summary["updates"] == 300
+    lost_at = [e["t"] for e in _lost(events)]
+    # worker 1 dies at its first step start after 0.1 s; its spare goes on at once and is
+    # struck by the later death; worker 2 then has no spare left
+    assert _worker_events(events) == [
+        (lost_at[0], 1, "lost"),
+        (lost_at[0], 1, "replaced"),
+        (lost_at[1], 2, "lost"),
+        (lost_at[2], 1, "lost"),
+    ]
+    assert summary["workers_lost"] == [1, 1, 2] and summary["workers_replaced"] == [1]
+    ones = [e for e in events if e["kind"] == "update" and e["worker"] == 1]
+    before = [e["clock"] for e in ones if e["t"] <= lost_at[0]]
+    after = [e["clock"] for e in ones if lost_at[0] < e["t"] <= lost_at[2]]
+    assert after[0] == before[-1] + 1 and after == list(range(after[0], after[0] + len(after)))
+    assert max(e["t"] for e in ones) <= lost_at[2]
+    assert events == runs[1].events  # deterministic, bit for bit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_real_spare_takes_the_place_of_a_dead_worker_and_of_a_silent_one(tmp_path):
+    faults = "{worker:1,at_s:0.3,action:die},{worker:2,at_s:0.3,duration_s:5}"
+    args = ["algorithm=asp", "budget.max_updates=100000", "budget.max_wall_s=5", "timeout_s=2"]
+    run = run_job(tmp_path, [*args, "cluster.spares=2", f"cluster.faults=[{faults}]"])
+    summary, events = run.summary, run.events
+    assert summary["status"] == "completed", summary["error"]
+    assert sorted(summary["workers_lost"]) == [1, 2] == summary["workers_replaced"]
+    replaced = {
+        e["worker"]: e for e in events if e["kind"] == "worker" and e["event"] == "replaced"
+    }
+    assert {e["by"] for e in replaced.values()} == {"spare 0 (rank 5)", "spare 1 (rank 6)"}
+    for w, e in replaced.items():  # its clock goes on, from a fresh process
+        clocks = [u["clock"] for u in events if u["kind"] == "update" and u["worker"] == w]
+        assert clocks == list(range(len(clocks))) and any(
+            u["t"] > e["t"] for u in events if u["kind"] == "update" and u["worker"] == w
+        )
+    assert "silent for" in next(e["reason"] for e in _lost(events) if e["worker"] == 2)

@@ -240,3 +240,22 @@ def test_a_slow_fault_adds_its_delay_to_every_message_the_worker_sends():
 def test_a_slow_fault_needs_a_delay_and_only_it_has_one(fault):
     with pytest.raises(ConfigError, match=re.escape("cluster.faults[0].delay_ms must be > 0")):
         ClusterConfig(name="profile", faults=[fault])
+
+
+def test_a_spare_in_a_lost_workers_place_is_not_struck_by_what_struck_its_predecessor():
+    p = profile(
+        faults=[
+            FaultConfig(0, action="die", at_step=4),
+            FaultConfig(0, action="pause", duration_s=1, at_step=6),
+            FaultConfig(0, 2.0, "die"),
+            FaultConfig(0, 3.0, "die"),
+        ]
+    )
+    # died at the start of step 4; the spare starts its step 4 at once
+    spare = Faults(p, 0, after_s=1.0, step=4, replaced=True)
+    assert [f.at_step for f in spare.by_step] == [6]
+    assert [f.at_s for f in spare.pending] == [2.0, 3.0]
+    # died by time at 2.0 s, at step 9: the death at 3.0 s is still ahead of the spare
+    spare = Faults(p, 0, after_s=2.0, step=9, replaced=True)
+    assert spare.by_step == [] and [f.at_s for f in spare.pending] == [3.0]
+    assert [f.at_s for f in Faults(p, 0, after_s=2.0, step=9).pending] == [2.0, 3.0]  # resumed

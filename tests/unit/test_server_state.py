@@ -14,6 +14,7 @@ import torch
 
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.engines.ps import ParameterServer, Push
+from stalebench.errors import RunError
 from tests.conftest import compose, fast_with
 
 N = 3
@@ -129,3 +130,35 @@ def test_a_worker_lost_before_the_checkpoint_stays_out():
     rebuilt.resume(through_disk(ps.state()))
     assert rebuilt.lost == {1}
     assert sorted(r.worker for r in rebuilt.start(5.0)) == [0, 2]
+
+
+@pytest.mark.parametrize("preset", ["asp", "dana", "gap_aware"])
+def test_a_lost_workers_place_taken_again_reads_the_current_theta_from_its_clock(preset):
+    ps, _ = build(preset, [])
+    driver = Driver(ps)
+    driver.take(ps.start(0.0))
+    for _ in range(5):
+        driver.step()
+    driver.ready.pop(1, None)  # worker 1 is gone with what it read
+    clock = ps.clocks[1]
+    assert ps.lose(1, 2.0) == [] and ps.lost == {1}
+    (reply,) = ps.rejoin(1, 2.5)
+    assert (reply.worker, reply.version) == (1, ps.version) and ps.lost == set()
+    assert torch.equal(reply.params, ps.rule.params_for(ps.params, 1))
+    assert ps.wait_s[1] == 0.0 and ps.clocks[1] == clock  # it goes on from its clock
+    driver.take([reply])
+    for _ in range(4):
+        driver.step()
+    assert ps.clocks[1] > clock
+
+
+@pytest.mark.parametrize("preset", ["bsp", "ssp"])
+def test_only_a_barrier_that_never_waits_takes_a_worker_back(preset):
+    ps, _ = build(preset, ["algorithm.barrier.on_loss=reform"])
+    ps.start(0.0)
+    ps.lose(1, 1.0)
+    with pytest.raises(RunError, match=r"worker 1 cannot rejoin \(lost: \[1\]\)"):
+        ps.rejoin(1, 2.0)
+    asp, _ = build("asp", [])
+    with pytest.raises(RunError, match=r"worker 2 cannot rejoin \(lost: \[\]\)"):
+        asp.rejoin(2, 2.0)

@@ -52,6 +52,21 @@ CASES = [
     ),
     # cluster
     (["cluster.num_workers=0"], "cluster.num_workers must be >= 1, got 0"),
+    (["cluster.spares=-1"], "cluster.spares must be >= 0, got -1"),
+    (
+        ["algorithm=ssp", "cluster.spares=1"],
+        "cluster.spares=1: a spare takes a lost worker's place only under a barrier that "
+        "never waits (asp and the update rules on it), not algorithm.barrier=ssp",
+    ),
+    (
+        ["algorithm=bsp", "engine=allreduce", "cluster.spares=2"],
+        "cluster.spares=2: engine=allreduce cannot hand a lost worker's place to a spare; "
+        "engine=ps can",
+    ),
+    (
+        ["cluster.faults=[{worker:0,at_s:1,action:slow}]"],
+        "cluster.faults[0].delay_ms must be > 0 with action slow, else 0, got 0.0",
+    ),
     (
         ["cluster.compute=foo"],
         "cluster.compute must be one of constant, gamma, lognormal, trace, got 'foo'",
@@ -88,22 +103,22 @@ CASES = [
     (["cluster.faults=[{worker:4}]"], "cluster.faults[0].worker must be in [0, 4), got 4"),
     (
         ["cluster.faults=[{action:explode}]"],
-        "cluster.faults[0].action must be one of pause, die, got 'explode'",
+        "cluster.faults[0].action must be one of pause, die, slow, got 'explode'",
     ),
     (
         ["cluster.faults=[{at_s:-1}]"],
         "cluster.faults[0] must be at_s >= 0 and duration_s >= 0, got FaultConfig(worker=0, "
-        "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1)",
+        "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1, delay_ms=0.0)",
     ),
     (
         ["cluster.faults=[{at_s:0.5,at_step:0}]"],
         "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
-        "FaultConfig(worker=0, at_s=0.5, action='pause', duration_s=0.0, at_step=0)",
+        "FaultConfig(worker=0, at_s=0.5, action='pause', duration_s=0.0, at_step=0, delay_ms=0.0)",
     ),
     (
         ["cluster.faults=[{at_s:2,at_step:3}]"],
         "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
-        "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3)",
+        "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3, delay_ms=0.0)",
     ),
     # algorithms
     (

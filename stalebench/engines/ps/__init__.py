@@ -43,13 +43,30 @@ class DataParallel(Engine):
 
 @ENGINES.register("ps", EngineConfig)
 class ParameterServerEngine(DataParallel):
-    """A parameter server (rank 0) applies the workers' gradients; N workers (ranks 1..N)."""
+    """A parameter server (rank 0) applies the workers' gradients; N workers (ranks 1..N),
+    and `cluster.spares` standby workers after them."""
+
+    takes_spares = True
+
+    def validate(self, splits) -> None:
+        super().validate(splits)
+        c, barrier = self.run.cluster, self.run.algorithm.barrier
+        if c.spares and not BARRIERS.get(barrier.name)[0].tolerates_loss:
+            raise ConfigError(
+                f"cluster.spares={c.spares}: a spare takes a lost worker's place only under a "
+                f"barrier that never waits (asp and the update rules on it), not "
+                f"algorithm.barrier={barrier.name}"
+            )
 
     def world_size(self) -> int:
-        return self.num_workers + 1
+        return self.num_workers + 1 + self.run.cluster.spares
 
     def rank_name(self, rank: int) -> str:
-        return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
+        if rank == 0:
+            return "server (rank 0)"
+        if rank > self.num_workers:
+            return f"spare {rank - 1 - self.num_workers} (rank {rank})"
+        return f"worker {rank - 1} (rank {rank})"
 
     def survives_loss_of(self, rank: int) -> bool:
         """A worker, under a barrier that never waits for one (ASP and the update rules on
@@ -64,7 +81,7 @@ class ParameterServerEngine(DataParallel):
 
         if rank == 0:
             return Server(job, ctx.run_dir, ctx.transport).run()
-        work(job, rank - 1, ctx.transport)
+        work(job, rank, ctx.transport)
         return None
 
     def simulate(self, job, run_dir) -> dict[str, Any]:

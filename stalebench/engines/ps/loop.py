@@ -36,6 +36,9 @@ class Port(Protocol):
     def forget(self, worker: int) -> None:
         """The worker is lost: no longer wait for it, nor send to it."""
 
+    def replace(self, worker: int) -> str | None:
+        """A spare takes the lost worker's place, if one is left: who (for the event)."""
+
     def checkpoint(self) -> None:
         """Between two pushes: save what a resumed run needs, if a checkpoint is due."""
 
@@ -90,6 +93,12 @@ def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: Budge
 
 
 def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> None:
-    record.worker_lost(port.now(), lost, len(ps.lost) + 1)
-    port.forget(lost.worker)
-    port.send(ps.lose(lost.worker, port.now()))
+    """Go on without the worker, or with a spare in its place."""
+    w, now = lost.worker, port.now()
+    port.forget(w)
+    spare = port.replace(w)
+    record.worker_lost(now, lost, len(ps.lost) + (spare is None))
+    port.send(ps.lose(w, now))
+    if spare is not None:
+        record.events.emit("worker", now, worker=w, event="replaced", by=spare)
+        port.send(ps.rejoin(w, now))

@@ -1,5 +1,6 @@
 """The parameter server in the real runtime: rank 0 serves (the loop of `loop.serve`, fed
-by a receiver thread per worker), ranks 1..N are workers.
+by a receiver thread per worker), ranks 1..N are workers, the ranks after them spares that
+wait, ready, until a lost worker's place is theirs.
 
 Wire format: one float32 tensor per message, HEADER slots then a model-sized payload.
 Integer header slots are written through an int32 view, so clocks and versions are exact.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,11 @@ log = logging.getLogger("stalebench")
 HEADER = 8  # float32 slots before the payload of every message
 # int slots: 0 kind, 1 clock (push) / version (reply), 2 version read (push) / the
 # worker's clock (reply: a resumed run's workers start at their checkpointed clocks)
-# float slots: 3 loss (push) / the run time this server started at (reply), 4 compute_s,
+# float slots: 3 loss (push) / the run time the worker's rank started at (reply: when this
+# server started, or a spare joined), 4 compute_s (push) / int: the worker's index (reply),
 # 5 rtt_s, 6 paused_s, 7 whether the worker keeps state of its own (push)
 PUSH, PARAMS, STOP = 1, 2, 3
+SPARE_WAIT = timedelta(days=1)  # a spare waits for a place as long as the run lasts
 
 
 def message_bytes(num_params: int) -> int:
@@ -68,6 +72,9 @@ class Server:
         self.receivers = self.inbox.receivers
         self.out = torch.empty(self.size)
         self.active = set(range(self.n))  # workers not yet sent STOP
+        self.rank = list(range(1, self.n + 1))  # each worker's rank: a spare's once replaced
+        self.spares = list(range(self.n + 1, self.n + 1 + cfg.cluster.spares))
+        self.joined_at: dict[int, float] = {}  # run time a spare took a worker's place
 
     def run(self) -> dict[str, Any]:
         status, error = "completed", None
@@ -83,6 +90,7 @@ class Server:
             status, error = "failed", str(exc)
             log.error("server: %s\n%s", exc, traceback.format_exc())
             self.stop(set(self.ps.held))
+        self._stop_ranks(self.spares)  # the spares never needed
         return self.record.finish(
             self.model,
             self.ps.params,
@@ -135,44 +143,69 @@ class Server:
 
     def send(self, replies) -> None:
         for r in replies:
-            clock = self.ps.clocks[r.worker]
+            w = r.worker
+            clock = self.ps.clocks[w]
             _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, clock], dtype=torch.int32)
-            self.out[3] = self.started_at
+            self.out[3] = self.joined_at.get(w, self.started_at)
+            _ints(self.out)[4] = w
             self.out[HEADER:] = r.params
-            self.transport.send(self.out, r.worker + 1)
-            self.receivers[r.worker].arm(self.now())
+            try:
+                self.transport.send(self.out, self.rank[w])
+            except RunError as exc:  # it died since its push: its receiver reports the loss
+                log.warning("server: %s", exc)
+            self.receivers[w].arm(self.now())
 
     def forget(self, worker: int) -> None:
         self.active.discard(worker)
         self.receivers[worker].close()
 
+    def replace(self, worker: int) -> str | None:
+        if not self.spares:
+            return None
+        rank = self.spares.pop(0)
+        self.rank[worker], self.joined_at[worker] = rank, self.now()
+        self.inbox.replace(worker, rank)
+        self.active.add(worker)
+        return f"spare {rank - 1 - self.n} (rank {rank})"
+
     def stop(self, waiting: set[int]) -> None:
         """Tell the workers waiting for a reply to stop; the others (still computing) are
         told at their next push."""
-        _ints(self.out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
         for w in sorted(waiting & self.active):
             self.active.discard(w)
             self.receivers[w].close()
-            try:
-                self.transport.send(self.out, w + 1)
+            if self._stop_ranks([self.rank[w]]):
                 self.record.events.emit("worker", self.now(), worker=w, event="stop")
+
+    def _stop_ranks(self, ranks: list[int]) -> bool:
+        _ints(self.out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
+        stopped = True
+        for rank in ranks:
+            try:
+                self.transport.send(self.out, rank)
             except Exception as exc:  # best effort on the failure path
-                log.warning("could not stop worker %d: %s", w, exc)
+                log.warning("could not stop rank %d: %s", rank, exc)
+                stopped = False
+        return stopped
 
 
-def work(job: Job, worker: int, transport: Transport) -> None:
-    """Rank worker+1: read θ, compute a gradient on the next minibatch of its shard, last
-    the profile's step time, push it with the version read; until told to stop. The
-    profile's network delays are paid by the transport, its faults when a step starts."""
+def work(job: Job, rank: int, transport: Transport) -> None:
+    """Rank r ≤ N, worker r − 1: read θ, compute a gradient on the next minibatch of its
+    shard, last the profile's step time, push it with the version read; until told to stop.
+    The profile's network delays are paid by the transport, its faults when a step starts.
+    A rank after the N workers is a spare: set up, it waits (past timeout_s) for the place
+    of a lost worker — its index, clock and the run time come in its first reply — or for
+    the end of the run."""
     cfg, profile = job.cfg, job.profile
+    spare = rank > cfg.cluster.num_workers
     transport = Shaped(transport, profile)
-    device = job.device(worker)
+    device = job.device(rank - 1)
     model = job.model().to(device)
     flat = flatten_parameters(model)
     params = list(model.parameters())
     size = HEADER + flat.numel()
     inbox, out = torch.empty(size), torch.empty(size)
-    batches = job.batches(worker)
+    batches = None if spare else job.batches(rank - 1)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
     # One throwaway step before t = 0, so first-call set-up is not timed as compute.
@@ -180,18 +213,21 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     gradient(model, params, (job.splits.x_train[warmup], job.splits.y_train[warmup]), device)
     clock, pushed_at, t0 = 0, None, None
     while True:
-        transport.recv(inbox, 0)
+        transport.recv(inbox, 0, SPARE_WAIT if spare and t0 is None else None)
         received = time.perf_counter()
         kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
         if kind == STOP:
             return
-        if t0 is None:  # the first reply: the worker's clock and the run time it starts at
+        if t0 is None:  # the first reply: who it is, its clock, the run time it starts at
             t0, clock, started_at = received, int(_ints(inbox)[2]), float(inbox[3])
-            faults = Faults(profile, worker, started_at, clock)  # (both 0 unless resumed)
+            worker = int(_ints(inbox)[4])
+            batches = batches or job.batches(worker)
+            # (0 and 0 unless resumed or replaced: a spare starts where the lost worker was)
+            faults = Faults(profile, worker, started_at, clock, replaced=spare)
             transport.faults = faults  # a slow fault delays the worker's pushes
             _skip(batches, profile, worker, clock)
         now = started_at + received - t0
-        paused = faults.strike(now, lambda at, s: _pause(worker, at, s)) - now
+        paused = faults.strike(now, lambda at, s, w=worker: _pause(w, at, s)) - now
         start = time.perf_counter()
         flat.copy_(inbox[HEADER:])
         grad, loss_value = gradient(model, params, next(batches), device)

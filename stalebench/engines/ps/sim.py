@@ -120,6 +120,7 @@ class SimPort:
         ]
         self.queue = EventQueue()  # a push arriving at the server, by worker
         self.t = 0.0
+        self.job, self.spares = job, 0  # spares taken so far
 
     def now(self) -> float:
         return self.t
@@ -140,6 +141,19 @@ class SimPort:
 
     def forget(self, worker: int) -> None:
         pass  # a lost worker has nothing scheduled
+
+    def replace(self, worker: int) -> str | None:
+        """As the real runtime's spare: a fresh process (BatchNorm statistics and worker-side
+        rule state of a new model) on the lost worker's shard from its clock, now."""
+        if self.spares == self.cfg.cluster.spares:
+            return None
+        self.spares += 1
+        wk = self.workers[worker]
+        wk.buffers = [b.detach().clone() for b in self.job.model().buffers()]
+        wk.state = {}
+        wk.faults = Faults(self.profile, worker, self.t, wk.clock, replaced=True)
+        wk.pushed_at = self.t + self.net.pull_s()  # as it receives θ: its first rtt is 0
+        return f"spare {self.spares - 1}"
 
     def checkpoint(self) -> None:
         pass  # a simulated run is rerun from the start: it takes seconds, deterministically

@@ -161,6 +161,16 @@ class ParameterServer:
             self._complete_rounds(now)
         return self._release(now)
 
+    def rejoin(self, worker: int, now: float) -> list[Reply]:
+        """A lost worker's place is taken again (by a spare): it goes on from its clock and
+        reads θ as the barrier admits it. Only under a barrier that never waits: one
+        re-formed over the survivors would have to take back a clock it left behind."""
+        if not self.barrier.tolerates_loss or worker not in self.lost:
+            raise RunError(f"worker {worker} cannot rejoin (lost: {sorted(self.lost)})")
+        self.lost.discard(worker)
+        self.held[worker] = now
+        return self._release(now)
+
     def _release(self, now: float) -> list[Reply]:
         replies = []
         for w in list(self.held):
