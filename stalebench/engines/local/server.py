@@ -143,7 +143,10 @@ class Server:
                 log.warning("could not stop worker %d: %s", w, exc)
             return
         self.out[REPLY:] = self.theta
-        self.transport.send(self.out, w + 1)
+        try:
+            self.transport.send(self.out, w + 1)
+        except RunError as exc:  # it died since its push: its receiver reports the loss
+            log.warning("server: %s", exc)
         self.inbox.receivers[w].arm(self.now())
 
 
