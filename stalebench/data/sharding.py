@@ -92,8 +92,10 @@ def shard_batches(
     # offset by 2**32: never the seed of any worker's order stream in the same run
     aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
     while True:
-        order = shard[torch.randperm(len(shard), generator=gen)]
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            idx = order[start : start + batch_size]
+        perm = torch.randperm(len(shard), generator=gen)
+        for start in range(0, len(perm) - batch_size + 1, batch_size):
+            # the epoch's order a batch at a time: at 10,000 simulated workers sampling the
+            # whole split, gathering it all per worker and epoch would dominate the run
+            idx = shard[perm[start : start + batch_size]]
             x = splits.x_train[idx]
             yield (augment(x, aug_gen) if augment else x), splits.y_train[idx]
