@@ -185,12 +185,8 @@ def main() -> None:
         "figures": rows,
         "runs": runs,
     }
-    out = (
-        ROOT
-        / "benchmarks"
-        / "results"
-        / ("baselines_quick.json" if args.quick else "baselines.json")
-    )
+    name = "baselines_quick" if args.quick else "baselines_partial" if args.only else "baselines"
+    out = ROOT / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| figure | unit | stalebench | reference | ratio (median) | ratio (best) |")
     print("|---|---|---|---|---|---|")

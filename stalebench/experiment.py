@@ -26,7 +26,7 @@ from stalebench.errors import ConfigError
 from stalebench.job import Job, config_sha, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
-from stalebench.runtime import checkpoint
+from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.signals import Interrupted, interruptible
 
 
@@ -55,6 +55,8 @@ def prepare(cfg: RunConfig) -> Engine:
             registry.get(part.name)
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process
+    if cfg.runtime == "real" and not nodes.under_torchrun():
+        forkserver.start()  # its imports overlap the checks below (the data, the model)
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = dataset.load()

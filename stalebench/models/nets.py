@@ -9,10 +9,12 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 
-def flatten_parameters(model: torch.nn.Module) -> torch.Tensor:
+def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None) -> torch.Tensor:
     """Make the model's parameters views into one flat tensor and return it: loading a
-    worker's parameters is then one copy, not a Python loop over the layers."""
-    flat = parameters_to_vector(model.parameters()).detach().clone()
+    worker's parameters is then one copy, not a Python loop over the layers (none, when the
+    flat tensor is `into`, a buffer messages arrive in; the model's device is the CPU)."""
+    flat = parameters_to_vector(model.parameters()).detach()
+    flat = into.copy_(flat) if into is not None else flat.clone()
     offset = 0
     for p in model.parameters():
         p.data = flat[offset : offset + p.numel()].view_as(p)

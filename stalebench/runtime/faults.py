@@ -109,6 +109,9 @@ class Shaped(Transport):
     def __init__(self, inner: Transport, profile: Profile, faults: Faults | None = None):
         self.inner, self.profile, self.faults = inner, profile, faults
 
+    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+        return self.inner.mailbox(src, dst, size, header)
+
     @property
     def slow_s(self) -> float:
         return self.faults.slow_s if self.faults is not None else 0.0

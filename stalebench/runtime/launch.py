@@ -13,8 +13,10 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -29,12 +31,14 @@ from stalebench.config import RunConfig
 from stalebench.errors import RunError
 from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
-from stalebench.runtime import nodes
+from stalebench.runtime import forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.signals import die_with_parent
-from stalebench.runtime.transport import Gloo
+from stalebench.runtime.transport import Gloo, SharedMemory, Transport
 
 log = logging.getLogger("stalebench")
+
+SHM = "/dev/shm"  # where same-host mailboxes live (Linux); elsewhere messages go over gloo
 
 
 @dataclasses.dataclass
@@ -42,14 +46,22 @@ class RankContext:
     """What the runtime gives one rank: where the run is written, and its transport."""
 
     run_dir: Path
-    transport: Gloo
+    transport: Transport
     world_size: int
 
 
-def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Store | None) -> int:
+def run_rank(
+    cfg: RunConfig,
+    engine,
+    rank: int,
+    world_size: int,
+    store: dist.Store | None,
+    shared: Path | None = None,
+) -> int:
     """One process's part in a run; returns its exit code. With `store` None the process
     group forms from torchrun's environment, each process taking the rank it plays
-    (`nodes.form_group`); rank 0 then tells the others the run dir."""
+    (`nodes.form_group`); rank 0 then tells the others the run dir. `shared`: a
+    shared-memory directory for same-host mailboxes (every rank on this machine)."""
     torch.set_num_threads(cfg.num_threads)
     if world_size != engine.world_size():
         raise RunError(
@@ -57,10 +69,10 @@ def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Sto
             f"needs for cluster.num_workers={cfg.cluster.num_workers}"
         )
     timeout = timedelta(seconds=cfg.timeout_s)
-    shared = None
+    node_store = None
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
         die_with_parent(os.getppid(), ignore_sigint=False)  # its node's agent: a lost node
-        rank, shared = nodes.form_group(timeout)
+        rank, node_store = nodes.form_group(timeout)
         run_dir_of_rank_0 = [cfg.run_dir]
         dist.broadcast_object_list(run_dir_of_rank_0, src=0)
         cfg.run_dir = run_dir_of_rank_0[0]
@@ -70,24 +82,27 @@ def run_rank(cfg: RunConfig, engine, rank: int, world_size: int, store: dist.Sto
         )
     run_dir = Path(cfg.run_dir)
     _setup_logging(run_dir, rank, "INFO")
-    given = f" (torchrun rank {os.environ['RANK']})" if shared is not None else ""
+    given = f" (torchrun rank {os.environ['RANK']})" if node_store is not None else ""
     log.info("rank %d of %d (pid %d): process group ready%s", rank, world_size, os.getpid(), given)
-    ctx = RankContext(run_dir, Gloo(cfg.timeout_s, engine.rank_name), world_size)
+    transport: Transport = Gloo(cfg.timeout_s, engine.rank_name)
+    if shared is not None:
+        transport = SharedMemory(transport, shared)
+    ctx = RankContext(run_dir, transport, world_size)
     job = Job.build(cfg, engine.num_workers, engine.one_stream)
     summary = None
     try:
         summary = engine.run_rank(job, rank, ctx)
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
-        if summary and shared is not None:
-            shared.set("summary", "written")  # for the other nodes: rank 0 ended the run
+        if summary and node_store is not None:
+            node_store.set("summary", "written")  # for the other nodes: rank 0 ended the run
     except WorkerDied as exc:
         log.warning("%s: %s", engine.rank_name(rank), exc)
         return FAULT_EXIT
     except Exception as exc:
         log.error("%s: %s\n%s", engine.rank_name(rank), exc, traceback.format_exc())
-        if shared is not None and rank > 0:
-            _summary_if_rank_0_is_gone(cfg, engine, shared, str(exc))
+        if node_store is not None and rank > 0:
+            _summary_if_rank_0_is_gone(cfg, engine, node_store, str(exc))
         return 1
     if summary and summary["status"] != "completed":
         return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
@@ -129,15 +144,28 @@ def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
 
 
 def _child(
-    setup: Callable[[], None], cfg: RunConfig, engine, rank: int, world: int, port: int, parent: int
+    setup: Callable[[], None],
+    cfg: RunConfig,
+    engine,
+    rank: int,
+    world: int,
+    port: int,
+    parent: int,
+    env: dict[str, str],
+    shared: Path | None,
 ) -> None:
-    die_with_parent(parent)  # the top process decides on SIGINT; its death is the rank's
+    # the top process decides on SIGINT; its death is the rank's (through the fork server,
+    # which ends with it: the rank's parent)
+    forkserver.detach()
+    die_with_parent(os.getppid() if _alive(parent) else -1)
+    os.environ.clear()
+    os.environ.update(env)
     setup()  # what the parent loaded before it (plugins): registries as the parent saw them
     if ipaddress.ip_address(cfg.listen_host).is_loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on loopback too
     timeout = timedelta(seconds=cfg.timeout_s)
     store = dist.TCPStore(cfg.listen_host, port, is_master=False, timeout=timeout)
-    code = run_rank(cfg, engine, rank, world, store)
+    code = run_rank(cfg, engine, rank, world, store, shared)
     logging.shutdown()
     os._exit(code)  # no interpreter teardown: gloo threads must not delay or hang the exit
 
@@ -155,11 +183,13 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
         # e.g. loky, in a job of Hydra's joblib launcher: a spawned rank would be told to
         # use a start method it cannot resolve
         mp.set_start_method("spawn", force=True)
-    ctx = mp.get_context("spawn")
+    ctx = forkserver.context()
+    env = dict(os.environ)  # as the parent sees it now, not as when the server started
+    shared = _shared_memory()
     procs = [
         ctx.Process(
             target=_child,
-            args=(setup, cfg, engine, r, world, store.port, os.getpid()),
+            args=(setup, cfg, engine, r, world, store.port, os.getpid(), env, shared),
             daemon=True,
             name=f"stalebench-rank-{r}",
         )
@@ -172,9 +202,34 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
         status, error = _supervise(cfg, engine, procs)
     finally:
         _stop(procs)
+        if shared is not None:
+            shutil.rmtree(shared, ignore_errors=True)
         if status is not None:
             stop(run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy)
     return read_summary(cfg, engine, error)
+
+
+def _shared_memory() -> Path | None:
+    """A fresh directory in shared memory for the run's mailboxes (None without one),
+    named after this process; those of processes gone (killed before they removed theirs)
+    are removed."""
+    if not Path(SHM).is_dir():
+        return None
+    for old in Path(SHM).glob("stalebench-*-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"stalebench-{os.getpid()}-", dir=SHM))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _store(cfg: RunConfig) -> dist.TCPStore:

@@ -17,7 +17,7 @@ from stalebench.runtime.transport import Transport
 
 class Receiver(threading.Thread):
     """Receives the messages of worker `worker` from rank `rank`: each one the buffers
-    `make()` returns, filled in order, put on `inbox` as (this receiver, buffers) — or
+    `make(rank)` returns, filled in order, put on `inbox` as (this receiver, buffers) — or
     (this receiver, the exception) when the peer is lost. It posts the next receive only
     once armed (after the server replied), so its timeout measures the worker's silence,
     not the server's."""
@@ -26,7 +26,7 @@ class Receiver(threading.Thread):
         self,
         transport: Transport,
         worker: int,
-        make: Callable[[], list[torch.Tensor]],
+        make: Callable[[int], list[torch.Tensor]],
         inbox: queue.Queue,
         rank: int,
     ):
@@ -51,7 +51,7 @@ class Receiver(threading.Thread):
             self.armed.clear()
             if self.closed:
                 return
-            bufs = self.make()
+            bufs = self.make(self.rank)
             try:  # the server judges silence itself (it knows whom it waits for): no
                 # gloo timeout here, which would also break the other workers' receives
                 for buf in bufs:
@@ -71,7 +71,7 @@ class Inbox:
         self,
         transport: Transport,
         num_workers: int,
-        make: Callable[[], list[torch.Tensor]],
+        make: Callable[[int], list[torch.Tensor]],
         now: Callable[[], float],
         timeout_s: float,
     ):

@@ -109,11 +109,20 @@ def diverged(loss: float, params: torch.Tensor | None = None) -> bool:
 
 
 def gradient(
-    model: torch.nn.Module, params: list[torch.Tensor], batch, device: torch.device
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    batch,
+    device: torch.device,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Flat CPU gradient of the mean `objective` on one minibatch (cross-entropy for labels,
-    ½·mean squared error for float targets), and the loss."""
+    ½·mean squared error for float targets), and the loss; written into `out` if given (a
+    message's payload: no copy of its own)."""
     x, y = batch
     loss = objective(model(x.to(device)), y.to(device))
-    grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.reshape(-1) for g in grads]).cpu(), loss.item()
+    grads = [g.reshape(-1) for g in torch.autograd.grad(loss, params)]
+    if out is None:
+        return torch.cat(grads).cpu(), loss.item()
+    if device.type == "cpu":
+        return torch.cat(grads, out=out), loss.item()
+    return out.copy_(torch.cat(grads)), loss.item()

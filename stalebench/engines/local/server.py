@@ -64,7 +64,7 @@ class Server:
         self.wire, d = wire_of(job, self.net), self.theta.numel()
         self.push_bytes = 4 * HEADER + self.wire.nbytes(d)
         self.pull_bytes = reply_bytes(d)
-        make = lambda: [torch.empty(HEADER), self.wire.encode(torch.zeros(d))]  # noqa: E731
+        make = lambda rank: [torch.empty(HEADER), self.wire.encode(torch.zeros(d))]  # noqa: E731
         self.inbox = Inbox(transport, self.m, make, self.now, self.cfg.timeout_s)
         self.out = torch.empty(REPLY + d)
         self.active = set(range(self.m))  # workers not yet told to stop

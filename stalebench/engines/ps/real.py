@@ -66,11 +66,13 @@ class Server:
             self.ps.resume(resume["state"]["ps"])
             self.started_at, self.bytes_before = resume["t"], resume["state"]["bytes_sent"]
         self.worker_state = False  # a worker keeps state a checkpoint cannot hold
-        self.size = HEADER + self.ps.params.numel()
-        make = lambda: [torch.empty(self.size)]  # noqa: E731
+        size, ranks = HEADER + self.ps.params.numel(), range(1, self.n + 1 + cfg.cluster.spares)
+        # a mailbox each way per rank: a push is read in place until the reply to it
+        self.pushes = {r: transport.mailbox(r, 0, size, HEADER) for r in ranks}
+        self.replies = {r: transport.mailbox(0, r, size, HEADER) for r in ranks}
+        make = lambda rank: [self.pushes[rank]]  # noqa: E731
         self.inbox = Inbox(transport, self.n, make, self.now, cfg.timeout_s)
         self.receivers = self.inbox.receivers
-        self.out = torch.empty(self.size)
         self.active = set(range(self.n))  # workers not yet sent STOP
         self.rank = list(range(1, self.n + 1))  # each worker's rank: a spare's once replaced
         self.spares = list(range(self.n + 1, self.n + 1 + cfg.cluster.spares))
@@ -143,14 +145,14 @@ class Server:
 
     def send(self, replies) -> None:
         for r in replies:
-            w = r.worker
+            w, out = r.worker, self.replies[self.rank[r.worker]]
             clock = self.ps.clocks[w]
-            _ints(self.out)[:3] = torch.tensor([PARAMS, r.version, clock], dtype=torch.int32)
-            self.out[3] = self.joined_at.get(w, self.started_at)
-            _ints(self.out)[4] = w
-            self.out[HEADER:] = r.params
+            _ints(out)[:3] = torch.tensor([PARAMS, r.version, clock], dtype=torch.int32)
+            out[3] = self.joined_at.get(w, self.started_at)
+            _ints(out)[4] = w
+            out[HEADER:] = r.params
             try:
-                self.transport.send(self.out, self.rank[w])
+                self.transport.send(out, self.rank[w])
             except RunError as exc:  # it died since its push: its receiver reports the loss
                 log.warning("server: %s", exc)
             self.receivers[w].arm(self.now())
@@ -178,11 +180,12 @@ class Server:
                 self.record.events.emit("worker", self.now(), worker=w, event="stop")
 
     def _stop_ranks(self, ranks: list[int]) -> bool:
-        _ints(self.out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
         stopped = True
         for rank in ranks:
+            out = self.replies[rank]
+            _ints(out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
             try:
-                self.transport.send(self.out, rank)
+                self.transport.send(out, rank)
             except Exception as exc:  # best effort on the failure path
                 log.warning("could not stop rank %d: %s", rank, exc)
                 stopped = False
@@ -201,10 +204,11 @@ def work(job: Job, rank: int, transport: Transport) -> None:
     transport = Shaped(transport, profile)
     device = job.device(rank - 1)
     model = job.model().to(device)
-    flat = flatten_parameters(model)
+    size = HEADER + sum(p.numel() for p in model.parameters())
+    inbox, out = transport.mailbox(0, rank, size, HEADER), transport.mailbox(rank, 0, size, HEADER)
+    in_place = device.type == "cpu"  # θ arrives in the model's own parameters
+    flat = flatten_parameters(model, inbox[HEADER:] if in_place else None)
     params = list(model.parameters())
-    size = HEADER + flat.numel()
-    inbox, out = torch.empty(size), torch.empty(size)
     batches = None if spare else job.batches(rank - 1)
     rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
     rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
@@ -229,9 +233,12 @@ def work(job: Job, rank: int, transport: Transport) -> None:
         now = started_at + received - t0
         paused = faults.strike(now, lambda at, s, w=worker: _pause(w, at, s)) - now
         start = time.perf_counter()
-        flat.copy_(inbox[HEADER:])
-        grad, loss_value = gradient(model, params, next(batches), device)
-        out[HEADER:] = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
+        if not in_place:
+            flat.copy_(inbox[HEADER:])
+        grad, loss_value = gradient(model, params, next(batches), device, out[HEADER:])
+        message = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
+        if message is not grad:
+            out[HEADER:] = message
         pad_to(start, profile.step_s(worker))  # the profile's slowness, beyond real compute
         compute = time.perf_counter() - start
         rtt = received - pushed_at if pushed_at is not None else 0.0

@@ -116,7 +116,9 @@ class ParameterServer:
         return self._release(now)
 
     def _apply_rounds(self, push: Push, record: dict[str, Any], now: float) -> None:
-        # Rounds complete in clock order: all workers pushing clock c+1 have pushed c.
+        # Rounds complete in clock order: all workers pushing clock c+1 have pushed c. A push
+        # is kept past the reply to its worker: its own copy (a runtime may reuse its buffer)
+        push = dataclasses.replace(push, grad=push.grad.clone())
         self.rounds.setdefault(push.clock, {})[push.worker] = (push, record)
         self._complete_rounds(now)
 
