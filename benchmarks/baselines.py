@@ -91,7 +91,8 @@ def ddp_rank(rank: int, world: int, port: int, out, overrides: list[str], steps:
     dist.barrier()
     if rank == 0:
         out.put(steps / (time.perf_counter() - start))
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # no teardown: gloo's threads can abort an exiting process
 
 
 def gloo_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], steps: int) -> None:
@@ -132,7 +133,8 @@ def gloo_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], st
             model.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()
             dist.send(parameters_to_vector(p.grad for p in params), 0)
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # no teardown: gloo's threads can abort an exiting process
 
 
 _SERVER: dict = {}
@@ -174,6 +176,7 @@ def rpc_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], ste
     if rank == 0:
         timed = sorted(_SERVER["times"])[(world - 1) * WARMUP :]
         out.put((len(timed) - 1) / (timed[-1] - timed[0]))
+    os._exit(0)
 
 
 def import_torch_s() -> float:

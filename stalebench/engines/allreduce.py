@@ -30,6 +30,7 @@ from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.ps import DataParallel
 from stalebench.errors import ConfigError
 from stalebench.job import Job
+from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, Shaped, WorkerDied, pad_to
 from stalebench.runtime.record import RunRecord, diverged, gradient, spent
 from stalebench.runtime.transport import Transport
@@ -114,6 +115,9 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
     params = parameters_to_vector(model.parameters()).detach().clone()
     rule = UPDATES.build(cfg.algorithm.update, params, n)
     net = job.model().to(device)
+    in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
+    if in_place:
+        flatten_parameters(net, params)
     net_params = list(net.parameters())
     d = params.numel()
     buf = torch.zeros(round_slots(d, n))
@@ -131,13 +135,13 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
             now = time.perf_counter() - t0
             paused = faults.strike(now, lambda at, s: time.sleep(s)) - now  # stalls the round
             start = time.perf_counter()
-            vector_to_parameters(params.to(device), net_params)
-            grad, loss = gradient(net, net_params, next(batches), device)
+            if not in_place:
+                vector_to_parameters(params.to(device), net_params)
+            _, loss = gradient(net, net_params, next(batches), device, out=buf[:d])
             target_s = profile.step_s(rank)
             pad_to(start, target_s)
             compute = time.perf_counter() - start
-            buf.zero_()
-            buf[:d] = grad
+            buf[d:].zero_()
             buf[d + 3 * rank : d + 3 * rank + 3] = torch.tensor([compute, loss, paused])
             buf[-1] = float(stop)
             # the modelled network is part of the all-reduce's time (comm_s), as in the sim
@@ -153,8 +157,8 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
                 t = time.perf_counter() - t0
                 stats = buf[d:-1].view(n, 3)
                 report_round(record.events.emit, t, version, stats, reduce_s, compute)
-                record.snapshots.maybe(t, version, params)
-                if diverged(float(stats[:, 1].sum()), params):
+                snapped = record.snapshots.maybe(t, version, params)  # θ is checked then
+                if diverged(float(stats[:, 1].sum()), params if snapped else None):
                     status, stop = "diverged", True
                 stop = stop or spent(cfg.budget, version, t)
     except WorkerDied:

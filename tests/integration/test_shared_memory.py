@@ -41,7 +41,7 @@ def _rank(rank: int, port: int, directory: str, out: str) -> None:
         t.recv(plain, 0)
         assert torch.equal(plain, torch.full((SIZE,), 7.0))
     dist.barrier()
-    dist.destroy_process_group()
+    os._exit(0)  # no teardown: gloo's threads can abort an exiting process
 
 
 @pytest.mark.timeout(120)
