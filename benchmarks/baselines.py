@@ -110,12 +110,13 @@ def gloo_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], st
             grad = torch.empty_like(theta)
             with lock:
                 dist.send(theta, w)
-            for _ in range(WARMUP + steps):
+            for k in range(WARMUP + steps):
                 dist.recv(grad, w)
                 with lock:
                     theta.add_(grad, alpha=-lr)
                     times.append(time.perf_counter())
-                    dist.send(theta, w)
+                    if k < WARMUP + steps - 1:  # the worker reads no θ after its last push
+                        dist.send(theta, w)
 
         threads = [threading.Thread(target=serve, args=(w,)) for w in range(1, world)]
         for t in threads:

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from stalebench.algorithms.base import UPDATES
@@ -45,8 +46,13 @@ def message_bytes(num_params: int) -> int:
     return 4 * (HEADER + num_params)
 
 
-def _ints(buf: torch.Tensor) -> torch.Tensor:
-    return buf[:HEADER].view(torch.int32)
+class Header:
+    """A message's header slots as numpy views of its (CPU) buffer: float slots `f`, int
+    slots `i`; each slot read or written without a torch operation."""
+
+    def __init__(self, buf: torch.Tensor):
+        self.f = buf[:HEADER].numpy()
+        self.i = self.f.view(np.int32)
 
 
 class Server:
@@ -122,22 +128,22 @@ class Server:
         if item is None:
             return None
         w, (buf,) = item
-        ints = _ints(buf)
-        if int(ints[0]) != PUSH:
-            raise RunError(f"worker {w} sent message kind {int(ints[0])}, expected a push")
-        self.worker_state |= bool(buf[7])
-        if float(buf[6]) > 0:
+        h = Header(buf)
+        if int(h.i[0]) != PUSH:
+            raise RunError(f"worker {w} sent message kind {int(h.i[0])}, expected a push")
+        self.worker_state |= bool(h.f[7])
+        if h.f[6] > 0:
             self.record.events.emit(
-                "worker", self.now(), worker=w, event="pause", duration_s=float(buf[6])
+                "worker", self.now(), worker=w, event="pause", duration_s=float(h.f[6])
             )
         return Push(
             worker=w,
-            clock=int(ints[1]),
-            version_read=int(ints[2]),
+            clock=int(h.i[1]),
+            version_read=int(h.i[2]),
             grad=buf[HEADER:],
-            loss=float(buf[3]),
-            compute_s=float(buf[4]),
-            rtt_s=float(buf[5]),
+            loss=float(h.f[3]),
+            compute_s=float(h.f[4]),
+            rtt_s=float(h.f[5]),
         )
 
     def _next(self, max_wall_s: float):
@@ -146,10 +152,10 @@ class Server:
     def send(self, replies) -> None:
         for r in replies:
             w, out = r.worker, self.replies[self.rank[r.worker]]
-            clock = self.ps.clocks[w]
-            _ints(out)[:3] = torch.tensor([PARAMS, r.version, clock], dtype=torch.int32)
-            out[3] = self.joined_at.get(w, self.started_at)
-            _ints(out)[4] = w
+            h = Header(out)
+            h.i[:3] = PARAMS, r.version, self.ps.clocks[w]
+            h.f[3] = self.joined_at.get(w, self.started_at)
+            h.i[4] = w
             out[HEADER:] = r.params
             try:
                 self.transport.send(out, self.rank[w])
@@ -183,7 +189,7 @@ class Server:
         stopped = True
         for rank in ranks:
             out = self.replies[rank]
-            _ints(out)[:3] = torch.tensor([STOP, self.ps.version, 0], dtype=torch.int32)
+            Header(out).i[:3] = STOP, self.ps.version, 0
             try:
                 self.transport.send(out, rank)
             except Exception as exc:  # best effort on the failure path
@@ -206,6 +212,7 @@ def work(job: Job, rank: int, transport: Transport) -> None:
     model = job.model().to(device)
     size = HEADER + sum(p.numel() for p in model.parameters())
     inbox, out = transport.mailbox(0, rank, size, HEADER), transport.mailbox(rank, 0, size, HEADER)
+    head, sent = Header(inbox), Header(out)
     in_place = device.type == "cpu"  # θ arrives in the model's own parameters
     flat = flatten_parameters(model, inbox[HEADER:] if in_place else None)
     params = list(model.parameters())
@@ -219,12 +226,12 @@ def work(job: Job, rank: int, transport: Transport) -> None:
     while True:
         transport.recv(inbox, 0, SPARE_WAIT if spare and t0 is None else None)
         received = time.perf_counter()
-        kind, version = int(_ints(inbox)[0]), int(_ints(inbox)[1])
+        kind, version = int(head.i[0]), int(head.i[1])
         if kind == STOP:
             return
         if t0 is None:  # the first reply: who it is, its clock, the run time it starts at
-            t0, clock, started_at = received, int(_ints(inbox)[2]), float(inbox[3])
-            worker = int(_ints(inbox)[4])
+            t0, clock, started_at = received, int(head.i[2]), float(head.f[3])
+            worker = int(head.i[4])
             batches = batches or job.batches(worker)
             # (0 and 0 unless resumed or replaced: a spare starts where the lost worker was)
             faults = Faults(profile, worker, started_at, clock, replaced=spare)
@@ -242,8 +249,8 @@ def work(job: Job, rank: int, transport: Transport) -> None:
         pad_to(start, profile.step_s(worker))  # the profile's slowness, beyond real compute
         compute = time.perf_counter() - start
         rtt = received - pushed_at if pushed_at is not None else 0.0
-        _ints(out)[:3] = torch.tensor([PUSH, clock, version], dtype=torch.int32)
-        out[3:8] = torch.tensor([loss_value, compute, rtt, paused, float(bool(rule_state))])
+        sent.i[:3] = PUSH, clock, version
+        sent.f[3:8] = loss_value, compute, rtt, paused, float(bool(rule_state))
         pushed_at = time.perf_counter()
         transport.send(out, 0)
         clock += 1
