@@ -8,7 +8,6 @@ returns steps (or updates) per second over its timed steps, after a warm-up.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.job import Job
-from tests.conftest import compose
+from tests.conftest import compose, free_port
 
 WARMUP = 10
 
@@ -44,17 +43,11 @@ def plain_loop(overrides: list[str], steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(target, world: int, *args) -> float:
     """Run `target(rank, world, port, out, *args)` in `world` processes; rank 0's figure."""
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, out, *args)) for r in range(world)]
     for p in procs:
         p.start()

@@ -15,7 +15,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -23,9 +22,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.baselines import plain_loop  # noqa: E402
 from stalebench import experiment  # noqa: E402
-from stalebench.data import shard_batches  # noqa: E402
-from stalebench.job import Job  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 MODEL = [
@@ -42,24 +40,9 @@ REPEATS = 5
 
 
 def bare_loop(steps: int) -> float:
-    """Steps/s of the plainest training loop: forward, backward, SGD step, one process."""
-    torch.set_num_threads(1)
-    job = Job.build(compose([*MODEL, "cluster.num_workers=1"]))
-    model = job.model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    batches = shard_batches(job.splits, 0, 1, 32, 0)
-    for _ in range(50):  # warm-up
-        x, y = next(batches)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        x, y = next(batches)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return steps / (time.perf_counter() - start)
+    """Steps/s of the plainest training loop on the simulator's model: forward, backward,
+    SGD step, one process."""
+    return plain_loop(MODEL, steps)
 
 
 def sim(workers: int, updates: int) -> dict:

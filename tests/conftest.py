@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import NamedTuple
 
@@ -160,3 +161,10 @@ def assert_valid_and_learning(events: list[dict]) -> None:
         key=lambda e: e["version"],
     )
     assert train[-1]["loss"] < train[0]["loss"], (train[0], train[-1])
+
+
+def free_port() -> int:
+    """A port free on loopback now (an ephemeral one, for a process group a test forms)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -180,7 +180,7 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
     world = engine.world_size()
     store = _store(cfg)
     if mp.get_start_method(allow_none=True) not in (None, "fork", "spawn", "forkserver"):
-        # e.g. loky, in a job of Hydra's joblib launcher: a spawned rank would be told to
+        # e.g. loky, in a job of Hydra's joblib launcher: the fork server would be told to
         # use a start method it cannot resolve
         mp.set_start_method("spawn", force=True)
     ctx = forkserver.context()

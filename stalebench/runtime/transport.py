@@ -175,25 +175,27 @@ class SharedMemory(Transport):
         self.paths[(box.data_ptr(), size)] = path
         return box
 
-    def _header(self, buf: torch.Tensor) -> int | None:
-        return self.headers.get((buf.data_ptr(), buf.numel()))
+    def _wire(self, buf: torch.Tensor) -> torch.Tensor:
+        """What of `buf` crosses gloo: a mailbox's header, or all of any other buffer."""
+        header = self.headers.get((buf.data_ptr(), buf.numel()))
+        return buf if header is None else buf[:header]
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
-        header = self._header(buf)
-        if header is None:
-            return self.inner.send(buf, dst)
-        self.inner.send(buf[:header], dst)
-        self.in_place += 4 * (buf.numel() - header)
+        wire = self._wire(buf)
+        self.inner.send(wire, dst)
+        self.in_place += (buf.numel() - wire.numel()) * buf.element_size()
+
+    def isend(self, buf: torch.Tensor, dst: int):
+        wire = self._wire(buf)
+        work = self.inner.isend(wire, dst)
+        self.in_place += (buf.numel() - wire.numel()) * buf.element_size()
+        return work
 
     def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
-        header = self._header(buf)
-        self.inner.recv(buf if header is None else buf[:header], src, timeout)
+        self.inner.recv(self._wire(buf), src, timeout)
         path = self.paths.pop((buf.data_ptr(), buf.numel()), None)
         if path is not None:  # both ranks have it mapped now: nothing is left if killed
             path.unlink(missing_ok=True)
-
-    def isend(self, buf: torch.Tensor, dst: int):
-        return self.inner.isend(buf, dst)
 
     def wait(self, work, dst: int) -> None:
         self.inner.wait(work, dst)

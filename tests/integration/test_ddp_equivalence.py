@@ -7,7 +7,6 @@ gradient would differ in the last bits at least."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from tests.conftest import compose, fast_with, run_job
+from tests.conftest import compose, fast_with, free_port, run_job
 
 STEPS = 50
 ARGS = ["algorithm=bsp", "cluster.num_workers=2", f"budget.max_updates={STEPS}"]
@@ -43,9 +42,7 @@ def _ddp(rank: int, port: int, overrides: list[str], out: str) -> None:
 
 
 def ddp_params(tmp_path) -> torch.Tensor:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = str(tmp_path / "ddp.pt")
     mp.start_processes(_ddp, args=(port, fast_with(ARGS), out), nprocs=2, start_method="spawn")
     return torch.load(out)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import run_job
+from tests.conftest import free_port, run_job
 
 
 @pytest.mark.timeout(120)
@@ -65,12 +64,6 @@ def test_the_cli_refuses_a_missing_trace_file_in_one_line(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_torchrun_rank0_failing_before_its_summary_is_reported(tmp_path):
     """Under torchrun (RANK, WORLD_SIZE in the environment) the CLI itself is rank 0: when
@@ -82,7 +75,7 @@ def test_torchrun_rank0_failing_before_its_summary_is_reported(tmp_path):
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }
     run_dir = tmp_path / "run"
     out = subprocess.run(

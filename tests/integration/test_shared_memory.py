@@ -4,7 +4,6 @@ memory; and the launcher's shared-memory directory, gone after a run."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch.multiprocessing as mp
 
 from stalebench.runtime import launch
 from stalebench.runtime.transport import Gloo, SharedMemory
-from tests.conftest import run_job
+from tests.conftest import free_port, run_job
 
 HEADER, SIZE = 4, 1000
 
@@ -48,9 +47,7 @@ def _rank(rank: int, port: int, directory: str, out: str) -> None:
 def test_a_mailbox_carries_the_payload_in_shared_memory_and_counts_it_as_sent(tmp_path):
     directory = tmp_path / "shm"
     directory.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "bytes.pt"
     mp.start_processes(_rank, args=(port, str(directory), str(out)), nprocs=2,
                        start_method="spawn")  # fmt: skip

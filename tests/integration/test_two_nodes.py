@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,13 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
+from tests.conftest import free_port
 from tests.integration.test_cli import FAST, _alive, _pids
 
 pytestmark = pytest.mark.slow
 
 ARGS = ["algorithm=ssp", "cluster.num_workers=3", *FAST[:-1], "budget.max_wall_s=60"]
 ARGS += ["timeout_s=5", "logger=none"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node(tmp_path: Path, name: str, owner: bool, port: int, run_dir: Path) -> subprocess.Popen:
