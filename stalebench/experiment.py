@@ -56,7 +56,8 @@ def prepare(cfg: RunConfig) -> Engine:
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process
     if cfg.runtime == "real" and not nodes.under_torchrun():
-        forkserver.start()  # its imports overlap the checks below (the data, the model)
+        # its imports overlap the checks below (the data, the model)
+        forkserver.start([type(engine).__module__])
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = dataset.load()

@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+from collections.abc import Sequence
 from multiprocessing import forkserver
 
-# what every rank imports, once, in the fork server
-PRELOAD = ["torch", "torch.distributed", "stalebench.runtime.launch", "stalebench.engines"]
+# what every rank imports, once, in the fork server (the caller adds its engine's module)
+PRELOAD = ["torch", "torch.distributed", "stalebench.runtime.launch"]
 
 
-def context():
-    """The multiprocessing context that forks ranks from the server (started if need be)."""
+def context(preload: Sequence[str] = ()):
+    """The multiprocessing context that forks ranks from the server (started if need be,
+    importing PRELOAD and `preload` first)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, *preload])
     return ctx
 
 
@@ -34,7 +36,7 @@ def detach() -> None:
         forkserver._forkserver._forkserver_alive_fd = None
 
 
-def start() -> None:
+def start(preload: Sequence[str] = ()) -> None:
     """Start the server now, without waiting for its imports."""
-    context()
+    context(preload)
     forkserver.ensure_running()
