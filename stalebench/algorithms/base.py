@@ -108,6 +108,10 @@ class UpdateRule:
     # True when the rule keeps per-worker state (momentum, read parameters): it cannot take
     # a round's averaged gradient (`apply=per_round`), which belongs to no single worker.
     per_worker: ClassVar[bool] = False
+    # True when a step on θ[a:b] reads and writes only [a:b] of θ, of the gradient and of
+    # the tensors `part_state` names: a round's update can then be applied piece by piece
+    # (`apply_part`; engine=allreduce's P3 schedule applies each slice as it arrives)
+    elementwise: ClassVar[bool] = False
 
     def __init__(self, cfg: UpdateConfig, params: torch.Tensor, num_workers: int):
         self.cfg = cfg
@@ -129,6 +133,30 @@ class UpdateRule:
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         raise NotImplementedError
+
+    def part_state(self) -> dict[str, torch.Tensor]:
+        """An element-wise rule's state with θ's shape, by attribute name."""
+        return {}
+
+    def apply_part(self, params: torch.Tensor, grad: torch.Tensor, lo: int, hi: int) -> None:
+        """Apply a round's mean gradient (worker −1, lag 0) to θ[lo:hi] alone, at the
+        round's learning rate; it is not counted: once every part of the round is applied,
+        `count()`. Element for element the same as `step` on the whole (an element-wise
+        rule: `elementwise`)."""
+        if not self.elementwise:
+            raise TypeError(f"{type(self).__name__} is not element-wise")
+        state = self.part_state()
+        try:
+            for name, tensor in state.items():
+                setattr(self, name, tensor[lo:hi])
+            self.apply(params[lo:hi], grad[lo:hi], -1, 0)
+        finally:
+            for name, tensor in state.items():
+                setattr(self, name, tensor)
+
+    def count(self) -> None:
+        """One more update applied (by its parts)."""
+        self.updates += 1
 
     def params_for(self, params: torch.Tensor, worker: int) -> torch.Tensor:
         """The parameters sent to `worker` for its next gradient (default: θ itself). Called

@@ -38,6 +38,8 @@ class MultiMomentum(SGD):
     θ ← θ − ηv_i (the DANA paper's baseline, docs/algorithms.md §3.2; DANA-Zero without its
     look-ahead)."""
 
+    elementwise = False  # state beyond θ's shape (per worker, or a read θ)
+
     per_worker = True
 
     def __init__(self, cfg: MultiMomentumConfig, params: torch.Tensor, num_workers: int):
@@ -168,6 +170,8 @@ class Dana(SGD):
     slim keeps no per-worker server state, but `per_worker` is a class attribute and stays
     True: its messages belong to one worker's momentum, so a round's average of them is not
     DANA either."""
+
+    elementwise = False  # state beyond θ's shape (per worker, or a read θ)
 
     per_worker = True
     keeps_sent = False  # a subclass that measures against each look-ahead sent sets True

@@ -38,6 +38,8 @@ class PenalisedStep(SGD):
     subclass has already penalised; the arithmetic is Momentum's, op for op, so a penalty of
     exactly 1 reproduces SGD / Momentum bit for bit (docs/algorithms.md §12)."""
 
+    elementwise = False  # a penalty may read more than the element (a norm, a worker's θ̂)
+
     def __init__(self, cfg: MomentumConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
         self.buf = params.new_zeros(params.shape) if cfg.momentum else None
@@ -194,6 +196,8 @@ class DCASGD(SGD):
     (the 1e-7 is ours; the paper divides by √MeanSquare). The correction uses the raw
     gradient; weight decay is added after it, at the master θ. θ̂_i is a copy of what
     `params_for` last sent worker i (θ₀ until then)."""
+
+    elementwise = False  # state beyond θ's shape (per worker, or a read θ)
 
     per_worker = True
 

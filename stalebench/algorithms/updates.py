@@ -22,6 +22,8 @@ class SGDConfig(UpdateConfig):
 class SGD(UpdateRule):
     """θ ← θ − η (g + wd·θ), whatever the gradient's lag (ASGD, docs/algorithms.md §3.1)."""
 
+    elementwise = True
+
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         params.add_(self.direction(params, grad), alpha=-self.lr)
 
@@ -54,6 +56,9 @@ class Momentum(SGD):
     def __init__(self, cfg: MomentumConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
         self.buf = params.new_zeros(params.shape)
+
+    def part_state(self) -> dict[str, torch.Tensor]:
+        return {"buf": self.buf}
 
     def apply(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         g = self.direction(params, grad)

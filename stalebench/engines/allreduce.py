@@ -11,6 +11,10 @@ of that whole message per round), its faults and step times by the compute step.
 Simulator: the parameter server's loop with a synchronous barrier, its communication
 charged as one ring all-reduce per round (`RingAllReduce`), its events reported as this
 engine reports them (`RoundReport`).
+
+`engine.bucket_mb > 0` sends the round in pieces that overlap backward, and with
+`engine.schedule=p3` the next forward pass too (stalebench.engines.overlap); the simulator
+models the buckets (`BucketedRing`), not P3.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
+from stalebench.engines.overlap import Layout
 from stalebench.engines.ps import DataParallel
 from stalebench.errors import ConfigError
 from stalebench.job import Job
@@ -80,12 +85,54 @@ def ring_volume(nbytes: int, num_workers: int) -> int:
     return 2 * (num_workers - 1) * nbytes
 
 
-@ENGINES.register("allreduce", EngineConfig)
+SCHEDULES = ("fifo", "p3")
+
+
+@dataclasses.dataclass
+class AllReduceConfig(EngineConfig):
+    # 0: a round is one all-reduce once backward is done; > 0: pieces of about this many MB
+    # all-reduced while backward makes the rest (fifo: buckets of whole tensors, as DDP's
+    # bucket_cap_mb; p3: every tensor cut into slices of at most this size)
+    bucket_mb: float = 0.0
+    # fifo: the pieces go as backward makes them, the update once all are in; p3: the made
+    # piece nearest the input goes first, and each layer's pieces are applied just before
+    # the next forward pass reaches it (needs an element-wise algorithm.update)
+    schedule: str = "fifo"
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb < 0:
+            raise ConfigError(f"engine.bucket_mb must be >= 0, got {self.bucket_mb}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(
+                f"engine.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if self.schedule == "p3" and not self.bucket_mb:
+            raise ConfigError(
+                "engine.schedule=p3 sends θ in slices of engine.bucket_mb: set it > 0 "
+                "(P3's slices are a few hundred kB)"
+            )
+
+
+@ENGINES.register("allreduce", AllReduceConfig)
 class AllReduceEngine(DataParallel):
     """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
 
     def validate(self, splits) -> None:
         super().validate(splits)
+        if self.cfg.schedule == "p3":
+            if self.run.runtime == "sim":
+                raise ConfigError(
+                    "engine.schedule=p3 runs in runtime=real only: the simulator models "
+                    "engine.schedule=fifo's buckets, not a forward pass waiting for each layer"
+                )
+            update = self.run.algorithm.update.name
+            if not UPDATES.get(update)[0].elementwise:
+                elementwise = [u for u in UPDATES.names() if UPDATES.get(u)[0].elementwise]
+                raise ConfigError(
+                    f"engine.schedule=p3 applies each slice as it arrives, which needs an "
+                    f"element-wise rule: algorithm.update={update} is not (use one of "
+                    f"{', '.join(elementwise)})"
+                )
         barrier = self.run.algorithm.barrier.name
         if not BARRIERS.get(barrier)[0].synchronous:
             sync = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].synchronous]
@@ -100,12 +147,19 @@ class AllReduceEngine(DataParallel):
             )
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        if self.cfg.bucket_mb:
+            from stalebench.engines.overlap import overlapped
+
+            return overlapped(job, rank, ctx.run_dir, ctx.transport)
         return replica(job, rank, ctx.run_dir, ctx.transport)
 
     def simulate(self, job, run_dir) -> dict[str, Any]:
         from stalebench.engines.ps.sim import simulate
 
-        return simulate(job, run_dir, RingAllReduce.build)
+        if not self.cfg.bucket_mb:
+            return simulate(job, run_dir, RingAllReduce.build)
+        sizes = [p.numel() for p in job.model().parameters()]
+        return simulate(job, run_dir, lambda prof, _: BucketedRing.build(prof, sizes, self.cfg))
 
 
 def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
@@ -146,7 +200,7 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
             buf[-1] = float(stop)
             # the modelled network is part of the all-reduce's time (comm_s), as in the sim
             reduce_start = time.perf_counter()
-            network.all_reduce(buf)
+            network.all_reduce_start(buf).wait()  # its time: the profile's, or gloo's if longer
             reduce_s = time.perf_counter() - reduce_start
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
                 break
@@ -197,7 +251,7 @@ class RingAllReduce:
         nbytes = round_bytes(num_params, n)  # the real engine's message, tail included
         return cls(profile.allreduce_s(nbytes), ring_volume(nbytes, n), n, profile, nbytes)
 
-    def push_s(self, slow_s: float = 0.0) -> float:
+    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
         """A worker whose sends are slowed enters the ring later by what its slowness adds to
         the round, so the round ends that much later (the real engine: it sleeps longer
         before the all-reduce, which waits for it)."""
@@ -210,7 +264,47 @@ class RingAllReduce:
         return updates * self.volume
 
     def reporting(self, emit: Emit) -> Emit:
-        return RoundReport(emit, self.num_workers, self.round_s)
+        return RoundReport(emit, self.num_workers, lambda slowest: self.round_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketedRing:
+    """engine.bucket_mb > 0 (schedule=fifo) in the simulator: the buckets' ring all-reduces
+    run one after another, each once the previous is done and the slowest worker's backward
+    has made it (`Pace`'s model, `Layout.ready_at`); the round ends when the last is in.
+
+    As a push delay that depends on the step time c: the round ends at e(c), the last
+    bucket's end, so a worker's push takes e(c) − c; e grows with c, so under a full barrier
+    the round ends at max_w e(c_w) = e(max c), as the real engine's."""
+
+    layout: Layout
+    order: tuple[int, ...]
+    ready: tuple[float, ...]  # in steps
+    profile: Profile
+    num_workers: int
+
+    @classmethod
+    def build(cls, profile: Profile, sizes: list[int], cfg: AllReduceConfig) -> BucketedRing:
+        n = profile.cfg.num_workers
+        layout = Layout.build(sizes, n, max(1, int(cfg.bucket_mb * 2**20 / 4)), p3=False)
+        order = layout.order(profile, 1.0, p3=False)
+        return cls(layout, tuple(order), tuple(layout.ready_at()), profile, n)
+
+    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
+        end = 0.0
+        for k in self.order:
+            lo, hi = self.layout.pieces[k]
+            end = max(end, self.ready[k] * step_s) + self.profile.allreduce_s(4 * (hi - lo), slow_s)
+        return end - step_s
+
+    def pull_s(self) -> float:
+        return 0.0
+
+    def bytes_sent(self, updates: int) -> int:
+        return updates * ring_volume(4 * self.layout.size, self.num_workers)
+
+    def reporting(self, emit: Emit) -> Emit:
+        return RoundReport(emit, self.num_workers, lambda slowest: self.push_s(0.0, slowest))
 
 
 class RoundReport:
@@ -219,8 +313,8 @@ class RoundReport:
     this round, not of the previous one as a server reports it) and comm_s = the all-reduce.
     """
 
-    def __init__(self, emit: Emit, num_workers: int, comm_s: float):
-        self.emit, self.num_workers, self.comm_s = emit, num_workers, comm_s
+    def __init__(self, emit: Emit, num_workers: int, comm_s: Callable[[float], float]):
+        self.emit, self.num_workers, self.comm_s = emit, num_workers, comm_s  # of the slowest
         self.round: list[tuple[float, dict[str, Any]]] = []
 
     def __call__(self, kind: str, t: float, **fields: Any) -> None:
@@ -233,6 +327,8 @@ class RoundReport:
         slowest = max(f["compute_s"] for _, f in self.round)
         for at, f in self.round:
             self.emit(
-                "update", at, **{**f, "wait_s": slowest - f["compute_s"], "comm_s": self.comm_s}
+                "update",
+                at,
+                **{**f, "wait_s": slowest - f["compute_s"], "comm_s": self.comm_s(slowest)},
             )
         self.round.clear()

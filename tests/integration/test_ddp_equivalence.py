@@ -1,8 +1,9 @@
 """The real runtime's numerics against PyTorch's own synchronous data parallelism: from the
 same θ₀ and the same per-rank data order, 50 steps of allreduce-BSP and of PS-BSP end with
 parameters bit-identical to `DistributedDataParallel` over gloo with `torch.optim.SGD`
-(2 processes, CPU). A harness that reordered a sum, dropped a batch or applied a stale
-gradient would differ in the last bits at least."""
+(2 processes, CPU); so do allreduce-BSP's overlapped rounds, in DDP-like buckets and in
+P3's slices applied layer by layer. A harness that reordered a sum, dropped a batch or
+applied a stale gradient would differ in the last bits at least."""
 
 from __future__ import annotations
 
@@ -57,7 +58,14 @@ def final_params(run) -> torch.Tensor:
 @pytest.mark.timeout(240)
 def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path):
     reference = ddp_params(tmp_path)
-    for engine in ("allreduce", "ps"):
-        ours = final_params(run_job(tmp_path / engine, [*ARGS, f"engine={engine}"]))
+    fifo = ["engine=allreduce", "engine.bucket_mb=0.0005"]  # 131 floats: 2 buckets, 8 slices
+    runs = {
+        "allreduce": ["engine=allreduce"],
+        "ps": ["engine=ps"],
+        "buckets": fifo,
+        "p3": [*fifo, "engine.schedule=p3"],
+    }
+    for name, args in runs.items():
+        ours = final_params(run_job(tmp_path / name, [*ARGS, *args]))
         assert ours.shape == reference.shape
-        assert torch.equal(ours, reference), (engine, (ours - reference).abs().max())
+        assert torch.equal(ours, reference), (name, (ours - reference).abs().max())

@@ -345,6 +345,38 @@ CASES = [
         "algorithm.inner, algorithm.outer): choose a preset made for engine=ps, or another "
         "engine",
     ),
+    (["engine=allreduce", "engine.bucket_mb=-1"], "engine.bucket_mb must be >= 0, got -1.0"),
+    (
+        ["engine=allreduce", "engine.schedule=lifo"],
+        "engine.schedule must be one of fifo, p3, got 'lifo'",
+    ),
+    (
+        ["engine=allreduce", "algorithm=bsp", "engine.schedule=p3"],
+        "engine.schedule=p3 sends θ in slices of engine.bucket_mb: set it > 0 (P3's slices "
+        "are a few hundred kB)",
+    ),
+    (
+        [
+            "engine=allreduce",
+            "algorithm=bsp",
+            "engine.bucket_mb=1",
+            "engine.schedule=p3",
+            "runtime=sim",
+        ],
+        "engine.schedule=p3 runs in runtime=real only: the simulator models "
+        "engine.schedule=fifo's buckets, not a forward pass waiting for each layer",
+    ),
+    (
+        [
+            "engine=allreduce",
+            "algorithm=bsp",
+            "algorithm/update=staleness_aware",
+            "engine.bucket_mb=1",
+            "engine.schedule=p3",
+        ],
+        "engine.schedule=p3 applies each slice as it arrives, which needs an element-wise "
+        "rule: algorithm.update=staleness_aware is not (use one of momentum, sgd)",
+    ),
     (
         ["algorithm=local_sgd", "dataset.sharding=disjoint", "dataset.batch_size=1500"],
         "dataset.batch_size=1500 exceeds a worker's shard of 1000 samples (4000 training samples "

@@ -40,9 +40,10 @@ Emit = Callable[..., Any]
 class Network(Protocol):
     """What the sim charges for communication, in virtual seconds."""
 
-    def push_s(self, slow_s: float = 0.0) -> float:
+    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
         """From a worker's end of compute to its gradient reaching the update, when a slow
-        fault adds `slow_s` to each message the worker sends."""
+        fault adds `slow_s` to each message the worker sends and its step took `step_s`
+        (communication that overlaps the step ends sooner after it)."""
 
     def pull_s(self) -> float:
         """From an update releasing a worker to the parameters reaching it."""
@@ -66,7 +67,7 @@ class PointToPoint:
     def build(cls, profile: Profile, num_params: int) -> PointToPoint:
         return cls(profile, message_bytes(num_params))
 
-    def push_s(self, slow_s: float = 0.0) -> float:
+    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
         return self.profile.push_s(self.nbytes, slow_s)
 
     def pull_s(self) -> float:
@@ -136,7 +137,7 @@ class SimPort:
                 self.queue.push(wk.received_at, died)
                 continue
             wk.step_s = self.profile.step_s(r.worker)
-            wk.push_s = self.net.push_s(wk.faults.slow_s)
+            wk.push_s = self.net.push_s(wk.faults.slow_s, wk.step_s)
             self.queue.push(start + wk.step_s + wk.push_s, r.worker)
 
     def forget(self, worker: int) -> None:

@@ -1,0 +1,120 @@
+"""Communication that overlaps computation, for an engine that all-reduces a round's
+gradient in pieces while backward is still making the rest (DDP's buckets, P3's slices).
+
+`Link` starts the pieces' all-reduces asynchronously (gloo runs them on its own threads,
+without the interpreter lock) in one order fixed at start-up: every rank must issue the same
+collectives in the same order. The emulated network is a clock: a process group carries one
+collective at a time, so a piece's ring all-reduce (`Profile.allreduce_s`) starts once it is
+issued and the previous piece is through, and `wait` returns no sooner than it ends (nor
+before the real all-reduce is done). `LinkClock` is that arithmetic alone, for a reference
+that issues its own collectives (DDP).
+
+`Pace` spreads the profile's step time over the step, so that what overlaps with
+communication is the modelled computation, not a sleep after it: each module with
+parameters lasts at least its share of the forward pass (⅓ of the step), each parameter's
+gradient comes at least its share of the backward pass (⅔) after the one before; a share is
+the fraction of the parameters (the FLOPs of a linear layer; an approximation for others).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from stalebench.cluster import Profile
+from stalebench.runtime.faults import Shaped, pad_to
+from stalebench.runtime.transport import Pending
+
+FORWARD = 1 / 3  # the forward pass's share of a step; backward takes the rest
+
+
+class LinkClock:
+    """When each collective issued on one process group ends in the emulated network."""
+
+    def __init__(self, profile: Profile):
+        self.profile, self.free_at = profile, 0.0
+
+    def issue(self, nbytes: int, slow_s: float = 0.0) -> float:
+        """A ring all-reduce of `nbytes` issued now: when it ends (perf_counter seconds)."""
+        start = max(self.free_at, time.perf_counter())
+        self.free_at = start + self.profile.allreduce_s(nbytes, slow_s)
+        return self.free_at
+
+
+class Link:
+    """The all-reduces of a round's pieces `bufs`, issued in `order`: `post(i, r)` says piece
+    i of round r is written (it is issued once every piece before it in the order is),
+    `wait(i)` returns once its sum is in, in the emulated network too."""
+
+    def __init__(self, network: Shaped, bufs: Sequence[torch.Tensor], order: Sequence[int]):
+        self.network, self.bufs, self.order = network, list(bufs), list(order)
+        self.clock = LinkClock(network.profile)
+        self.made = [0] * len(bufs)  # the last round each piece was written for
+        self.next = 0  # the position in `order` of the next piece to issue
+        self.pending: list[Pending | None] = [None] * len(bufs)
+        self.ends = [0.0] * len(bufs)
+
+    def post(self, piece: int, round_: int) -> None:
+        self.made[piece] = round_
+        while self.next < len(self.order) and self.made[self.order[self.next]] == round_:
+            k = self.order[self.next]
+            self.ends[k] = self.clock.issue(4 * self.bufs[k].numel(), self.network.slow_s)
+            self.pending[k] = self.network.inner.all_reduce_start(self.bufs[k])
+            self.next += 1
+        if self.next == len(self.order):
+            self.next = 0
+
+    def wait(self, piece: int) -> None:
+        pending = self.pending[piece]
+        if pending is not None:
+            self.pending[piece] = None
+            pending.wait()
+            pad_to(0.0, self.ends[piece])
+
+    def close(self) -> None:
+        """Wait for what is still under way (every rank issued it)."""
+        for piece in range(len(self.bufs)):
+            self.wait(piece)
+
+
+class Pace:
+    """Hooks on `net` that make a step last the step time given to `start`, spread as the
+    module docstring says; `backward()` marks the end of the forward pass. Register hooks
+    that must run before a module's paced forward (a wait for its parameters) before this,
+    and gradient hooks that must see the paced gradient after it."""
+
+    def __init__(self, net: torch.nn.Module, params: Sequence[torch.Tensor]):
+        total = sum(p.numel() for p in params)
+        self.step_s, self.mark = 0.0, 0.0
+        self.began: dict[int, float] = {}
+        for module in net.modules():
+            own = sum(p.numel() for p in module.parameters(recurse=False))
+            if own:
+                module.register_forward_pre_hook(self._begin)
+                module.register_forward_hook(self._ender(FORWARD * own / total))
+        for p in params:
+            p.register_hook(self._arrive(p.numel() / total))
+
+    def start(self, step_s: float) -> None:
+        self.step_s = step_s
+
+    def backward(self) -> None:
+        self.mark = time.perf_counter()
+
+    def _begin(self, module, args) -> None:
+        self.began[id(module)] = time.perf_counter()
+
+    def _ender(self, share: float):
+        def end(module, args, out) -> None:
+            pad_to(self.began[id(module)], share * self.step_s)
+
+        return end
+
+    def _arrive(self, share: float):
+        def arrive(grad: torch.Tensor) -> None:
+            pad_to(self.mark, (1 - FORWARD) * share * self.step_s)
+            self.mark = time.perf_counter()
+
+        return arrive

@@ -1,0 +1,119 @@
+"""engine=allreduce's rounds in pieces: how the buffer is cut (DDP-like buckets, P3's
+slices), the order every rank all-reduces them in (P3's priority replayed on the model),
+a round's update applied piece by piece against the whole, the emulated link's clock, and
+the simulator's bucketed round — each against numbers worked out by hand."""
+
+import time
+
+import pytest
+import torch
+
+from stalebench.algorithms.base import UPDATES
+from stalebench.algorithms.updates import MomentumConfig, SGDConfig
+from stalebench.cluster import ClusterConfig, Profile
+from stalebench.engines.allreduce import AllReduceConfig, BucketedRing, RingAllReduce
+from stalebench.engines.overlap import Layout
+from stalebench.runtime.link import FORWARD, LinkClock
+
+TAIL = 7  # 3·N + 1 slots for N = 2
+
+
+def latency_only(ms: float, n: int = 2) -> Profile:
+    """A ring all-reduce of any size takes 2(N − 1)·ms."""
+    return Profile(
+        ClusterConfig(name="profile", num_workers=n, push_latency_ms=ms, pull_latency_ms=ms)
+    )
+
+
+def test_fifo_buckets_hold_whole_tensors_from_the_last_back_and_carry_the_tail():
+    # tensors of 640, 32, 128, 4 floats, buckets closed at 131: [128 + 4] then [640 + 32]
+    layout = Layout.build([640, 32, 128, 4], 2, 131, p3=False)
+    assert layout.pieces == ((0, TAIL + 672), (TAIL + 672, TAIL + 804))
+    assert layout.holding(1) == [0] and layout.holding(2) == [1]
+    assert layout.span(0) == (0, 672)  # the tail's slots are not θ's
+
+
+def test_p3_slices_cut_tensors_and_merge_small_neighbours():
+    # 640 → 131 × 4 + 116; the 32 does not fit with the 116 (148 > 131); 128 + 4 = 132 does not
+    layout = Layout.build([640, 32, 128, 4], 2, 131, p3=True)
+    starts = [a for a, _ in layout.pieces]
+    assert starts == [0, 138, 269, 400, 531, 647, 679, 807]
+    assert layout.size == TAIL + 804
+    # with room for both, a weight and its bias share a slice
+    assert Layout.build([100, 10, 100, 10], 2, 110, p3=True).pieces == (
+        (0, TAIL + 110),
+        (TAIL + 110, TAIL + 220),
+    )
+
+
+def test_ready_times_follow_backward_from_the_output_and_the_tail_comes_last():
+    layout = Layout.build([100, 100, 100], 2, 100, p3=True)
+    back = 1 - FORWARD
+    assert layout.ready_at() == pytest.approx([1.0, FORWARD + back * 2 / 3, FORWARD + back / 3])
+
+
+def test_p3_sends_the_made_piece_nearest_the_input_first_when_the_link_frees():
+    # three pieces made at 0.556, 0.778 and 1.0 steps (last, middle, first layer); each
+    # all-reduce takes 2 × 250 ms. The link takes the last layer's at 0.556 (the only one
+    # made), is free again at 1.056, when both others are made: P3 takes the first layer's,
+    # fifo the order backward made them.
+    layout = Layout.build([100, 100, 100], 2, 100, p3=True)
+    slow = latency_only(250)
+    assert layout.order(slow, 1.0, p3=True) == [2, 0, 1]
+    assert layout.order(slow, 1.0, p3=False) == [2, 1, 0]
+    # a link that is never busy sends every piece as it is made
+    assert layout.order(latency_only(0), 1.0, p3=True) == [2, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SGDConfig(name="sgd", lr=0.1, weight_decay=0.01),
+        MomentumConfig(name="momentum", lr=0.1, momentum=0.9),
+        MomentumConfig(name="momentum", lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    ],
+    ids=["sgd+wd", "momentum", "nesterov+wd"],
+)
+def test_a_round_applied_in_parts_equals_the_whole_step_bit_for_bit(cfg):
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(1003, generator=gen)
+    whole, parts = UPDATES.build(cfg, theta, 2), UPDATES.build(cfg, theta, 2)
+    a, b = theta.clone(), theta.clone()
+    for _ in range(3):
+        grad = torch.randn(1003, generator=gen)
+        whole.step(a, grad, -1, 0)
+        for lo, hi in [(500, 1003), (0, 7), (7, 500)]:  # any order, odd sizes
+            parts.apply_part(b, grad, lo, hi)
+        parts.count()
+        assert torch.equal(a, b)
+    assert parts.updates == whole.updates == 3
+
+
+def test_a_rule_that_is_not_element_wise_refuses_parts():
+    cfg = UPDATES.get("dc_asgd")[1](name="dc_asgd", lr=0.1)
+    rule = UPDATES.build(cfg, torch.zeros(4), 2)
+    with pytest.raises(TypeError, match="not element-wise"):
+        rule.apply_part(torch.zeros(4), torch.ones(4), 0, 2)
+
+
+def test_the_link_carries_one_collective_at_a_time():
+    clock = LinkClock(latency_only(50))  # 100 ms per all-reduce
+    now = time.perf_counter()
+    first, second = clock.issue(4), clock.issue(4)  # the second queues behind the first
+    assert first == pytest.approx(now + 0.1, abs=0.01)
+    assert second == pytest.approx(first + 0.1, abs=1e-9)
+
+
+def test_the_simulated_buckets_end_when_the_last_is_through():
+    # the three pieces above as fifo buckets, made at 0.556, 0.778, 1.0 of a 1 s step,
+    # 0.5 s each: the link ends at 1.056, 1.556, 2.056; the push is what follows the step
+    net = BucketedRing.build(
+        latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=400 / 2**20)
+    )
+    assert len(net.layout.pieces) == 3
+    assert net.push_s(step_s=1.0) == pytest.approx(FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0)
+    # one bucket: the one-message round's all-reduce after the whole step
+    one = BucketedRing.build(latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=1))
+    ring = RingAllReduce.build(latency_only(250), 300)
+    assert one.push_s(step_s=1.0) == pytest.approx(ring.push_s())
+    assert one.bytes_sent(5) == ring.bytes_sent(5)
