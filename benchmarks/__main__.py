@@ -41,6 +41,33 @@ MODELS = {
     "mlp2m": ["model=mlp", "model.hidden=[1500,1500]"],  # 2,328,010
 }
 STEPS = {"cnn": 3000, "mlp1m": 600, "mlp2m": 300}
+# overlapping communication with computation (buckets, P3), 2 workers, each profile with the
+# model, steps, bucket and slice sizes (MB) it is measured with: slow_network as it ships
+# (20 ms steps, 5 ms and 100 Mbit/s per message), and a link where a round's all-reduce
+# takes about a step (P3's regime: 80 ms steps, 0.05 ms and 500 Mbit/s) on six 1 MB layers
+OVERLAP = {
+    "slow_network": (
+        ["cluster=slow_network", "cluster.compute_ms=20", *MODELS["cnn"]],
+        100,
+        0.01,
+        0.005,
+    ),
+    "balanced": (
+        [
+            "cluster=slow_network",
+            "cluster.compute_ms=80",
+            "cluster.push_latency_ms=0.05",
+            "cluster.pull_latency_ms=0.05",
+            "cluster.push_bandwidth_gbps=0.5",
+            "cluster.pull_bandwidth_gbps=0.5",
+            "model=mlp",
+            "model.hidden=[512,512,512,512,512,512]",
+        ],
+        40,
+        1.0,
+        0.25,
+    ),
+}
 QUIET = [
     "cluster=homogeneous",
     "cluster.compute_ms=0",
@@ -55,8 +82,10 @@ QUIET = [
 def stalebench_rate(overrides: list[str], updates: int) -> float:
     """Updates/s of a real stalebench run, from its summary (start-up excluded: the run's
     clock starts when every rank is set up)."""
+    keys = {o.split("=")[0] for o in overrides}
+    quiet = [q for q in QUIET if q.split("=")[0] not in keys]  # a profile's own compute time
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose([*QUIET, *overrides, f"budget.max_updates={updates}"])
+        cfg = compose([*quiet, *overrides, f"budget.max_updates={updates}"])
         cfg.run_dir = tmp
         summary = experiment.run(cfg)
     assert summary["status"] == "completed", summary["error"]
@@ -117,6 +146,22 @@ def figures(quick: bool) -> dict:
             lambda rank=rank: baselines.spawn(rank, 3, MODELS["mlp1m"], steps["mlp1m"]),
             f"updates/s ÷ hand-written {name} PS",
         )
+    for prof, (args, n, bucket, piece) in OVERLAP.items():
+        n = max(20, int(n * k))
+        base = [*args, "engine=allreduce", "algorithm=bsp", "cluster.num_workers=2"]
+        schedules = {
+            "one_message": [],
+            "buckets": [f"engine.bucket_mb={bucket}"],
+            "p3": [f"engine.bucket_mb={piece}", "engine.schedule=p3"],
+        }
+        for name, extra in schedules.items():
+            out[f"allreduce_overlap/{prof}/{name}"] = (
+                lambda o=[*base, *extra], n=n: stalebench_rate(o, n),
+                lambda a=args, n=n, b=bucket: baselines.spawn(
+                    baselines.ddp_profiled_rank, 2, a, n, b
+                ),
+                f"steps/s ÷ DDP ({bucket} MB buckets) on the same emulated cluster",
+            )
     out["start_to_first_update/cnn_4_workers"] = (
         first_update_s,
         baselines.import_torch_s,
@@ -185,7 +230,9 @@ def main() -> None:
         "figures": rows,
         "runs": runs,
     }
-    name = "baselines_quick" if args.quick else "baselines_partial" if args.only else "baselines"
+    name = "baselines_quick" if args.quick else "baselines"
+    if args.only:  # a part of the figures: its own file, named after the filter
+        name = "baselines_" + "".join(c if c.isalnum() else "_" for c in args.only)
     out = ROOT / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| figure | unit | stalebench | reference | ratio (median) | ratio (best) |")

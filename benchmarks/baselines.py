@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.job import Job
+from stalebench.runtime.faults import pad_to
+from stalebench.runtime.link import LinkClock, Pace
 from tests.conftest import compose, free_port
 
 WARMUP = 10
@@ -86,6 +88,50 @@ def ddp_rank(rank: int, world: int, port: int, out, overrides: list[str], steps:
         out.put(steps / (time.perf_counter() - start))
     dist.barrier()
     os._exit(0)  # no teardown: gloo's threads can abort an exiting process
+
+
+def ddp_profiled_rank(
+    rank: int, world: int, port: int, out, overrides: list[str], steps: int, bucket_mb: float
+) -> None:
+    """DDP under the overrides' cluster profile, as stalebench's allreduce engine pays it:
+    each bucket DDP all-reduces is a ring all-reduce on a link that carries one at a time
+    (`LinkClock`), DDP waits for its buckets at the end of backward, and the profile's step
+    time is spread over forward and backward by the same hooks (`Pace`). DDP's own bucketing
+    (`bucket_cap_mb`, its order rebuilt after the first step) and overlap are untouched."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    _init(rank, world, port)
+    job = build(overrides, world)
+    net = job.model()
+    pace = Pace(net, list(net.parameters()))
+    model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_mb)
+    clock, ends = LinkClock(job.profile), []
+
+    def hook(state, bucket):
+        ends.append(clock.issue(4 * bucket.buffer().numel()))
+        return allreduce_hook(None, bucket)
+
+    model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=job.cfg.algorithm.update.lr)
+    batches = job.batches(rank)
+    for k in range(WARMUP + steps):
+        if k == WARMUP:
+            dist.barrier()
+            start = time.perf_counter()
+        x, y = next(batches)
+        pace.start(job.profile.step_s(rank))
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        pace.backward()
+        loss.backward()
+        pad_to(0.0, max(ends))  # the last bucket is through the emulated link
+        ends.clear()
+        opt.step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps / (time.perf_counter() - start))
+    dist.barrier()
+    os._exit(0)
 
 
 def gloo_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], steps: int) -> None:

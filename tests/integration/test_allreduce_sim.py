@@ -146,3 +146,22 @@ def test_a_real_allreduce_round_takes_at_least_the_modelled_time(tmp_path):
     pa, pb = torch.load(real.dir / "model.pt"), torch.load(sim.dir / "model.pt")
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_sim_buckets_change_the_clock_not_the_numbers(tmp_path):
+    """engine.bucket_mb in the simulator: the same updates and parameters as one message;
+    one bucket holding everything takes the one message's rounds; buckets of some fifty
+    floats behind a latency-bound link take longer (each pays the ring's latency)."""
+    one = run_job(tmp_path / "one", SIM_AR)
+    whole = run_job(tmp_path / "whole", [*SIM_AR, "engine.bucket_mb=1"])
+    small = run_job(tmp_path / "small", [*SIM_AR, "engine.bucket_mb=0.0002"])
+    key = ("worker", "clock", "version", "lag", "loss")
+    seen = [[tuple(e[k] for k in key) for e in ups(run)] for run in (one, whole, small)]
+    assert seen[0] == seen[1] == seen[2]
+    pa, pb = torch.load(one.dir / "model.pt"), torch.load(small.dir / "model.pt")
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    wall = [run.summary["wall_time_s"] for run in (one, whole, small)]
+    assert wall[1] == pytest.approx(wall[0], rel=1e-9)
+    assert wall[2] > wall[0] * 1.2
+    assert small.summary["bytes_sent"] == one.summary["bytes_sent"]
