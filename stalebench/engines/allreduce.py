@@ -26,63 +26,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import vector_to_parameters
 
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
-from stalebench.engines.overlap import Layout
+from stalebench.engines.overlap import Layout, build_replica
 from stalebench.engines.ps import DataParallel
+from stalebench.engines.rounds import report_round, ring_volume, round_bytes, round_slots
 from stalebench.errors import ConfigError
 from stalebench.job import Job
-from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, Shaped, WorkerDied, pad_to
 from stalebench.runtime.record import RunRecord, diverged, gradient, spent
 from stalebench.runtime.transport import Transport
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
-
-
-def round_slots(num_params: int, num_workers: int) -> int:
-    """Float32 slots one round all-reduces: the gradient, then 3 per rank (compute time,
-    loss, seconds paused by a fault) and a stop flag."""
-    return num_params + 3 * num_workers + 1
-
-
-def round_bytes(num_params: int, num_workers: int) -> int:
-    """Size of the message one round all-reduces (the tail counts: it travels with it)."""
-    return 4 * round_slots(num_params, num_workers)
-
-
-def report_round(
-    emit: Emit, t: float, version: int, stats: torch.Tensor, reduce_s: float, own_s: float
-) -> None:
-    """Rank 0's events for the round that made `version`: each rank's pause, if a fault
-    paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
-    0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
-    is the round's communication."""
-    slowest = float(stats[:, 0].max())
-    for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
-        emit("worker", t, worker=w, event="pause", duration_s=float(stats[w, 2]))
-    for w, (compute, loss, _) in enumerate(stats.tolist()):
-        emit(
-            "update",
-            t,
-            worker=w,
-            clock=version - 1,
-            version=version,
-            lag=0,
-            loss=loss,
-            compute_s=compute,
-            wait_s=slowest - compute,
-            comm_s=max(reduce_s - (slowest - own_s), 0.0),
-            clock_gap=0,
-        )
-
-
-def ring_volume(nbytes: int, num_workers: int) -> int:
-    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
-    return 2 * (num_workers - 1) * nbytes
 
 
 SCHEDULES = ("fifo", "p3")
@@ -165,14 +123,8 @@ class AllReduceEngine(DataParallel):
 def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
     cfg, n = job.cfg, job.cfg.cluster.num_workers
     device = job.device(rank)
-    model = job.model()
-    params = parameters_to_vector(model.parameters()).detach().clone()
-    rule = UPDATES.build(cfg.algorithm.update, params, n)
-    net = job.model().to(device)
+    model, params, rule, net, net_params = build_replica(job, device)
     in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
-    if in_place:
-        flatten_parameters(net, params)
-    net_params = list(net.parameters())
     d = params.numel()
     buf = torch.zeros(round_slots(d, n))
     batches = job.batches(rank)

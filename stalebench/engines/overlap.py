@@ -23,6 +23,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.cluster import Profile
+from stalebench.engines.rounds import report_round, ring_volume
 from stalebench.evaluation import objective
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
@@ -234,20 +235,24 @@ def measure_step(job: Job, rank: int, net, net_params, network: Shaped) -> float
     return float(seconds[0])
 
 
-def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
-    """One replica of engine=allreduce with its rounds in pieces (the one-message round's
-    `replica`, with `Rounds` in place of the single all-reduce)."""
-    from stalebench.engines.allreduce import report_round, ring_volume
-
-    cfg, n = job.cfg, job.cfg.cluster.num_workers
-    device = job.device(rank)
+def build_replica(job: Job, device: torch.device):
+    """(θ₀'s model, θ, the update rule, the replica's net, its parameter tensors): on the
+    CPU the net's parameters are views of θ, so an update needs no copy."""
     model = job.model()
     params = parameters_to_vector(model.parameters()).detach().clone()
-    rule = UPDATES.build(cfg.algorithm.update, params, n)
+    rule = UPDATES.build(job.cfg.algorithm.update, params, job.cfg.cluster.num_workers)
     net = job.model().to(device)
     if device.type == "cpu":
         flatten_parameters(net, params)
-    net_params = list(net.parameters())
+    return model, params, rule, net, list(net.parameters())
+
+
+def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
+    """One replica of engine=allreduce with its rounds in pieces (the one-message round's
+    `replica`, with `Rounds` in place of the single all-reduce)."""
+    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    device = job.device(rank)
+    model, params, rule, net, net_params = build_replica(job, device)
     batches, profile, faults = job.batches(rank), job.profile, Faults(job.profile, rank)
     network = Shaped(transport, profile, faults)
     record = RunRecord(job, run_dir) if rank == 0 else None

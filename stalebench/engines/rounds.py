@@ -1,0 +1,54 @@
+"""A synchronous round's bookkeeping, shared by engine=allreduce's one-message round and
+its rounds in pieces: the slots and bytes of a round's message, its ring volume, and the
+events rank 0 writes for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Emit = Callable[..., Any]  # emit(kind, t, **fields)
+
+
+def round_slots(num_params: int, num_workers: int) -> int:
+    """Float32 slots one round all-reduces: the gradient, then 3 per rank (compute time,
+    loss, seconds paused by a fault) and a stop flag."""
+    return num_params + 3 * num_workers + 1
+
+
+def round_bytes(num_params: int, num_workers: int) -> int:
+    """Size of the message one round all-reduces (the tail counts: it travels with it)."""
+    return 4 * round_slots(num_params, num_workers)
+
+
+def report_round(
+    emit: Emit, t: float, version: int, stats: torch.Tensor, reduce_s: float, own_s: float
+) -> None:
+    """Rank 0's events for the round that made `version`: each rank's pause, if a fault
+    paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
+    0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
+    is the round's communication."""
+    slowest = float(stats[:, 0].max())
+    for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
+        emit("worker", t, worker=w, event="pause", duration_s=float(stats[w, 2]))
+    for w, (compute, loss, _) in enumerate(stats.tolist()):
+        emit(
+            "update",
+            t,
+            worker=w,
+            clock=version - 1,
+            version=version,
+            lag=0,
+            loss=loss,
+            compute_s=compute,
+            wait_s=slowest - compute,
+            comm_s=max(reduce_s - (slowest - own_s), 0.0),
+            clock_gap=0,
+        )
+
+
+def ring_volume(nbytes: int, num_workers: int) -> int:
+    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
+    return 2 * (num_workers - 1) * nbytes
