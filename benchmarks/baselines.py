@@ -75,14 +75,24 @@ def ddp_rank(rank: int, world: int, port: int, out, overrides: list[str], steps:
     model = torch.nn.parallel.DistributedDataParallel(job.model())
     opt = torch.optim.SGD(model.parameters(), lr=job.cfg.algorithm.update.lr)
     batches = job.batches(rank)
-    for k in range(WARMUP + steps):
-        if k == WARMUP:
-            dist.barrier()
-            start = time.perf_counter()
+
+    def step() -> None:
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
+
+    timed_steps(rank, out, steps, step)
+
+
+def timed_steps(rank: int, out, steps: int, step) -> None:
+    """`step()` WARMUP + `steps` times on every rank; rank 0 puts the steps/s of the timed
+    ones (between barriers) on `out`; then the process exits."""
+    for k in range(WARMUP + steps):
+        if k == WARMUP:
+            dist.barrier()
+            start = time.perf_counter()
+        step()
     dist.barrier()
     if rank == 0:
         out.put(steps / (time.perf_counter() - start))
@@ -114,10 +124,8 @@ def ddp_profiled_rank(
     model.register_comm_hook(None, hook)
     opt = torch.optim.SGD(model.parameters(), lr=job.cfg.algorithm.update.lr)
     batches = job.batches(rank)
-    for k in range(WARMUP + steps):
-        if k == WARMUP:
-            dist.barrier()
-            start = time.perf_counter()
+
+    def step() -> None:
         x, y = next(batches)
         pace.start(job.profile.step_s(rank))
         opt.zero_grad(set_to_none=True)
@@ -127,11 +135,8 @@ def ddp_profiled_rank(
         pad_to(0.0, max(ends))  # the last bucket is through the emulated link
         ends.clear()
         opt.step()
-    dist.barrier()
-    if rank == 0:
-        out.put(steps / (time.perf_counter() - start))
-    dist.barrier()
-    os._exit(0)
+
+    timed_steps(rank, out, steps, step)
 
 
 def gloo_ps_rank(rank: int, world: int, port: int, out, overrides: list[str], steps: int) -> None:

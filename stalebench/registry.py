@@ -50,6 +50,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def names_with(self, flag: str) -> list[str]:
+        """The registered names whose class sets `flag` (a class attribute) true."""
+        return [n for n in self.names() if getattr(self._entries[n][0], flag)]
+
     def get(self, name: str) -> tuple[type[T], type[ComponentConfig]]:
         if name not in self._entries:
             raise ConfigError(

@@ -33,11 +33,11 @@ from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.overlap import Layout, build_replica
 from stalebench.engines.ps import DataParallel
-from stalebench.engines.rounds import report_round, ring_volume, round_bytes, round_slots
+from stalebench.engines.rounds import close_round, ring_volume, round_bytes, round_slots
 from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, Shaped, WorkerDied, pad_to
-from stalebench.runtime.record import RunRecord, diverged, gradient, spent
+from stalebench.runtime.record import RunRecord, gradient
 from stalebench.runtime.transport import Transport
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
@@ -85,7 +85,7 @@ class AllReduceEngine(DataParallel):
                 )
             update = self.run.algorithm.update.name
             if not UPDATES.get(update)[0].elementwise:
-                elementwise = [u for u in UPDATES.names() if UPDATES.get(u)[0].elementwise]
+                elementwise = UPDATES.names_with("elementwise")
                 raise ConfigError(
                     f"engine.schedule=p3 applies each slice as it arrives, which needs an "
                     f"element-wise rule: algorithm.update={update} is not (use one of "
@@ -93,7 +93,7 @@ class AllReduceEngine(DataParallel):
                 )
         barrier = self.run.algorithm.barrier.name
         if not BARRIERS.get(barrier)[0].synchronous:
-            sync = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].synchronous]
+            sync = BARRIERS.names_with("synchronous")
             raise ConfigError(
                 f"engine=allreduce is synchronous: algorithm.barrier must be one of "
                 f"{', '.join(sync)}, got {barrier!r}"
@@ -121,7 +121,7 @@ class AllReduceEngine(DataParallel):
 
 
 def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
-    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    n = job.cfg.cluster.num_workers
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
     in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
@@ -160,13 +160,10 @@ def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[st
             version += 1
             bytes_sent += ring_volume(buf.numel() * 4, n)
             if record is not None:
-                t = time.perf_counter() - t0
-                stats = buf[d:-1].view(n, 3)
-                report_round(record.events.emit, t, version, stats, reduce_s, compute)
-                snapped = record.snapshots.maybe(t, version, params)  # θ is checked then
-                if diverged(float(stats[:, 1].sum()), params if snapped else None):
-                    status, stop = "diverged", True
-                stop = stop or spent(cfg.budget, version, t)
+                t, stats = time.perf_counter() - t0, buf[d:-1].view(n, 3)
+                bad, spent_ = close_round(record, t, version, stats, reduce_s, compute, params)
+                status = "diverged" if bad else status
+                stop = stop or bad or spent_
     except WorkerDied:
         raise  # its process exits; the others lose it in the next all-reduce
     except Exception as exc:

@@ -14,6 +14,7 @@ forward and backward so that what the pieces overlap is the modelled computation
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.cluster import Profile
-from stalebench.engines.rounds import report_round, ring_volume
+from stalebench.engines.rounds import close_round, ring_volume
 from stalebench.evaluation import objective
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, Shaped, WorkerDied
 from stalebench.runtime.link import FORWARD, Link, Pace
-from stalebench.runtime.record import RunRecord, diverged, gradient, spent
+from stalebench.runtime.record import RunRecord, gradient
 from stalebench.runtime.transport import Transport
 
 
@@ -79,8 +80,15 @@ class Layout:
 
     def holding(self, i: int) -> list[int]:
         """The pieces that hold part of parameter tensor i."""
-        lo, hi = self.offsets[i], self.offsets[i] + self.sizes[i]
-        return [k for k, (a, b) in enumerate(self.pieces) if a < hi and b > lo]
+        return self.holders[i]
+
+    @functools.cached_property
+    def holders(self) -> list[list[int]]:
+        """`holding(i)` for every tensor, worked out once (a backward hook asks for it)."""
+        spans = [(o, o + s) for o, s in zip(self.offsets, self.sizes, strict=True)]
+        return [
+            [k for k, (a, b) in enumerate(self.pieces) if a < hi and b > lo] for lo, hi in spans
+        ]
 
     def span(self, k: int) -> tuple[int, int]:
         """Piece k's range of θ (its tail slots left out)."""
@@ -139,7 +147,6 @@ class Rounds:
         self.round, self.waited = 0, 0.0  # the round being computed; seconds waited for pieces
         self.applied = [0] * len(layout.pieces)  # the last round each piece was applied for
         index = {id(p): i for i, p in enumerate(net_params)}
-        self.left = [len(layout.holding(i)) for i in range(len(sizes))]
         self.left_in = [0] * len(layout.pieces)  # tensors (and the tail) still to come
         for i in range(len(sizes)):
             for k in layout.holding(i):
@@ -250,7 +257,7 @@ def build_replica(job: Job, device: torch.device):
 def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
     """One replica of engine=allreduce with its rounds in pieces (the one-message round's
     `replica`, with `Rounds` in place of the single all-reduce)."""
-    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    n = job.cfg.cluster.num_workers
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
     batches, profile, faults = job.batches(rank), job.profile, Faults(job.profile, rank)
@@ -263,12 +270,10 @@ def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict
 
     def applied(stats: torch.Tensor, reduce_s: float) -> None:  # rank 0: a round is in θ
         nonlocal status, stop
-        t = time.perf_counter() - t0
-        report_round(record.events.emit, t, version, stats, reduce_s, float(stats[0, 0]))
-        snapped = record.snapshots.maybe(t, version, params)  # θ is checked then
-        if diverged(float(stats[:, 1].sum()), params if snapped else None):
-            status, stop = "diverged", True
-        stop = stop or spent(cfg.budget, version, t)
+        t, own = time.perf_counter() - t0, float(stats[0, 0])
+        bad, spent_ = close_round(record, t, version, stats, reduce_s, own, params)
+        status = "diverged" if bad else status
+        stop = stop or bad or spent_
 
     try:
         while True:
@@ -305,13 +310,13 @@ def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict
                 bytes_sent += ring_volume(rounds.buf.numel() * 4, n)
                 if record is not None:
                     applied(stats, rounds.waited)
+        rounds.link.close()  # inside: a peer lost at the last piece fails the run, by name
     except WorkerDied:
         raise  # its process exits; the others lose it in the next all-reduce
-    except Exception as exc:
+    except Exception as exc:  # what is still under way is abandoned: waiting would raise again
         status, error = "failed", str(exc)
         if record is None:
             raise
-    rounds.link.close()
     if record is None:
         return None
     return record.finish(

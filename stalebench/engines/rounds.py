@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from stalebench.runtime.record import RunRecord, diverged, spent
+
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
 
 
@@ -52,3 +54,22 @@ def report_round(
 def ring_volume(nbytes: int, num_workers: int) -> int:
     """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
     return 2 * (num_workers - 1) * nbytes
+
+
+def close_round(
+    record: RunRecord,
+    t: float,
+    version: int,
+    stats: torch.Tensor,
+    reduce_s: float,
+    own_s: float,
+    params: torch.Tensor,
+) -> tuple[bool, bool]:
+    """Rank 0, once the round that made `version` is in θ: its events (`report_round`), a
+    snapshot of θ when one is due; (diverged, the budget spent). θ is checked for
+    non-finite values only when it is snapshotted, the summed loss every round."""
+    report_round(record.events.emit, t, version, stats, reduce_s, own_s)
+    snapped = record.snapshots.maybe(t, version, params)
+    if diverged(float(stats[:, 1].sum()), params if snapped else None):
+        return True, True
+    return False, spent(record.job.cfg.budget, version, t)

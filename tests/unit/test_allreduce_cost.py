@@ -4,7 +4,7 @@ and the sizes the allreduce engine counts, and what rank 0 reports of a round.""
 import pytest
 
 from stalebench.cluster import ClusterConfig, Profile
-from stalebench.engines.allreduce import ring_volume, round_bytes
+from stalebench.engines.rounds import ring_volume, round_bytes
 
 
 def profile(**kw):
@@ -67,7 +67,7 @@ def test_the_engines_message_and_ring_volume():
 def test_rank_zero_reports_each_pause_and_update_of_a_round():
     import torch
 
-    from stalebench.engines.allreduce import report_round
+    from stalebench.engines.rounds import report_round
 
     events = []
     # (compute_s, loss, paused_s) per rank; rank 1 was slowest and paused 0.5 s first

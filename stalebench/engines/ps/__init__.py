@@ -25,7 +25,7 @@ class DataParallel(Engine):
         a = self.run.algorithm
         barrier_cls, _ = BARRIERS.get(a.barrier.name)
         if a.barrier.on_loss == "reform" and not barrier_cls.reformable:
-            able = [n for n in BARRIERS.names() if BARRIERS.get(n)[0].reformable]
+            able = BARRIERS.names_with("reformable")
             raise ConfigError(
                 f"algorithm.barrier.on_loss=reform: barrier {a.barrier.name} decides from more "
                 f"than the slowest clock and cannot be re-formed over the survivors; "
