@@ -5,6 +5,7 @@ from stalebench.algorithms import (  # noqa: F401
     barriers,
     dana,
     dssp,
+    gba,
     local,
     pipeline,
     psp,

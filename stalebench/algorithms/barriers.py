@@ -37,9 +37,14 @@ class SSP(Barrier):
 @dataclasses.dataclass
 class BSPConfig(BarrierConfig):
     apply: str = "per_round"
+    # b backup workers (Chen et al. 2016): a round applies the mean of the first N − b
+    # gradients computed on its θ and drops the rest; 0 = wait for every worker
+    backups: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.backups < 0:
+            raise ConfigError(f"algorithm.barrier.backups must be >= 0, got {self.backups}")
         if self.apply != "per_round":
             raise ConfigError(
                 "algorithm.barrier.apply must be 'per_round' for bsp (ssp with staleness=0 "
@@ -53,10 +58,19 @@ class BSP(SSP):
     round to finish, and the round's gradients are averaged into one update."""
 
     synchronous = True
+    gathers = True
 
     @property
     def staleness(self) -> int:
         return 0
+
+    def weigh(self, lag: int) -> float:
+        """A gradient of an earlier round arrives after its round was applied: dropped."""
+        return 1.0 if lag == 0 else 0.0
+
+    def quorum(self, lost_outside: int) -> int:
+        """N − b, less the lost workers that did not push this round (on_loss=reform)."""
+        return max(1, self.num_workers - self.cfg.backups - lost_outside)
 
 
 @dataclasses.dataclass

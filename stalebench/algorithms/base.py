@@ -74,6 +74,10 @@ class Barrier:
     # True when admission reads only the slowest clock (and rounds are per clock): without a
     # lost worker's clock the barrier is the same rule over the survivors (on_loss=reform)
     reformable: ClassVar[bool] = False
+    # True when the server gathers arriving gradients into one update of several (a round,
+    # a global batch): each is weighed by its lag (`weigh`, 0 drops it), the update is
+    # applied once `quorum` are kept, and admission asks `admit_gathered`
+    gathers: ClassVar[bool] = False
 
     def __init__(self, cfg: BarrierConfig, num_workers: int, seed: int = 0):
         self.cfg = cfg
@@ -97,6 +101,21 @@ class Barrier:
         server in O(1): use it rather than scanning `clocks` (asked once per held worker
         per push, a scan would cost O(N²) per round at N workers)."""
         raise NotImplementedError
+
+    def weigh(self, lag: int) -> float:
+        """A gathering barrier: the weight of a gradient `lag` updates stale (0 drops it)."""
+        return 1.0
+
+    def quorum(self, lost_outside: int) -> int:
+        """A gathering barrier: how many kept gradients make the update, when
+        `lost_outside` lost workers have none among those gathered so far."""
+        return self.num_workers - lost_outside
+
+    def admit_gathered(self, gathered: bool, open_: int, computing: int) -> bool:
+        """A gathering barrier: may a worker start its next step now? `gathered`: one of
+        its gradients waits in the open update; `open_` gradients wait there in all;
+        `computing` workers are computing one."""
+        return not gathered
 
 
 class UpdateRule:

@@ -98,6 +98,12 @@ class AllReduceEngine(DataParallel):
                 f"engine=allreduce is synchronous: algorithm.barrier must be one of "
                 f"{', '.join(sync)}, got {barrier!r}"
             )
+        if getattr(self.run.algorithm.barrier, "backups", 0):
+            raise ConfigError(
+                f"algorithm.barrier.backups={self.run.algorithm.barrier.backups}: an "
+                "all-reduce needs every rank's gradient, so it cannot drop the last b; backup "
+                "workers run on engine=ps"
+            )
         if self.run.algorithm.barrier.on_loss == "reform":
             raise ConfigError(
                 "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "

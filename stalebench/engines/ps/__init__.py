@@ -31,6 +31,12 @@ class DataParallel(Engine):
                 f"than the slowest clock and cannot be re-formed over the survivors; "
                 f"{', '.join(able)} can"
             )
+        backups, n = getattr(a.barrier, "backups", 0), self.num_workers
+        if backups >= n:
+            raise ConfigError(
+                f"algorithm.barrier.backups={backups} with cluster.num_workers={n}: a round "
+                f"needs at least one gradient (backups <= {n - 1})"
+            )
         rule_cls, _ = UPDATES.get(a.update.name)
         if a.barrier.apply == "per_round" and rule_cls.per_worker:
             raise ConfigError(

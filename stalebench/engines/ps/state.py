@@ -64,6 +64,8 @@ class ParameterServer:
         self.wait_s = [0.0] * num_workers  # barrier wait before the step in progress
         self.gap = [0] * num_workers  # clock gap when the step in progress was admitted
         self.rounds: dict[int, dict[int, tuple[Push, dict[str, Any]]]] = {}
+        # a gathering barrier's open update: (push, its event fields, its weight)
+        self.gathered: list[tuple[Push, dict[str, Any], float]] = []
 
     def start(self, now: float) -> list[Reply]:
         """Step 0, or the first step after a resume: every worker still in the run is held,
@@ -107,7 +109,9 @@ class ParameterServer:
         if push.clock == self.min_clock and not self._at_clock[push.clock]:
             del self._at_clock[push.clock]
             self.min_clock += 1  # the pusher now sits at min + 1, so nobody is lower
-        if self.barrier.per_round:
+        if self.barrier.gathers:
+            self._gather(push, record, now)
+        elif self.barrier.per_round:
             self._apply_rounds(push, record, now)
         else:
             self._apply([push], [record], now)
@@ -132,13 +136,43 @@ class ParameterServer:
             ordered = [entries[w] for w in range(self.num_workers) if w in entries]  # fixed order
             self._apply([p for p, _ in ordered], [r for _, r in ordered], now)
 
-    def _apply(self, pushes: list[Push], records: list[dict[str, Any]], now: float) -> None:
-        if len(pushes) == 1:
+    def _gather(self, push: Push, record: dict[str, Any], now: float) -> None:
+        """A gathering barrier: weigh the gradient by its lag (drop it at weight 0), and
+        apply the update once the quorum is kept."""
+        lag = self.version - push.version_read
+        weight = self.barrier.weigh(lag)
+        if weight == 0:
+            self.emit("barrier", now, event="dropped", lag=lag, version=self.version, **record)
+            return
+        push = dataclasses.replace(push, grad=push.grad.clone())  # kept past its reply
+        self.gathered.append((push, record, weight))
+        self._close_gathered(now)
+
+    def _close_gathered(self, now: float) -> None:
+        inside = {p.worker for p, _, _ in self.gathered}
+        if len(self.gathered) < self.barrier.quorum(len(self.lost - inside)):
+            return
+        ordered = sorted(self.gathered, key=lambda g: (g[0].worker, g[0].clock))  # fixed order
+        self.gathered = []
+        self._apply([p for p, _, _ in ordered], [r for _, r, _ in ordered], now,
+                    [w for _, _, w in ordered])  # fmt: skip
+
+    def _apply(
+        self,
+        pushes: list[Push],
+        records: list[dict[str, Any]],
+        now: float,
+        weights: list[float] | None = None,
+    ) -> None:
+        weights = weights or [1.0] * len(pushes)
+        if len(pushes) == 1 and weights[0] == 1.0:
             grad, worker = pushes[0].grad, pushes[0].worker
-        else:  # a round: the mean gradient, attributed to no single worker (-1)
+        else:  # the (weighted) mean gradient, attributed to no single worker (-1)
             grad, worker = pushes[0].grad.clone(), -1
-            for p in pushes[1:]:
-                grad.add_(p.grad)
+            if weights[0] != 1.0:
+                grad.mul_(weights[0])
+            for p, w in zip(pushes[1:], weights[1:], strict=True):
+                grad.add_(p.grad, alpha=w)
             grad.div_(len(pushes))
         lag = max(self.version - p.version_read for p in pushes)
         self.rule.step(self.params, grad, worker, lag)
@@ -159,7 +193,9 @@ class ParameterServer:
         self._at_clock[self.clocks[worker]] -= 1
         alive = [c for c, k in self._at_clock.items() if k > 0]
         self.min_clock = min(alive, default=self.min_clock)
-        if self.barrier.per_round:
+        if self.barrier.gathers:
+            self._close_gathered(now)
+        elif self.barrier.per_round:
             self._complete_rounds(now)
         return self._release(now)
 
@@ -174,9 +210,16 @@ class ParameterServer:
         return self._release(now)
 
     def _release(self, now: float) -> list[Reply]:
-        replies = []
+        replies, admit = [], self.barrier.admit
+        if self.barrier.gathers:
+            inside = [p.worker for p, _, _ in self.gathered]
+            computing = self.num_workers - len(self.lost) - len(self.held)
+            # a worker admitted now is computing for the next one asked
+            admit = lambda w, *_: self.barrier.admit_gathered(  # noqa: E731
+                w in inside, len(inside), computing + len(replies)
+            )
         for w in list(self.held):
-            if self.barrier.admit(w, self.clocks, self.min_clock):
+            if admit(w, self.clocks, self.min_clock):
                 self.wait_s[w] = now - self.held.pop(w)
                 self.gap[w] = self.clocks[w] - self.min_clock
                 replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
