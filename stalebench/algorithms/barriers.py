@@ -40,11 +40,18 @@ class BSPConfig(BarrierConfig):
     # b backup workers (Chen et al. 2016): a round applies the mean of the first N − b
     # gradients computed on its θ and drops the rest; 0 = wait for every worker
     backups: int = 0
+    # DBS (Ye et al. 2020): every this many rounds, each worker's minibatch size becomes
+    # proportional to its measured throughput, the global batch N·B kept; 0 = fixed sizes
+    rebalance_every: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.backups < 0:
             raise ConfigError(f"algorithm.barrier.backups must be >= 0, got {self.backups}")
+        if self.rebalance_every < 0:
+            raise ConfigError(
+                f"algorithm.barrier.rebalance_every must be >= 0, got {self.rebalance_every}"
+            )
         if self.apply != "per_round":
             raise ConfigError(
                 "algorithm.barrier.apply must be 'per_round' for bsp (ssp with staleness=0 "
@@ -71,6 +78,29 @@ class BSP(SSP):
     def quorum(self, lost_outside: int) -> int:
         """N − b, less the lost workers that did not push this round (on_loss=reform)."""
         return max(1, self.num_workers - self.cfg.backups - lost_outside)
+
+    def rebalance(
+        self, version: int, samples: list[int], seconds: list[float], sizes: list[int]
+    ) -> list[int] | None:
+        """DBS: every `rebalance_every` rounds, sizes proportional to samples per second."""
+        every = self.cfg.rebalance_every
+        if not every or version % every or not all(seconds):
+            return None
+        return proportional(sum(sizes), [n / s for n, s in zip(samples, seconds, strict=True)])
+
+
+def proportional(total: int, rates: list[float]) -> list[int]:
+    """`total` cut into integers >= 1 in proportion to `rates`: each its share rounded down,
+    the rest one each to the largest remainders (ties to the lower index); a share raised
+    to 1 is paid for by the largest."""
+    shares = [total * r / sum(rates) for r in rates]
+    sizes = [max(1, int(x)) for x in shares]
+    by_remainder = sorted(range(len(rates)), key=lambda i: (int(shares[i]) - shares[i], i))
+    for i in by_remainder[: max(0, total - sum(sizes))]:
+        sizes[i] += 1
+    while sum(sizes) > total:
+        sizes[sizes.index(max(sizes))] -= 1
+    return sizes
 
 
 @dataclasses.dataclass

@@ -117,6 +117,14 @@ class Barrier:
         `computing` workers are computing one."""
         return not gathered
 
+    def rebalance(
+        self, version: int, samples: list[int], seconds: list[float], sizes: list[int]
+    ) -> list[int] | None:
+        """A gathering barrier, after update `version`: new minibatch sizes per worker, or
+        None to keep `sizes`; `samples` and `seconds` are each worker's computed samples and
+        compute time since the sizes last changed."""
+        return None
+
 
 class UpdateRule:
     """How a gradient with its lag changes θ (in place), and which parameters a worker reads.

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from stalebench.data.base import Splits
-from stalebench.errors import ConfigError
+from stalebench.errors import ConfigError, RunError
 
 if TYPE_CHECKING:
     import torch
@@ -66,14 +66,12 @@ def shard_batches(
     seed: int,
     sharding: str = "disjoint",
     dirichlet_alpha: float = 1.0,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Minibatches:
     """Endless minibatches for one worker: a seeded disjoint shard of the training split
     (`replicated`: the whole split; `dirichlet`: its label-skewed shard), reshuffled every
     epoch with a stream of its own (same seed, same order). With `splits.augment` set, each
     minibatch's x is augmented from a second per-worker stream, so the sample order is the
     same with augmentation on or off."""
-    import torch
-
     n = len(splits.y_train)
     order = _permutation(n, seed)
     if sharding == "dirichlet":
@@ -86,16 +84,49 @@ def shard_batches(
             f"training samples ({n} split over cluster.num_workers={num_workers}"
             + (f", dataset.dirichlet_alpha={dirichlet_alpha})" if sharding == "dirichlet" else ")")
         )
-    stream = seed * 1_000_003 + worker + 1
-    gen = torch.Generator().manual_seed(stream)
-    augment = splits.augment
-    # offset by 2**32: never the seed of any worker's order stream in the same run
-    aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
-    while True:
-        perm = torch.randperm(len(shard), generator=gen)
-        for start in range(0, len(perm) - batch_size + 1, batch_size):
-            # the epoch's order a batch at a time: at 10,000 simulated workers sampling the
-            # whole split, gathering it all per worker and epoch would dominate the run
-            idx = shard[perm[start : start + batch_size]]
-            x = splits.x_train[idx]
-            yield (augment(x, aug_gen) if augment else x), splits.y_train[idx]
+    return Minibatches(splits, shard, batch_size, seed * 1_000_003 + worker + 1)
+
+
+class Minibatches:
+    """A worker's endless minibatches from its shard; `size` may change between two of them
+    (a synchronous run that re-assigns batch sizes), the epoch's order going on."""
+
+    def __init__(self, splits: Splits, shard: torch.Tensor, size: int, stream: int):
+        import torch
+
+        self.splits, self.shard, self._size = splits, shard, size
+        self.gen = torch.Generator().manual_seed(stream)
+        # offset by 2**32: never the seed of any worker's order stream in the same run
+        augment = splits.augment
+        self.aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
+        self._batches = self._run()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @size.setter
+    def size(self, size: int) -> None:
+        if not 1 <= size <= len(self.shard):
+            raise RunError(f"a minibatch of {size} samples from a shard of {len(self.shard)}")
+        self._size = size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
+
+    def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        import torch
+
+        splits, shard, augment = self.splits, self.shard, self.splits.augment
+        while True:
+            perm, start = torch.randperm(len(shard), generator=self.gen), 0
+            while start + self._size <= len(perm):
+                # the epoch's order a batch at a time: at 10,000 simulated workers sampling
+                # the whole split, gathering it all per worker and epoch would dominate
+                idx = shard[perm[start : start + self._size]]
+                start += self._size
+                x = splits.x_train[idx]
+                yield (augment(x, self.aug_gen) if augment else x), splits.y_train[idx]

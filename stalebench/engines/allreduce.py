@@ -104,6 +104,12 @@ class AllReduceEngine(DataParallel):
                 "all-reduce needs every rank's gradient, so it cannot drop the last b; backup "
                 "workers run on engine=ps"
             )
+        if getattr(self.run.algorithm.barrier, "rebalance_every", 0):
+            raise ConfigError(
+                f"algorithm.barrier.rebalance_every={self.run.algorithm.barrier.rebalance_every}"
+                ": re-assigned batch sizes run on engine=ps (its server weighs each gradient by "
+                "its minibatch)"
+            )
         if self.run.algorithm.barrier.on_loss == "reform":
             raise ConfigError(
                 "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "

@@ -147,3 +147,55 @@ def test_bad_backups_are_refused_by_name(tmp_path, overrides, message):
         )
         cfg.run_dir = str(tmp_path)
         experiment.run(cfg)
+
+
+@pytest.mark.timeout(60)
+def test_dbs_with_equal_speeds_is_bsp_bit_for_bit(tmp_path):
+    args = ["cluster=homogeneous", "cluster.compute_ms=5", *SIM]
+    runs = [
+        run_job(tmp_path / "dbs", ["algorithm=dbs", "algorithm.barrier.rebalance_every=5", *args]),
+        run_job(tmp_path / "bsp", ["algorithm=bsp", *args]),
+    ]
+    shares = [e for e in runs[0].events if e["kind"] == "barrier" and e["event"] == "rebalance"]
+    assert len(shares) == 8 and all(e["batch_sizes"] == [32] * 4 for e in shares)
+    assert same(final(runs[0]), final(runs[1]))
+    assert updates(runs[0].events) == updates(runs[1].events)
+
+
+@pytest.mark.timeout(60)
+def test_dbs_gives_the_fast_workers_more_of_the_global_batch(tmp_path):
+    """A worker 3x slower than the others gets about a third of their share; the global
+    batch stays 4 x 32, and every worker's step then lasts about as long."""
+    args = ["cluster=homogeneous", "cluster.compute_ms=5", "cluster.slowdown=[1,1,1,3]", *SIM]
+    run = run_job(tmp_path, ["algorithm=dbs", "algorithm.barrier.rebalance_every=5", *args])
+    shares = [e for e in run.events if e["kind"] == "barrier" and e["event"] == "rebalance"]
+    first = shares[0]
+    assert sum(first["batch_sizes"]) == 128
+    assert first["batch_sizes"] == [39, 38, 38, 13]  # 128 · (.3, .3, .3, .1), rounded
+    rates = first["samples_per_s"]
+    assert rates[0] == pytest.approx(3 * rates[3])
+    late = [e for e in updates(run.events) if e["version"] > 5]
+    steps = [[e["compute_s"] for e in late if e["worker"] == w] for w in range(4)]
+    assert max(steps[3]) < 1.1 * min(steps[0])  # no longer 3x: the round waits for nobody
+    bsp = run_job(tmp_path / "bsp", ["algorithm=bsp", *args]).summary
+    assert run.summary["wall_time_s"] < 0.6 * bsp["wall_time_s"]
+
+
+def test_dbs_on_small_shards_is_refused_by_name(tmp_path):
+    from stalebench import experiment
+
+    with pytest.raises(ConfigError, match="algorithm.barrier.rebalance_every=10 may give"):
+        args = ["algorithm=dbs", "cluster.num_workers=16", "budget.max_updates=9"]
+        cfg = compose(fast_with([*args, "dataset.sharding=disjoint", "dataset.batch_size=64"]))
+        cfg.run_dir = str(tmp_path)
+        experiment.run(cfg)
+
+
+def test_proportional_sizes_keep_the_total():
+    from stalebench.algorithms.barriers import proportional
+
+    assert proportional(128, [3, 3, 3, 1]) == [39, 38, 38, 13]
+    assert proportional(128, [1.0] * 4) == [32] * 4
+    assert proportional(10, [1000, 1, 1]) == [8, 1, 1]  # never below one sample
+    for rates in ([0.3, 7, 2.2], [1e-6, 1, 1, 1, 5], [2] * 7):
+        assert sum(proportional(100, rates)) == 100 and min(proportional(100, rates)) >= 1

@@ -37,6 +37,7 @@ class DataParallel(Engine):
                 f"algorithm.barrier.backups={backups} with cluster.num_workers={n}: a round "
                 f"needs at least one gradient (backups <= {n - 1})"
             )
+        self.check_rebalance(splits)
         rule_cls, _ = UPDATES.get(a.update.name)
         if a.barrier.apply == "per_round" and rule_cls.per_worker:
             raise ConfigError(
@@ -45,6 +46,21 @@ class DataParallel(Engine):
                 "that applies per arrival"
             )
         self.check_shards(splits)
+
+    def check_rebalance(self, splits) -> None:
+        """DBS may give one worker nearly the whole global batch: its shard must hold it."""
+        from stalebench.data import resolve_sharding
+
+        every = getattr(self.run.algorithm.barrier, "rebalance_every", 0)
+        d, n, n_train = self.run.dataset, self.num_workers, len(splits.y_train)
+        sharding = resolve_sharding(d.sharding, n_train, n, d.batch_size)
+        if every and sharding != "replicated" and n_train // n < n * d.batch_size:
+            raise ConfigError(
+                f"algorithm.barrier.rebalance_every={every} may give a worker up to the global "
+                f"batch of {n * d.batch_size} samples, more than its shard of about "
+                f"{n_train // n} (dataset.sharding={d.sharding}): use dataset.sharding="
+                "replicated, or fewer workers"
+            )
 
 
 @ENGINES.register("ps", EngineConfig)

@@ -50,7 +50,7 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
     params = parameters_to_vector(model.parameters()).detach().clone()
     barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
     rule = UPDATES.build(cfg.algorithm.update, params, n)
-    return model, ParameterServer(params, barrier, rule, n, emit)
+    return model, ParameterServer(params, barrier, rule, n, emit, cfg.dataset.batch_size)
 
 
 def serve(

@@ -36,7 +36,8 @@ HEADER = 8  # float32 slots before the payload of every message
 # worker's clock (reply: a resumed run's workers start at their checkpointed clocks)
 # float slots: 3 loss (push) / the run time the worker's rank started at (reply: when this
 # server started, or a spare joined), 4 compute_s (push) / int: the worker's index (reply),
-# 5 rtt_s, 6 paused_s, 7 whether the worker keeps state of its own (push)
+# 5 rtt_s (push) / int: the minibatch size of the step (reply), 6 paused_s, 7 whether the
+# worker keeps state of its own (push)
 PUSH, PARAMS, STOP = 1, 2, 3
 SPARE_WAIT = timedelta(days=1)  # a spare waits for a place as long as the run lasts
 
@@ -155,7 +156,7 @@ class Server:
             h = Header(out)
             h.i[:3] = PARAMS, r.version, self.ps.clocks[w]
             h.f[3] = self.joined_at.get(w, self.started_at)
-            h.i[4] = w
+            h.i[4], h.i[5] = w, r.batch
             out[HEADER:] = r.params
             try:
                 self.transport.send(out, self.rank[w])
@@ -239,6 +240,9 @@ def work(job: Job, rank: int, transport: Transport) -> None:
             _skip(batches, profile, worker, clock)
         now = started_at + received - t0
         paused = faults.strike(now, lambda at, s, w=worker: _pause(w, at, s)) - now
+        size = int(head.i[5])
+        if size != batches.size:  # the server re-assigned the minibatch sizes (DBS)
+            batches.size = size
         start = time.perf_counter()
         if not in_place:
             flat.copy_(inbox[HEADER:])
@@ -246,7 +250,10 @@ def work(job: Job, rank: int, transport: Transport) -> None:
         message = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
         if message is not grad:
             out[HEADER:] = message
-        pad_to(start, profile.step_s(worker))  # the profile's slowness, beyond real compute
+        target_s = profile.step_s(worker)  # the profile's slowness, beyond real compute
+        if size != cfg.dataset.batch_size:  # its time is for dataset.batch_size samples
+            target_s *= size / cfg.dataset.batch_size
+        pad_to(start, target_s)
         compute = time.perf_counter() - start
         rtt = received - pushed_at if pushed_at is not None else 0.0
         sent.i[:3] = PUSH, clock, version

@@ -122,6 +122,7 @@ class SimPort:
         self.queue = EventQueue()  # a push arriving at the server, by worker
         self.t = 0.0
         self.job, self.spares = job, 0  # spares taken so far
+        self.batch_size = cfg.dataset.batch_size
 
     def now(self) -> float:
         return self.t
@@ -137,6 +138,10 @@ class SimPort:
                 self.queue.push(wk.received_at, died)
                 continue
             wk.step_s = self.profile.step_s(r.worker)
+            if r.batch and r.batch != self.batch_size:  # re-assigned: DBS
+                wk.step_s *= r.batch / self.batch_size  # the profile's time is for batch_size
+            if r.batch and r.batch != wk.batches.size:
+                wk.batches.size = r.batch
             wk.push_s = self.net.push_s(wk.faults.slow_s, wk.step_s)
             self.queue.push(start + wk.step_s + wk.push_s, r.worker)
 

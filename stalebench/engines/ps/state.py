@@ -38,6 +38,7 @@ class Reply:
     worker: int
     params: torch.Tensor  # valid until the next call into the server: send or copy it first
     version: int
+    batch: int = 0  # the minibatch size of the step it starts (0: dataset.batch_size)
 
 
 class ParameterServer:
@@ -48,6 +49,7 @@ class ParameterServer:
         rule: UpdateRule,
         num_workers: int,
         emit: Callable[..., Any],
+        batch_size: int = 0,
     ):
         self.params = params  # flat θ, updated in place
         self.barrier, self.rule, self.num_workers = barrier, rule, num_workers
@@ -66,6 +68,12 @@ class ParameterServer:
         self.rounds: dict[int, dict[int, tuple[Push, dict[str, Any]]]] = {}
         # a gathering barrier's open update: (push, its event fields, its weight)
         self.gathered: list[tuple[Push, dict[str, Any], float]] = []
+        # each worker's minibatch size (a barrier may re-assign them: `rebalance`), the size
+        # of the step it is computing, and its samples and compute time since the last change
+        self.batch_size = batch_size
+        self.sizes = [batch_size] * num_workers
+        self.reading = [batch_size] * num_workers
+        self.samples, self.busy_s = [0] * num_workers, [0.0] * num_workers
 
     def start(self, now: float) -> list[Reply]:
         """Step 0, or the first step after a resume: every worker still in the run is held,
@@ -141,6 +149,11 @@ class ParameterServer:
         apply the update once the quorum is kept."""
         lag = self.version - push.version_read
         weight = self.barrier.weigh(lag)
+        w = push.worker
+        self.samples[w] += self.reading[w]
+        self.busy_s[w] += push.compute_s
+        if weight and self.reading[w] != self.batch_size:  # its share of the global batch
+            weight *= self.reading[w] / self.batch_size
         if weight == 0:
             self.emit("barrier", now, event="dropped", lag=lag, version=self.version, **record)
             return
@@ -156,6 +169,13 @@ class ParameterServer:
         self.gathered = []
         self._apply([p for p, _, _ in ordered], [r for _, r, _ in ordered], now,
                     [w for _, _, w in ordered])  # fmt: skip
+        sizes = self.barrier.rebalance(self.version, self.samples, self.busy_s, self.sizes)
+        if sizes is not None:
+            rates = [n / s for n, s in zip(self.samples, self.busy_s, strict=True)]
+            self.emit("barrier", now, worker=-1, event="rebalance", version=self.version,
+                      batch_sizes=sizes, samples_per_s=rates)  # fmt: skip
+            self.sizes = sizes
+            self.samples, self.busy_s = [0] * self.num_workers, [0.0] * self.num_workers
 
     def _apply(
         self,
@@ -222,7 +242,9 @@ class ParameterServer:
             if admit(w, self.clocks, self.min_clock):
                 self.wait_s[w] = now - self.held.pop(w)
                 self.gap[w] = self.clocks[w] - self.min_clock
-                replies.append(Reply(w, self.rule.params_for(self.params, w), self.version))
+                self.reading[w] = self.sizes[w]
+                params = self.rule.params_for(self.params, w)
+                replies.append(Reply(w, params, self.version, self.sizes[w]))
         if self.held and len(self.held) + len(self.lost) == self.num_workers:
             raise RunError(f"deadlock: the barrier holds every worker (clocks {self.clocks})")
         return replies
