@@ -7,6 +7,7 @@ from importlib.resources import files
 
 from stalebench import plugins
 from stalebench.algorithms.base import BARRIERS, UPDATES
+from stalebench.algorithms.gossip import GOSSIP
 from stalebench.algorithms.local import INNER, OUTER
 from stalebench.algorithms.pipeline import OPTIMIZERS
 from stalebench.config import ENGINES
@@ -52,6 +53,7 @@ def sections() -> list[tuple[str, list[tuple[str, str]]]]:
         ("pipeline optimizers (algorithm/optimizer=)", registered(OPTIMIZERS)),
         ("inner optimizers (algorithm/inner=)", registered(INNER)),
         ("outer rules (algorithm/outer=)", registered(OUTER)),
+        ("gossip rules (algorithm/gossip=)", registered(GOSSIP)),
         ("algorithm presets (algorithm=)", presets("algorithm")),
         ("models (model=)", registered(MODELS)),
         ("datasets (dataset=)", registered(DATASETS)),

@@ -166,6 +166,7 @@ GROUPS = (
     "algorithm/optimizer",
     "algorithm/inner",
     "algorithm/outer",
+    "algorithm/gossip",
     "model",
     "dataset",
     "cluster",

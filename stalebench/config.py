@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from stalebench.algorithms.base import BarrierConfig, UpdateConfig
+from stalebench.algorithms.gossip import MixingConfig
 from stalebench.algorithms.local import InnerConfig, OuterConfig
 from stalebench.algorithms.pipeline import OptimizerConfig, PipelineConfig
 from stalebench.cluster import ClusterConfig
@@ -48,6 +49,8 @@ class AlgorithmConfig:
     # reconciles the replicas after them
     inner: Optional[InnerConfig] = None  # noqa: UP045
     outer: Optional[OuterConfig] = None  # noqa: UP045
+    # engine=gossip: how the nodes mix their models (the local step is `inner`)
+    gossip: Optional[MixingConfig] = None  # noqa: UP045
 
     @property
     def parts(self) -> tuple[str, str]:
@@ -57,6 +60,8 @@ class AlgorithmConfig:
             return self.pipeline.schedule, self.optimizer.name
         if self.outer is not None and self.inner is not None:
             return self.outer.name, self.inner.name
+        if self.gossip is not None and self.inner is not None:
+            return self.gossip.name, self.inner.name
         return self.barrier.name, self.update.name
 
     @property

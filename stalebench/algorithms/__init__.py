@@ -6,6 +6,7 @@ from stalebench.algorithms import (  # noqa: F401
     dana,
     dssp,
     gba,
+    gossip,
     local,
     pipeline,
     psp,

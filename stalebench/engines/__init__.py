@@ -1,5 +1,5 @@
 """Engines: how a run trains. Importing this package registers the built-in engines
 (`ps`, `allreduce`, `pipeline`, `local`); see `base` for the contract a new one implements."""
 
-from stalebench.engines import allreduce, local, pipeline, ps  # noqa: F401  (registers built-ins)
+from stalebench.engines import allreduce, gossip, local, pipeline, ps  # noqa: F401  (registers built-ins)
 from stalebench.engines.base import ENGINES, Engine, EngineConfig  # noqa: F401

@@ -1,0 +1,63 @@
+"""engine=gossip: decentralised training, no server. Every node takes a step of its local
+optimizer (`algorithm/inner=`) on its own model and mixes it with its peers' by gossip
+(`algorithm/gossip=`): Stochastic Gradient Push (PushSum on a time-varying directed
+exponential graph), its overlap variant OSGP, and D-PSGD.
+
+A node waits only for the messages its in-peers sent it, never for the slowest node, except
+at the engine's own collective every `engine.sync_every` iterations: one all-reduce of the
+nodes' de-biased models z_i (their mean z̄ is the model snapshotted and evaluated) and one of
+their statistics (each iteration's loss and times, ‖z_i − z̄‖, rank 0's stop decision), so
+that rank 0 can write the run directory and every rank stops at the same iteration.
+
+`node` holds what both runtimes share (a node's state, the statistics and events); `real`
+runs one process per node over gloo point-to-point messages, `sim` the virtual clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stalebench.algorithms.gossip import GOSSIP
+from stalebench.engines.base import ENGINES, Engine, EngineConfig
+from stalebench.errors import ConfigError
+
+
+@dataclasses.dataclass
+class GossipConfig(EngineConfig):
+    # iterations between the collectives that gather z̄ (snapshots), each node's statistics
+    # (events) and the stop decision; every node waits for the slowest there, so a longer
+    # period leaves the gossip freer (the run ends on one: up to this many past the budget)
+    sync_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.sync_every < 1:
+            raise ConfigError(f"engine.sync_every must be >= 1, got {self.sync_every}")
+
+
+@ENGINES.register("gossip", GossipConfig)
+class GossipEngine(Engine):
+    """N nodes train decentralised: a local step, then gossip with their peers (SGP, D-PSGD)."""
+
+    slots = ("inner", "gossip")
+
+    def validate(self, splits) -> None:
+        super().validate(splits)
+        a = self.run.algorithm
+        GOSSIP.get(a.gossip.name)[0].check(a.gossip, self.num_workers)
+        if a.inner.reset:
+            raise ConfigError(
+                "algorithm.inner.reset=true: engine=gossip has no rounds to reset the local "
+                "optimizer at; leave it false"
+            )
+        self.check_shards(splits)
+
+    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        from stalebench.engines.gossip.real import run
+
+        return run(job, rank, ctx.run_dir, ctx.transport)
+
+    def simulate(self, job, run_dir) -> dict[str, Any]:
+        from stalebench.engines.gossip.sim import simulate
+
+        return simulate(job, run_dir)
