@@ -25,6 +25,7 @@ import torch
 
 from stalebench.algorithms.gossip import GOSSIP, Mixing
 from stalebench.algorithms.local import INNER
+from stalebench.engines.local.round import Net  # the model as one flat vector, shared
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
 from stalebench.runtime.record import gradient
@@ -38,19 +39,6 @@ ROW = ("t", "loss", "compute_s", "wait_s", "comm_s", "paused_s", "lag")
 
 def mixing(job: Job) -> Mixing:
     return GOSSIP.build(job.cfg.algorithm.gossip, job.cfg.cluster.num_workers)
-
-
-class Net:
-    """The model a process computes gradients with, its parameters views of one flat vector."""
-
-    def __init__(self, job: Job, device: torch.device):
-        from stalebench.models.nets import flatten_parameters
-
-        self.model = job.model().to(device)
-        self.flat = flatten_parameters(self.model)
-        self.params = list(self.model.parameters())
-        self.buffers = list(self.model.buffers())
-        self.device = device
 
 
 class Node:
