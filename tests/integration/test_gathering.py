@@ -199,3 +199,29 @@ def test_proportional_sizes_keep_the_total():
     assert proportional(10, [1000, 1, 1]) == [8, 1, 1]  # never below one sample
     for rates in ([0.3, 7, 2.2], [1e-6, 1, 1, 1, 5], [2] * 7):
         assert sum(proportional(100, rates)) == 100 and min(proportional(100, rates)) >= 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm=dbs", "algorithm.barrier.rebalance_every=-1"],
+            "algorithm.barrier.rebalance_every must be >= 0, got -1",
+        ),
+        (
+            ["algorithm=dbs", "engine=allreduce"],
+            "algorithm.barrier.rebalance_every=10: re-assigned",
+        ),
+        (["algorithm=gba", "algorithm.barrier.decay=2"], "algorithm.barrier.decay must be in"),
+        (["algorithm=gba", "algorithm.barrier.ahead=-2"], "algorithm.barrier.ahead must be >= -1"),
+        (["algorithm=sgp", "engine.sync_every=0"], "engine.sync_every must be >= 1, got 0"),
+        (["algorithm=sgp", "algorithm.inner.reset=true"], "algorithm.inner.reset=true: engine"),
+    ],
+)
+def test_bad_gathering_and_gossip_settings_are_refused_by_name(tmp_path, overrides, message):
+    from stalebench import experiment
+
+    with pytest.raises(ConfigError, match=message):
+        cfg = compose(fast_with(["cluster.num_workers=4", "budget.max_updates=9", *overrides]))
+        cfg.run_dir = str(tmp_path)
+        experiment.run(cfg)
