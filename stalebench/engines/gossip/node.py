@@ -28,7 +28,6 @@ from stalebench.algorithms.local import INNER
 from stalebench.engines.local.round import Net  # the model as one flat vector, shared
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
-from stalebench.runtime.record import gradient
 
 # a row of statistics per node per iteration: when it ended, the minibatch's loss, the
 # compute, the seconds it waited for messages (and the last collective), the seconds the
@@ -59,13 +58,7 @@ class Node:
 
     def gradient(self, net: Net) -> tuple[torch.Tensor, float]:
         """The gradient at z of the next minibatch, with the node's BatchNorm statistics."""
-        net.flat.copy_(self.z)
-        for mine, shared in zip(self.buffers, net.buffers, strict=True):
-            shared.copy_(mine)
-        grad, loss = gradient(net.model, net.params, next(self.batches), net.device)
-        for mine, shared in zip(self.buffers, net.buffers, strict=True):
-            mine.copy_(shared)
-        return grad, loss
+        return net.gradient_at(self.z, self.buffers, next(self.batches))
 
     def step(self, grad: torch.Tensor) -> None:
         self.inner.step(grad)
@@ -105,11 +98,6 @@ def gossip_bytes(rule: Mixing, first: int, last: int, num_params: int) -> int:
     nodes = range(rule.num_nodes)
     sends = sum(len(rule.out_peers(i, k)) for k in range(first, last) for i in nodes)
     return sends * message_bytes(num_params)
-
-
-def ring_volume(nbytes: int, num_nodes: int) -> int:
-    """Bytes all nodes together send in one ring all-reduce of `nbytes`: 2(N − 1)·nbytes."""
-    return 2 * (num_nodes - 1) * nbytes
 
 
 def report(emit, first: int, rows: np.ndarray, dists: np.ndarray) -> None:

@@ -29,11 +29,11 @@ from stalebench.engines.gossip.node import (
     message_bytes,
     mixing,
     report,
-    ring_volume,
     stats_slots,
     sync_bytes,
     syncs_at,
 )
+from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.runtime.faults import Shaped, WorkerDied, pad_to
 from stalebench.runtime.record import RunRecord, diverged, gradient, spent

@@ -30,10 +30,10 @@ from stalebench.engines.gossip.node import (
     message_bytes,
     mixing,
     report,
-    ring_volume,
     sync_bytes,
     syncs_at,
 )
+from stalebench.engines.rounds import ring_volume
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.record import RunRecord, diverged, spent
@@ -48,6 +48,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     nodes = [Node(job, i, theta, net, rule) for i in range(n)]
     every, budget = cfg.engine.sync_every, cfg.budget.max_updates
     msg_bytes = message_bytes(theta.numel())
+    pull_s = profile.pull_s(msg_bytes)  # a message's receive
     z_bytes, stats_bytes = sync_bytes(theta.numel(), n, every)
     clocks, carried = [0.0] * n, [[0.0, 0.0] for _ in range(n)]  # wait, comm of a collective
     sent: dict[tuple[int, int], tuple[torch.Tensor, dict[int, float]]] = {}  # (k, i): msg, at
@@ -80,8 +81,8 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
                 for j in rule.in_peers(i, k - rule.delay):
                     message, arrives = sent[(k - rule.delay, j)]
                     row[3] += max(arrives[i] - t, 0.0)
-                    t = max(t, arrives[i]) + profile.pull_s(msg_bytes)
-                    row[4] += profile.pull_s(msg_bytes)
+                    t = max(t, arrives[i]) + pull_s
+                    row[4] += pull_s
                     node.receive(message)
                 row[6] = rule.delay
             if rule.mixes_first:

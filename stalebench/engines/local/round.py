@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
+from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
 from stalebench.runtime.record import gradient
@@ -33,11 +34,6 @@ WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 def stats_slots(num_workers: int) -> int:
     return STATS * num_workers + 1  # and rank 0's clock, which decides the wall budget
-
-
-def ring_volume(nbytes: int, num_workers: int) -> int:
-    """Bytes all ranks together send in one ring all-reduce of `nbytes`: 2(M − 1)·nbytes."""
-    return 2 * (num_workers - 1) * nbytes
 
 
 class Net:
@@ -52,6 +48,19 @@ class Net:
         self.params = list(self.model.parameters())
         self.buffers = list(self.model.buffers())
         self.device = device
+
+    def gradient_at(
+        self, x: torch.Tensor, buffers: list[torch.Tensor], batch
+    ) -> tuple[torch.Tensor, float]:
+        """The gradient and loss of `batch` at θ = x, with the BatchNorm statistics
+        `buffers` (the caller's own, left as the forward pass updated them)."""
+        self.flat.copy_(x)
+        for mine, shared in zip(buffers, self.buffers, strict=True):
+            shared.copy_(mine)
+        out = gradient(self.model, self.params, batch, self.device)
+        for mine, shared in zip(buffers, self.buffers, strict=True):
+            mine.copy_(shared)
+        return out
 
 
 class Replica:
@@ -68,12 +77,7 @@ class Replica:
 
     def step(self, net: Net) -> float:
         """One inner step on the next minibatch: the gradient at x, then the optimizer."""
-        net.flat.copy_(self.x)
-        for mine, shared in zip(self.buffers, net.buffers, strict=True):
-            shared.copy_(mine)
-        grad, loss = gradient(net.model, net.params, next(self.batches), net.device)
-        for mine, shared in zip(self.buffers, net.buffers, strict=True):
-            mine.copy_(shared)
+        grad, loss = net.gradient_at(self.x, self.buffers, next(self.batches))
         self.inner.step(grad)
         return loss
 
