@@ -103,15 +103,16 @@ def _run(cfg: RunConfig, engine) -> dict:
 
 def _print_result(summary: dict, run_dir: str) -> None:
     final = summary["final"] or {}
+    split = summary.get("eval_split", "test")  # val: a tuning run (eval.split=val)
     shown = " ".join(
-        f"test_{k}={round(final[k], 4)}"
+        f"{split}_{k}={round(final[k], 4)}"
         for k in ("accuracy", "loss", "perplexity")
         if final.get(k) is not None
     )
     print(
         f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
         f"workers={summary['num_workers']} updates={summary['updates']} "
-        f"wall={summary['wall_time_s']:.1f}s {shown or 'test_accuracy=None'} "
+        f"wall={summary['wall_time_s']:.1f}s {shown or split + '_accuracy=None'} "
         f"mean_lag={summary['lag']['mean']} -> {run_dir}"
         + (f"\n  error: {summary['error']}" if summary["error"] else "")
     )

@@ -22,7 +22,10 @@ from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
-FAULT_ACTIONS = ("pause", "die", "slow")
+FAULT_ACTIONS = ("pause", "die", "slow", "slow_compute")
+# actions the profile's step times carry (`Profile.step_s`), not the runtime's fault
+# wrappers (`stalebench.runtime.faults.Faults` leaves them out)
+STEP_ACTIONS = ("slow_compute",)
 
 
 @dataclasses.dataclass
@@ -30,12 +33,16 @@ class FaultConfig:
     worker: int = 0
     at_s: float = 0.0  # run time (s, real or virtual) after which the fault strikes
     # pause: the worker goes silent for duration_s; die: it exits; slow: every message it
-    # sends takes delay_ms longer, for duration_s (0 = to the end of the run)
+    # sends takes delay_ms longer, for duration_s (0 = to the end of the run);
+    # slow_compute: its steps take `factor` times the profile's step time from its step
+    # at_step on, for duration_steps steps (0 = to the end of the run)
     action: str = "pause"
     duration_s: float = 0.0  # pause length, or how long sends are slowed (s)
     # or, when >= 0, the worker's step (0-based) at whose start it strikes, whatever the time
     at_step: int = -1
     delay_ms: float = 0.0  # slow: the extra time of each message the worker sends
+    factor: float = 1.0  # slow_compute: the step time's multiplier (> 1)
+    duration_steps: int = 0  # slow_compute: how many steps it lasts (0 = to the end)
 
 
 @dataclasses.dataclass
@@ -70,6 +77,9 @@ class ClusterConfig(ComponentConfig):
         def bad(key: str, value: object, valid: str) -> ConfigError:
             return ConfigError(f"cluster.{key} must be {valid}, got {value!r}")
 
+        if not isinstance(self.faults, (list, tuple)):  # an interpolation's value
+            raise bad("faults", self.faults, "a list of faults")
+        self.faults = [_fault(f, i) for i, f in enumerate(self.faults)]
         if self.num_workers < 1:
             raise bad("num_workers", self.num_workers, ">= 1")
         if self.spares < 0:
@@ -122,6 +132,56 @@ class ClusterConfig(ComponentConfig):
                 raise bad(f"faults[{i}].delay_ms", f.delay_ms, "> 0 with action slow, else 0")
             if f.at_step < -1 or (f.at_step >= 0 and f.at_s):
                 raise bad(f"faults[{i}]", f, "at_step >= 0 (with at_s 0) or at_step -1 (by time)")
+            if f.action == "slow_compute":
+                _check_slow_compute(f, i, bad)
+            elif f.factor != 1.0 or f.duration_steps:
+                raise bad(
+                    f"faults[{i}]",
+                    f,
+                    "factor 1 and duration_steps 0 unless action is slow_compute",
+                )
+
+
+def _fault(raw: object, i: int) -> FaultConfig:
+    """A fault as given: a FaultConfig, or a mapping (what an interpolation such as
+    `faults: ${sweep.params.disturbance}` resolves to: OmegaConf leaves it untyped), typed
+    and checked here as Hydra checks a fault written out."""
+    if isinstance(raw, FaultConfig):
+        return raw
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FaultConfig), raw))
+    except (OmegaConfBaseException, ValueError) as exc:
+        fields = ", ".join(f.name for f in dataclasses.fields(FaultConfig))
+        raise ConfigError(
+            f"cluster.faults[{i}] must be a fault ({fields}), got {raw!r}: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
+
+
+def _check_slow_compute(f: FaultConfig, i: int, bad) -> None:
+    """A slow_compute fault is part of the worker's step-time stream, which counts steps,
+    not seconds: it starts at a step and lasts steps."""
+    if f.at_s:
+        raise bad(
+            f"faults[{i}].at_s",
+            f.at_s,
+            "0 with action slow_compute (it starts at a step: set at_step)",
+        )
+    if f.at_step < 0:
+        raise bad(f"faults[{i}].at_step", f.at_step, ">= 0 with action slow_compute")
+    if f.duration_s:
+        raise bad(
+            f"faults[{i}].duration_s",
+            f.duration_s,
+            "0 with action slow_compute (it lasts steps: set duration_steps)",
+        )
+    if not f.factor > 1.0:
+        raise bad(f"faults[{i}].factor", f.factor, "> 1 with action slow_compute")
+    if f.duration_steps < 0:
+        raise bad(f"faults[{i}].duration_steps", f.duration_steps, ">= 0 (0 = to the end)")
 
 
 def read_trace(path: str) -> list[np.ndarray]:
@@ -163,9 +223,17 @@ class Profile:
         self.trace = read_trace(cfg.trace_file) if cfg.compute == "trace" else None
         self.streams = [np.random.default_rng([seed, w, 0x5B]) for w in range(n)]
         self.steps = [0] * n  # draws taken per worker (the trace position)
+        # each worker's slow_compute faults: (first step, step after the last, factor)
+        self.slowed: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+        for f in cfg.faults:
+            if f.action == "slow_compute":
+                end = f.at_step + f.duration_steps if f.duration_steps else math.inf
+                self.slowed[f.worker].append((f.at_step, end, float(f.factor)))
 
     def step_s(self, worker: int) -> float:
-        """Seconds the next step of `worker` takes (it is padded up to this)."""
+        """Seconds the next step of `worker` takes (it is padded up to this): its k-th draw
+        is its step k (0-based), times the factor of each slow_compute fault in force at k.
+        The draws themselves do not depend on the faults."""
         c, rng = self.cfg, self.streams[worker]
         k = self.steps[worker]
         self.steps[worker] += 1
@@ -182,7 +250,11 @@ class Profile:
             base = series[k % len(series)]
         if c.straggler_prob and rng.random() < c.straggler_prob:
             base *= c.straggler_factor
-        return float(base) * self.slowdown[worker] / 1000.0
+        seconds = float(base) * self.slowdown[worker] / 1000.0
+        for first, end, factor in self.slowed[worker]:  # slow_compute faults in force
+            if first <= k < end:
+                seconds *= factor
+        return seconds
 
     def push_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of one message from a worker; `slow_s` is what a slow fault adds to each

@@ -23,6 +23,7 @@ from stalebench.sweep import SweepConfig
 RUNTIMES = ("real", "sim")
 LOGGERS = ("none", "local", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
+EVAL_SPLITS = ("test", "val")  # what eval.split may name
 
 
 @dataclasses.dataclass
@@ -74,8 +75,15 @@ class BudgetConfig:
     max_updates: int = 0  # stop after this many server updates (0 = no limit)
     max_wall_s: float = 20.0  # stop after this many seconds of training (0 = no limit)
     target_accuracy: float = 0.6  # test accuracy for time_to_target_s
+    # a completed run whose held-out loss ends above this many times its loss at θ₀ (or
+    # not finite: an overflow) is `diverged`, as the papers mean it; 0 = only non-finite
+    diverge_factor: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.diverge_factor != 0 and not self.diverge_factor > 1:
+            raise ConfigError(
+                f"budget.diverge_factor must be 0 (off) or > 1, got {self.diverge_factor}"
+            )
         if self.max_updates < 0:
             raise ConfigError(f"budget.max_updates must be >= 0, got {self.max_updates}")
         if self.max_wall_s < 0:
@@ -94,11 +102,24 @@ class EvalConfig:
     every_s: float = 1.0  # snapshot θ every this many seconds of training (0 = off)
     train_samples: int = 1000  # training-split samples evaluated per snapshot (0 = none)
     batch_size: int = 1000
+    # the split the snapshots are evaluated on: test, or val (`validation_fraction` of the
+    # training split held out by a fixed carve, the same for every seed and arm; workers
+    # train on the rest and the test split is never evaluated: a tuning run's selection)
+    split: str = "test"
+    validation_fraction: float = 0.1  # split=val: the share of the training split held out
 
     def __post_init__(self) -> None:
         for key in ("every_updates", "train_samples"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"eval.{key} must be >= 0, got {getattr(self, key)}")
+        if self.split not in EVAL_SPLITS:
+            raise ConfigError(
+                f"eval.split must be one of {', '.join(EVAL_SPLITS)}, got {self.split!r}"
+            )
+        if not 0.0 < self.validation_fraction <= 0.5:
+            raise ConfigError(
+                f"eval.validation_fraction must be in (0, 0.5], got {self.validation_fraction}"
+            )
         if self.every_s < 0:
             raise ConfigError(f"eval.every_s must be >= 0, got {self.every_s}")
         if self.batch_size < 1:

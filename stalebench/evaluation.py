@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from stalebench.data import Splits
 
 
+# times compare as events.jsonl writes them (µs): an update logged at a grid time is in θ
+TIME_DIGITS = 6
+
+
 @dataclasses.dataclass
 class Snapshot:
     t: float
@@ -25,17 +29,41 @@ class Snapshot:
 
 
 class Snapshots:
-    """Takes a copy of θ at version 0, every `every_updates` updates or `every_s` seconds,
-    and once more at the end."""
+    """Copies of θ for the evaluation after training. An engine offers θ (`maybe`) at
+    version 0 and after every change, with the run time of the change.
 
-    def __init__(self, cfg: EvalConfig):
+    Real runtime: a copy at the first offer, then at the first offer at or past each due time
+    (`every_s` after the last copy) or due version (`every_updates` after it), each at the
+    time it was offered, and once more at the end (`take`).
+
+    Simulator (`on_grid`, with every_s > 0): a snapshot at every grid time k·every_s from 0 to
+    the end, holding θ as it was then: the version applied last at or before that time. The
+    time is virtual, so the simulator can afford what the real runtime cannot: it keeps the
+    θ offered last, and a later offer emits the grid times before it with the θ held. Grid
+    times that no update separates share one copy (and one evaluation). Every
+    `every_updates` updates there is a copy at the update's time as well, and one at the
+    run's end (the last grid time when the run ends on one). A method whose θ changes seldom
+    (long BSP or DiLoCo rounds) is thus read at the same times as one that changes at every
+    step, and a target reached between two grid times counts at the later one for both."""
+
+    def __init__(self, cfg: EvalConfig, on_grid: bool = False):
         self.cfg = cfg
+        self.on_grid = on_grid and cfg.every_s > 0
         self.taken: list[Snapshot] = []
         self.next_version = 0
         self.next_t = 0.0
+        self.held: Snapshot | None = None  # on_grid: θ as of the last offer
+        self.next_grid = 0  # on_grid: k of the next grid time k·every_s to emit
+        self._held_taken = False  # a snapshot shares the held copy: copy afresh next time
 
     def maybe(self, t: float, version: int, params: torch.Tensor) -> bool:
         """Take a snapshot if one is due; True when it did."""
+        if self.on_grid:
+            took = self._grid(t)
+            self._hold(t, version, params)
+            if self.cfg.every_updates > 0 and version >= self.next_version:
+                took = self._add(t, version, self.held.params) or took
+            return took
         due_v = self.cfg.every_updates > 0 and version >= self.next_version
         due_t = self.cfg.every_s > 0 and t >= self.next_t
         if due_v or due_t or not self.taken:
@@ -44,11 +72,52 @@ class Snapshots:
         return False
 
     def take(self, t: float, version: int, params: torch.Tensor) -> None:
-        if self.taken and self.taken[-1].version == version:
+        """A snapshot now (the run's end), unless the last one holds this version (on the
+        grid: unless the last one is this time and version)."""
+        if self.on_grid and self.held is not None:
+            self._grid(t)
+            if self.held.version == version:  # θ unchanged since the last offer
+                params = self.held.params
+        elif self.taken and self.taken[-1].version == version:
             return
-        self.taken.append(Snapshot(t, version, params.detach().clone()))
+        self._add(t, version, params)
+
+    def grid_time(self, k: int) -> float:
+        return round(k * self.cfg.every_s, TIME_DIGITS)
+
+    def _grid(self, t: float) -> bool:
+        """Emit the grid times before `t` with the θ held (none before the first offer)."""
+        took, t = False, round(t, TIME_DIGITS)
+        while self.grid_time(self.next_grid) < t:
+            if self.held is not None:
+                took = (
+                    self._add(self.grid_time(self.next_grid), self.held.version, self.held.params)
+                    or took
+                )
+            self.next_grid += 1
+        return took
+
+    def _hold(self, t: float, version: int, params: torch.Tensor) -> None:
+        if self.held is not None and self.held.version == version:
+            return  # θ unchanged
+        if self.held is None or self._held_taken:
+            self.held = Snapshot(t, version, params.detach().clone())
+            self._held_taken = False
+        else:
+            self.held.params.copy_(params.detach())
+            self.held.t, self.held.version = t, version
+
+    def _add(self, t: float, version: int, params: torch.Tensor) -> bool:
+        if self.taken and (self.taken[-1].t, self.taken[-1].version) == (t, version):
+            return False
+        if self.held is not None and params is self.held.params:
+            self._held_taken = True
+        else:
+            params = params.detach().clone()
+        self.taken.append(Snapshot(t, version, params))
         self.next_version = version + max(self.cfg.every_updates, 1)
         self.next_t = t + self.cfg.every_s
+        return True
 
 
 def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -115,22 +184,29 @@ def recalibrate_batch_norm(
 def evaluate_snapshots(
     snapshots: list[Snapshot], model: nn.Module, splits: Splits, cfg: EvalConfig, seed: int, emit
 ) -> None:
-    """Emit test (and a fixed training subset's) loss and accuracy of every snapshot
-    (accuracy None for regression)."""
+    """Emit the held-out split's (and a fixed training subset's) loss and accuracy of every
+    snapshot (accuracy None for regression): the test split, or the validation split when
+    the splits hold one out (eval.split=val), never both."""
     import torch
 
-    sets = [("test", splits.x_test, splits.y_test)]
+    if splits.x_val is not None:
+        sets = [("val", splits.x_val, splits.y_val)]
+    else:
+        sets = [("test", splits.x_test, splits.y_test)]
     if cfg.train_samples:
         n = min(cfg.train_samples, len(splits.y_train))
         idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))
         sets.append(("train", splits.x_train[idx[:n]], splits.y_train[idx[:n]]))
     # a language model (integer token targets per position): its perplexity too
     sequences = not splits.regression and splits.y_train.dim() > 1
+    shared, results = None, []  # snapshots sharing one copy of θ (grid times): evaluated once
     for snap in snapshots:
-        if cfg.train_samples:
-            recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)
-        for split, x, y in sets:
-            loss, acc = evaluate(model, snap.params, x, y, cfg.batch_size)
+        if snap.params is not shared:
+            shared = snap.params
+            if cfg.train_samples:
+                recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)
+            results = [(s, *evaluate(model, snap.params, x, y, cfg.batch_size)) for s, x, y in sets]
+        for split, loss, acc in results:
             extra = {"perplexity": math.exp(min(loss, 700.0))} if sequences else {}
             emit(
                 "eval", snap.t, version=snap.version, split=split, loss=loss, accuracy=acc, **extra

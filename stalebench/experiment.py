@@ -23,7 +23,7 @@ from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError
-from stalebench.job import Job, config_sha, meta
+from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.runtime import checkpoint, forkserver, nodes
@@ -60,7 +60,7 @@ def prepare(cfg: RunConfig) -> Engine:
         forkserver.start([type(engine).__module__])
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
-    splits = dataset.load()
+    splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller
     engine.validate(splits)
     # a model that cannot take the dataset's inputs fails here, not inside every process
     MODELS.build(cfg.model, splits.input_shape, splits.num_classes)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from stalebench.cluster import Profile
 from stalebench.config import RunConfig
-from stalebench.data import DATASETS, Splits, resolve_sharding, shard_batches
+from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
 from stalebench.models import MODELS
 
 if TYPE_CHECKING:
@@ -59,6 +59,16 @@ def config_sha(cfg: RunConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def load_splits(cfg: RunConfig, dataset: Dataset | None = None) -> Splits:
+    """The dataset's splits as the run uses them (`dataset`: one already built from
+    cfg.dataset): with eval.split=val, the training split less the validation examples it
+    holds out (`Splits.hold_out`), which workers then shard."""
+    splits = (dataset or DATASETS.build(cfg.dataset)).load()
+    if cfg.eval.split == "val":
+        return splits.hold_out(cfg.eval.validation_fraction)
+    return splits
+
+
 @dataclasses.dataclass
 class Job:
     """The pieces every process of a run builds identically from the config.
@@ -77,8 +87,7 @@ class Job:
     @classmethod
     def build(cls, cfg: RunConfig, num_workers: int | None = None, one_stream: bool = False):
         n = cfg.cluster.num_workers if num_workers is None else num_workers
-        splits = DATASETS.build(cfg.dataset).load()
-        return cls(cfg, splits, Profile(cfg.cluster, cfg.seed), n, one_stream)
+        return cls(cfg, load_splits(cfg), Profile(cfg.cluster, cfg.seed), n, one_stream)
 
     @property
     def meta(self) -> dict[str, Any]:

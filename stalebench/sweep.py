@@ -5,6 +5,30 @@ run of the sweep carries them in its `.hydra/config.yaml`, so `stalebench-report
 the claims from the run directories alone. This module is pure (no torch, no engines):
 the schema is shared by the CLI, which validates it before any process starts, and by the
 report, which evaluates it.
+
+How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
+
+- every claim states `origin` (paper: the paper's checked text; recalled: a statement
+  recalled from the paper, not checked against its text; self-check: a check of the harness
+  itself, reported apart from the paper's tally), `threshold_from` (paper | ours: whose
+  numbers `value` and `margin` are; a number transcribed by a third party and never checked
+  may stand in `published`, never in `value` or `margin`) and `margin` (the smallest
+  advantage that counts, in the statistic's units: ordering and trend in the metric's, ratio
+  in a/b, threshold in the metric's, gap_closed as a fraction of the gap; "slightly",
+  "much", "within x %" become numbers here, marked as ours in `text`).
+- per seed an advantage d = ±(statistic − bound); a one-sided t-test of mean d > margin
+  (paired by seed, Welch when the sides do not pair), α = 0.05 with Holm's correction over
+  the paper and recalled claims of one sweep (self-checks are a family of their own).
+  holds: significant beyond the margin; does not hold: the 95 % interval of the mean
+  advantage lies below the margin; inconclusive otherwise, or with fewer than `min_seeds`
+  usable seeds.
+- `per` gives one joint verdict (it holds only if it holds at every value); `trend` is
+  tested at every consecutive step of `over`; a diverged run never reaches a target and is
+  unusable for every other metric; failed runs never count as diverged; a selector that
+  matches two runs of one seed is an error.
+- kind `fails`: every usable run of `a` ends at a final test accuracy within `value` of
+  chance (summary.json `chance_accuracy`): training fails, as distinct from `diverges`
+  (numeric divergence).
 """
 
 from __future__ import annotations
@@ -14,7 +38,13 @@ from typing import Any, Optional
 
 from stalebench.errors import ConfigError
 
-KINDS = ("ordering", "ratio", "threshold", "diverges", "gap_closed", "trend")
+KINDS = ("ordering", "ratio", "threshold", "diverges", "fails", "gap_closed", "trend")
+# where a claim comes from: the paper's text (checked), a statement recalled from the paper
+# (not checked against its text), or a check of the harness itself (reported apart from the
+# paper's tally)
+ORIGINS = ("paper", "recalled", "self-check")
+# whose number a claim's `value` and `margin` are
+THRESHOLD_FROM = ("paper", "ours")
 DIRECTIONS = ("lower", "higher")
 SCALES = ("small", "full")
 # metrics whose "better" direction is implied, so a claim cannot get it backwards
@@ -54,6 +84,14 @@ class ClaimConfig:
     value: float = 0.0  # the bound of ratio, threshold and gap_closed
     published: str = ""  # the paper's number or wording, beside ours
     source: str = ""  # where the published value comes from
+    origin: str = ""  # paper | recalled | self-check (ORIGINS)
+    threshold_from: str = "ours"  # paper | ours: whose number `value` and `margin` are
+    # the smallest advantage that counts, in the statistic's units (ordering and trend: the
+    # metric's; ratio: a/b; threshold: the metric's; gap_closed: a fraction of the gap;
+    # fails: ε above chance accuracy is `value`, margin unused): "holds" needs the one-sided
+    # test of advantage > margin to reject at α (Holm-corrected over the paper's claims)
+    margin: float = 0.0
+    min_seeds: int = 3  # usable paired seeds (runs on every side) a verdict needs
 
     def check(self, where: str) -> None:
         def bad(key: str, value: object, valid: str) -> ConfigError:
@@ -65,7 +103,15 @@ class ClaimConfig:
             raise bad("kind", self.kind, f"one of {', '.join(KINDS)}")
         if self.better not in DIRECTIONS:
             raise bad("better", self.better, f"one of {', '.join(DIRECTIONS)}")
-        if self.kind != "diverges" and not self.metric:
+        if self.origin not in ORIGINS:
+            raise bad("origin", self.origin, f"one of {', '.join(ORIGINS)}")
+        if self.threshold_from not in THRESHOLD_FROM:
+            raise bad("threshold_from", self.threshold_from, f"one of {', '.join(THRESHOLD_FROM)}")
+        if self.margin < 0:
+            raise bad("margin", self.margin, ">= 0")
+        if self.min_seeds < 2:
+            raise bad("min_seeds", self.min_seeds, ">= 2 (a test needs two seeds)")
+        if self.kind not in ("diverges", "fails") and not self.metric:
             raise bad("metric", self.metric, f"a run metric for kind={self.kind}")
         if not self.a:
             raise bad("a", self.a, "a run selector (e.g. {algorithm: dssp})")
@@ -85,6 +131,129 @@ class ClaimConfig:
 
 
 @dataclasses.dataclass
+class SelectTargetConfig:
+    """select.metric=time_to_target: the first eval time at which the validation split's
+    `key` reaches `value` (at or below it for loss and perplexity, at or above for
+    accuracy). `split` can only be val: a tuning run never evaluates the test split."""
+
+    split: str = "val"
+    key: str = "accuracy"  # accuracy | loss | perplexity
+    value: float = 0.0
+
+
+# summary keys (flattened with "_") whose better direction is implied
+SUMMARY_DIRECTIONS = {f"final_{k}": d for k, d in TARGET_KEYS.items()}
+SUMMARY_DIRECTIONS["best_accuracy"] = "higher"
+
+
+@dataclasses.dataclass
+class SelectConfig:
+    """What a tuning run is scored by, on the validation split: `metric` is time_to_target
+    (with `target`: the validation split's `key` reaching `value`) or a summary key
+    (final_loss, final_accuracy, ...), `better` its direction. A grid point's score is the
+    mean over the tuning seeds. Ties, and grid points that never reach the target (or have
+    no value of the metric), are ranked by the final validation loss; a grid point any of
+    whose runs diverged or failed ranks after every one that did not."""
+
+    metric: str = "final_loss"
+    target: Optional[SelectTargetConfig] = None  # noqa: UP045  metric=time_to_target only
+    better: str = "lower"
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: object, valid: str) -> ConfigError:
+            return ConfigError(f"sweep.tune.select.{key} must be {valid}, got {value!r}")
+
+        if not self.metric:
+            raise bad("metric", self.metric, "time_to_target or a summary key (final_loss)")
+        if self.better not in DIRECTIONS:
+            raise bad("better", self.better, f"one of {', '.join(DIRECTIONS)}")
+        implied = SUMMARY_DIRECTIONS.get(self.metric)
+        if implied and self.better != implied:
+            raise bad("better", self.better, f"{implied} for metric={self.metric}")
+        if self.metric == "time_to_target":
+            target = self.target
+            if target is None:
+                raise bad("target", None, "{key, value} for metric=time_to_target")
+            if isinstance(target, SelectTargetConfig):  # OmegaConf may build it afterwards
+                if target.split != "val":
+                    raise bad("target.split", target.split, "val (tuning selects on val)")
+                if target.key not in TARGET_KEYS:
+                    raise bad("target.key", target.key, f"one of {', '.join(TARGET_KEYS)}")
+            if self.better != "lower":
+                raise bad("better", self.better, "lower for metric=time_to_target")
+
+
+@dataclasses.dataclass
+class TuneConfig:
+    """The tuning protocol of a sweep: every cell of the sweep's grid (every combination of
+    its parameters but the seed: an arm, a cluster, a number of workers) is tuned over the
+    same grid, on a validation split carved from the training data, with tuning seeds of
+    its own; the final runs (the sweep's seeds) use each cell's selection. Empty `params`:
+    no tuning (the grid runs as written). The sweeper (hydra_plugins/stalebench_sweeper)
+    runs it; docs/design.md, "Tuning protocol"."""
+
+    # dotted config key -> candidate values: the grid every cell gets (the same budget);
+    # typed loosely so that a value that is not a list is refused by name, below
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # an arm's own grid (arm: its option under sweeps/arms/<paper>/), replacing `params` for
+    # it: an outer learning rate where only that arm has one; same number of points
+    arms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [1000, 1001])
+    validation_fraction: float = 0.1  # of the training split, held out for selection
+    select: SelectConfig = dataclasses.field(default_factory=SelectConfig)
+    # set by the sweeper on a final run: the values its cell selected (dotted key -> value)
+    selected: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: object, valid: str) -> ConfigError:
+            return ConfigError(f"sweep.tune.{key} must be {valid}, got {value!r}")
+
+        points = grid_points(self.params, "sweep.tune.params")
+        if self.arms and not self.params:
+            raise bad("params", {}, "the grid of every arm without its own (arms is set)")
+        for arm, grid in self.arms.items():
+            n = grid_points(grid, f"sweep.tune.arms.{arm}")
+            if n != points:
+                raise bad(
+                    f"arms.{arm}",
+                    dict(grid),
+                    f"a grid of {points} points, as sweep.tune.params (one budget), not {n}",
+                )
+        seeds = list(self.seeds)
+        if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+            raise bad("seeds", seeds, "distinct seeds >= 0, at least one")
+        if not 0.0 < self.validation_fraction <= 0.5:
+            raise bad("validation_fraction", self.validation_fraction, "in (0, 0.5]")
+
+    @property
+    def on(self) -> bool:
+        """Whether the sweep is tuned at all."""
+        return bool(self.params)
+
+
+# keys a tuning grid may not set: the tuning stage sets them itself
+_RESERVED = ("seed", "eval.split", "eval.validation_fraction", "sweep.tune")
+
+
+def grid_points(grid: Any, where: str) -> int:
+    """The number of points of a tuning grid (the product of its candidate counts); every
+    key a config key, every list of candidates non-empty."""
+    n = 1
+    for key, values in dict(grid).items():
+        name = str(key).lstrip("+~")
+        if not name or any(name == r or name.startswith(r + ".") for r in _RESERVED):
+            raise ConfigError(
+                f"{where} may not set {key!r}: the tuning stage sets the seed and the split"
+            )
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not values:
+            raise ConfigError(
+                f"{where}.{key} must be a non-empty list of candidate values, got {values!r}"
+            )
+        n *= len(values)
+    return n
+
+
+@dataclasses.dataclass
 class SweepConfig:
     name: str = ""  # the sweep's name (its file under sweeps/); empty = not a paper sweep
     paper: str = ""  # authors, title, venue
@@ -93,6 +262,7 @@ class SweepConfig:
     # `sample_size: ${sweep.params.beta}`)
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     claims: list[ClaimConfig] = dataclasses.field(default_factory=list)
+    tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:

@@ -11,6 +11,7 @@ from stalebench.algorithms import (  # noqa: F401
     pipeline,
     psp,
     staleness,
+    torch_optim,
     updates,
 )
 from stalebench.algorithms.base import (  # noqa: F401

@@ -154,6 +154,12 @@ class UpdateRule:
         start = self.cfg.lr / self.num_workers
         return start + (self.cfg.lr - start) * self.updates / warm
 
+    def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
+        """θ is the model's parameter tensors of these shapes, flattened in order. The
+        engines call it once the rule is built, before its first step: a rule that steps
+        tensor by tensor (a torch optimizer, as in DDP's replicas) views θ that way; one
+        that treats θ as a whole ignores it (the default)."""
+
     def step(self, params: torch.Tensor, grad: torch.Tensor, worker: int, lag: int) -> None:
         self.apply(params, grad, worker, lag)
         self.updates += 1

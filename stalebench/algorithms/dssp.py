@@ -21,6 +21,12 @@ class DSSPConfig(BarrierConfig):
     # A-DSSP-2: next_push = aim at the slowest worker's next push (the paper);
     # multi = aim at the nearest of its next r_max + 1 pushes (third-party TF code)
     controller: str = "next_push"
+    # A-DSSP-3: keep the effective threshold in [s_low, s_high], the range the paper says
+    # the controller picks from (a grant never reaches past s_high). False: the server
+    # procedure taken literally: each grant up to r_max, renewed whenever the fastest
+    # worker's grant runs out beyond s_low, so a persistently fastest worker can run any
+    # number of steps past s_high (docs/algorithms.md §5.5)
+    bound_at_s_high: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,11 +70,13 @@ class GrantController:
     """How many extra steps r* to grant the fastest worker p when it is past s_low (§5.2):
     from the last two push times of p and of the slowest worker q, the r* ≤ r_max after which
     p would push closest to q's next push (`sync_controller`), searching only the room left
-    below s_high so that the effective threshold stays in [s_low, s_high]."""
+    below s_high so that the effective threshold stays in [s_low, s_high] (or all of
+    [0, r_max] with `bound_at_s_high=false`, the server procedure taken literally)."""
 
     def __init__(self, cfg: DSSPConfig, num_workers: int):
         self.s_high = cfg.s_high
         self.r_max = cfg.s_high - cfg.s_low
+        self.bounded = cfg.bound_at_s_high
         self.multi = cfg.controller == "multi"
         # the last two push times of each worker (server clock, seconds), newest last
         self.push_times: list[list[float]] = [[] for _ in range(num_workers)]
@@ -88,7 +96,7 @@ class GrantController:
         # Grant only what keeps the step within s_high: the effective threshold stays in
         # [s_low, s_high] by construction (the paper's r_max alone would let a fastest
         # worker be re-granted after each grant ran out, without bound).
-        room = min(self.r_max, self.s_high - gap)
+        room = min(self.r_max, self.s_high - gap) if self.bounded else self.r_max
         return sync_controller(tp[1], tp[1] - tp[0], tq[1], tq[1] - tq[0], max(room, 0), self.multi)
 
 
@@ -102,16 +110,20 @@ class DSSP(Barrier):
     (r[p] > 0), else proceed within s_low, else — for the fastest worker only — ask the
     controller for r* and proceed now if r* > 0; otherwise wait until the gap is ≤ s_low.
 
-    Bound: the effective threshold stays in [s_low, s_high]. The paper's rule alone does not
-    ensure it (a grant of r_max with the non-consuming OK runs r_max + 1 steps past s_low, and
-    once a grant is used up the controller may grant again without limit), so the controller
-    searches only the room left below s_high; `admit` also refuses any step past s_high as a
-    safety net (`bound_holds` counts it, and stays 0).
+    Bound (A-DSSP-3, `bound_at_s_high`, default on): the effective threshold stays in
+    [s_low, s_high], the range the paper says the controller chooses from. Its server
+    procedure alone does not ensure it (a grant of r_max with the non-consuming OK runs
+    r_max + 1 steps past s_low, and once a grant is used up the controller may grant again
+    without limit), so the controller searches only the room left below s_high; `admit` also
+    refuses any step past s_high as a safety net (`bound_holds` counts it, and stays 0).
+    With the bound off, grants are up to r_max each and an OK'd step is admitted at any gap:
+    the procedure as written.
     """
 
     def __init__(self, cfg: DSSPConfig, num_workers: int, seed: int = 0):
         super().__init__(cfg, num_workers, seed)
         self.s_low, self.s_high = cfg.s_low, cfg.s_high
+        self.bounded = cfg.bound_at_s_high
         self.consumes_ok = cfg.grant_consumes_ok
         self.controller = GrantController(cfg, num_workers)
         self.remaining = [0] * num_workers  # r[i]: extra steps still granted to worker i
@@ -140,12 +152,12 @@ class DSSP(Barrier):
     def admit(self, worker: int, clocks: Sequence[int], slowest: int) -> bool:
         gap = clocks[worker] - slowest
         if self.ok_step[worker] == clocks[worker]:
-            return gap <= self.s_high
+            return gap <= self.s_high or not self.bounded
         return gap <= self.s_low
 
     def _ok(self, worker: int, clocks: Sequence[int]) -> None:
         self.ok_step[worker] = clocks[worker]
-        if clocks[worker] - min(clocks) > self.s_high:
+        if self.bounded and clocks[worker] - min(clocks) > self.s_high:
             self.bound_holds += 1
 
     def _decide(self, p: int, clocks: Sequence[int], gap: int, now: float) -> int:

@@ -3,7 +3,8 @@ optimizer on its own replica, then the replicas are reconciled by an *outer* rul
 to the pseudo-gradient Δ_i = θ − x_i (θ: the global parameters the round started from,
 x_i: worker i's replica after its H steps).
 
-    inner (algorithm/inner=)  sgd | momentum | adamw, state kept across rounds by default
+    inner (algorithm/inner=)  sgd | momentum | adamw, state kept across rounds by default,
+                              its step constant or decaying per inner step (lr_decay)
     outer (algorithm/outer=)  average (local SGD) | nesterov (DiLoCo) | elastic (EASGD)
                               | leader (LSGD)
 
@@ -14,6 +15,7 @@ fragments, a server) is the local engine's business.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, ClassVar
 
 from stalebench.errors import ConfigError
@@ -35,6 +37,19 @@ def _unit(key: str, value: float, closed: bool = False) -> None:
 
 # ---------------------------------------------------------------------------- inner
 
+LR_DECAYS = ("none", "inverse_sqrt", "cosine")
+
+
+def lr_factor(decay: str, k: int, steps: int) -> float:
+    """The inner step's multiplier at the worker's inner step k (0-based), `steps` = T:
+    none 1; inverse_sqrt 1/√(1 + k/T) (halved at k = 3T, never 0); cosine
+    ½(1 + cos(π·min(k, T)/T)), from 1 at k = 0 to 0 at k = T, and 0 after."""
+    if decay == "none":
+        return 1.0
+    if decay == "inverse_sqrt":
+        return 1.0 / math.sqrt(1.0 + k / steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps))
+
 
 @dataclasses.dataclass
 class InnerConfig(ComponentConfig):
@@ -43,11 +58,25 @@ class InnerConfig(ComponentConfig):
     # start every round with fresh optimizer state (momentum, Adam moments and step count);
     # false (the default, as DiLoCo): the state carries over from round to round
     reset: bool = False
+    # the step's schedule over the worker's inner steps k = 0, 1, …: lr × lr_factor(k)
+    # (none | inverse_sqrt | cosine, see `lr_factor`), T = lr_decay_steps; none: constant
+    lr_decay: str = "none"
+    lr_decay_steps: int = 0  # T, in inner steps (> 0 with a decay, 0 without)
 
     def __post_init__(self) -> None:
         _positive("algorithm.inner.lr", self.lr)
         if self.weight_decay < 0:
             raise ConfigError(f"algorithm.inner.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ConfigError(
+                f"algorithm.inner.lr_decay must be one of {', '.join(LR_DECAYS)}, "
+                f"got {self.lr_decay!r}"
+            )
+        if (self.lr_decay == "none") != (self.lr_decay_steps == 0) or self.lr_decay_steps < 0:
+            raise ConfigError(
+                f"algorithm.inner.lr_decay_steps must be > 0 with a decay and 0 with "
+                f"lr_decay=none (it is {self.lr_decay}), got {self.lr_decay_steps}"
+            )
 
 
 @dataclasses.dataclass
@@ -77,11 +106,22 @@ class AdamWConfig(InnerConfig):
 
 
 class InnerOptimizer:
-    """A worker's optimizer over its flat replica `x` (updated in place by `step`)."""
+    """A worker's optimizer over its flat replica `x` (updated in place by `step`). With
+    `lr_decay`, torch's LambdaLR sets the step before each inner step k to lr ×
+    lr_factor(k); k counts every inner step the worker takes (a round's `reset` does not
+    restart it). Without one, no scheduler exists: the constant step is what it was."""
 
     def __init__(self, cfg: InnerConfig, x: torch.Tensor):
         self.cfg, self.x = cfg, x
         self.opt = self.build(x)
+        self.schedule = None
+        if cfg.lr_decay != "none":
+            import torch
+
+            decay, steps = cfg.lr_decay, cfg.lr_decay_steps
+            self.schedule = torch.optim.lr_scheduler.LambdaLR(
+                self.opt, lambda k: lr_factor(decay, k, steps)
+            )
 
     def build(self, x: torch.Tensor):
         raise NotImplementedError
@@ -90,6 +130,13 @@ class InnerOptimizer:
         self.x.grad = grad
         self.opt.step()
         self.x.grad = None
+        if self.schedule is not None:
+            self.schedule.step()  # the step of the next inner step
+
+    @property
+    def lr(self) -> float:
+        """The step the next inner step takes."""
+        return float(self.opt.param_groups[0]["lr"])
 
     def new_round(self) -> None:
         """Called when a round starts: drops the state when `reset` is set."""

@@ -176,13 +176,25 @@ class AdamW(_Torch):
 @dataclasses.dataclass
 class NAdamConfig(AdamConfig):
     beta1: float = 0.99
-    momentum_decay: float = 0.004  # ψ of NAdam's momentum warm-up μ_t = β₁(1 − ½·0.96^{tψ})
+    # ψ of NAdam's momentum schedule μ_t = β₁(1 − ½·0.96^{tψ}): the official code's 0.004
+    # (over its 50,000 steps μ climbs from 0.5·β₁ to β₁); a run of T steps keeps the same μ
+    # at the same fraction of the run with ψ = 0.004 · 50,000 / T (§10.6)
+    momentum_decay: float = 0.004
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.momentum_decay >= 0:
+            raise ConfigError(
+                f"algorithm.optimizer.momentum_decay must be >= 0, got {self.momentum_decay}"
+            )
 
 
 @OPTIMIZERS.register("nadamw", NAdamConfig)
 class NAdamW(_Torch):
     """torch.optim.NAdam with decoupled weight decay, β₁ = 0.99: what the official
-    Nesterov-PP code runs (§10.2)."""
+    Nesterov-PP code runs (§10.2; PluralisResearch/AsyncPP optim/nadamw.py wraps
+    torch.optim.NAdam, momentum_decay 0.004 by default and in its run script). NAdam's
+    momentum μ_t follows the schedule set by `momentum_decay`, not β₁ itself."""
 
     torch_name = "NAdam"
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without
 
 
 SHARDINGS = ("auto", "disjoint", "replicated", "dirichlet")
+# the seed of the validation carve (`Splits.hold_out`): a constant, not the run's seed, so
+# every arm and seed of a tuning stage is selected on the very same examples
+HOLDOUT_SEED = 0x5EED_7A1
 
 
 @dataclasses.dataclass
@@ -32,6 +35,35 @@ class Splits:
     # training-time augmentation: (minibatch x, the worker's generator) -> new x; applied by
     # shard_batches to training minibatches only, never to evaluation
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    # eval.split=val: examples carved out of the training split (`hold_out`), evaluated
+    # instead of the test split; None otherwise
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+    def hold_out(self, fraction: float, seed: int = HOLDOUT_SEED) -> Splits:
+        """These splits with round(fraction · n) training examples held out as the
+        validation split: a fixed carve (seeded by `seed`, a constant by default, never the
+        run's), the rest kept as the training split in its original order, so workers shard
+        only what is left; the test split is kept (its labels still count the classes) but
+        a run evaluates the validation split instead."""
+        import torch
+
+        n = len(self.y_train)
+        k = round(n * fraction)
+        if not 1 <= k < n:
+            raise ConfigError(
+                f"eval.validation_fraction={fraction} holds out {k} of the {n} training "
+                "examples: at least one must be held out and one left to train on"
+            )
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        val, train = order[:k].sort().values, order[k:].sort().values
+        return dataclasses.replace(
+            self,
+            x_train=self.x_train[train],
+            y_train=self.y_train[train],
+            x_val=self.x_train[val],
+            y_val=self.y_train[val],
+        )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -47,7 +79,8 @@ class Splits:
         """The model's outputs: classes (or tokens), or one per target value in regression."""
         if self.regression:
             return math.prod(self.y_train.shape[1:])  # (N,) targets: one output
-        return self.vocab or int(max(self.y_train.max(), self.y_test.max())) + 1
+        held = () if self.y_val is None else (self.y_val.max(),)
+        return self.vocab or int(max(self.y_train.max(), self.y_test.max(), *held)) + 1
 
 
 @dataclasses.dataclass

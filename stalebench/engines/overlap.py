@@ -248,6 +248,7 @@ def build_replica(job: Job, device: torch.device):
     model = job.model()
     params = parameters_to_vector(model.parameters()).detach().clone()
     rule = UPDATES.build(job.cfg.algorithm.update, params, job.cfg.cluster.num_workers)
+    rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: DDP's tensors
     net = job.model().to(device)
     if device.type == "cpu":
         flatten_parameters(net, params)

@@ -25,10 +25,12 @@ def summarize(
     target_accuracy: float,
 ) -> dict[str, Any]:
     updates = [e for e in events if e["kind"] == "update"]
-    tests = sorted(
-        (e for e in events if e["kind"] == "eval" and e["split"] == "test"),
-        key=lambda e: (e["t"], e["version"]),
-    )
+    # the held-out split the headline numbers read: the test split, or the validation split
+    # of a run that held one out of its training data (eval.split=val), which never
+    # evaluates the test split
+    evals = [e for e in events if e["kind"] == "eval"]
+    split = "val" if any(e["split"] == "val" for e in evals) else "test"
+    tests = sorted((e for e in evals if e["split"] == split), key=lambda e: (e["t"], e["version"]))
     end = [e for e in events if e["kind"] == "system" and e["event"] == "end"]
     wall = end[-1]["t"] if end else max((e["t"] for e in updates), default=0.0)
     lags = np.array([e["lag"] for e in updates], dtype=float)
@@ -44,6 +46,7 @@ def summarize(
         "status": status,
         "error": error,
         **meta,
+        "eval_split": split,  # what `final`, `best_accuracy` and `time_to_target_s` read
         "wall_time_s": wall,
         "updates": max((e["version"] for e in updates), default=0),
         "gradients": sum(e.get("inner_steps", 1) for e in updates),
@@ -79,7 +82,20 @@ def summarize(
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
         **_weight_gap(updates, num_workers),
+        **_consensus(updates),
     }
+
+
+def _consensus(updates: list[dict[str, Any]]) -> dict[str, Any]:
+    """engine=gossip: `consensus_final`, the mean over the nodes of each one's last recorded
+    consensus distance ‖z_i − z̄‖ (the `consensus` of its latest `update` that has one)."""
+    last: dict[int, tuple[int, float]] = {}
+    for e in updates:
+        if e.get("consensus") is not None and e["version"] >= last.get(e["worker"], (-1, 0))[0]:
+            last[e["worker"]] = (e["version"], e["consensus"])
+    if not last:
+        return {}
+    return {"consensus_final": float(np.mean([d for _, d in last.values()]))}
 
 
 def _clocks(updates: list[dict[str, Any]], num_workers: int) -> dict[str, Any]:

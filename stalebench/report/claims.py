@@ -2,21 +2,31 @@
 
 Each claim (stalebench.sweep.ClaimConfig) names a metric, the runs it compares (selectors
 on summary.json fields or dotted config keys) and a comparison. Over the seeds, a claim
-becomes one number per seed, its *advantage*: how far the claimed inequality holds for
+becomes one number per seed, its *advantage* d: how far the claimed inequality holds for
 that seed (a's lead over b for an ordering, the margin to the bound for a ratio, a
-threshold or a gap). Runs pair up by seed (same data order and draws), so the common seed
-noise cancels; without two paired seeds the two sides' own spreads are combined.
+threshold or a gap), signed so that larger is better for the claim. Runs pair by seed
+(same data order and draws), so the common seed noise cancels.
 
-The rule, stated once: with n seeds, mean advantage m and its sample std sd,
-- **holds** when m > 0 and m > sd (the claimed ordering holds in the mean, by more than
-  the seeds' spread: a one-sided paired t statistic above √n, p ≈ 0.11 at n = 3);
-- **does not hold** when m ≤ 0 and |m| ≥ sd (the mean goes the other way, or ties, at least
-  as clearly);
-- **inconclusive** otherwise, or with fewer than two seeds;
-- **not run** when a side has no completed (or diverged) run.
-Time to target is censored at the run's end when the target is never reached; a censored
-value is a lower bound, so it may not make a claim hold in its favour (a censored `a`
-cannot give "holds", a censored `b` cannot give "does not hold").
+The rule, stated once (RULE below says it in one line):
+- the test: one-sided t-test of H0 "mean advantage ≤ the claim's margin" — one-sample on
+  the paired per-seed advantages (scipy.stats.ttest_1samp), Welch's unequal-variance test
+  when the sides share no seed (a linear contrast of the sides' means);
+- Holm's step-down correction at α = 0.05 over the claims of one sweep whose origin is the
+  paper or a recalled statement; the harness's self-checks are a family of their own;
+- **holds**: the Holm-adjusted p < α (the advantage exceeds the margin, significantly);
+  **does not hold**: the 95 % interval of the mean advantage lies entirely below the
+  margin; **inconclusive** otherwise, and whenever fewer than `min_seeds` seeds are usable
+  on every side (the missing or failed seeds are named); **not run**: a side has no run;
+- a time to target never reached is censored at the run's end (a lower bound): a censored
+  `a` cannot make a claim hold, a censored `b` cannot make it fail. A diverged run never
+  reaches a target, and is unusable for any other metric; a failed or timed-out run
+  measures nothing and never counts as diverged;
+- `per` (e.g. "at every N") is one joint verdict: holds when every value holds (its p the
+  largest of theirs: an intersection-union test), does not hold when any value does not;
+  `trend` is tested at every consecutive step of `over` the same way;
+- `diverges` and `fails` are counts, not tests: holds when every usable run of `a` (at
+  least `min_seeds`) diverged / ended within `value` of chance accuracy, does not hold when
+  none did.
 """
 
 from __future__ import annotations
@@ -28,17 +38,29 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from stalebench.sweep import TARGET_KEYS, ClaimConfig, claim_from_dict
 
+ALPHA = 0.05
+CORRECTION = "holm"
 VERDICTS = ("holds", "does not hold", "inconclusive", "not run")
 USABLE = ("completed", "diverged")  # a failed or timed-out run measures nothing
+TESTED = ("paper", "recalled")  # the origins in a paper's family (and tally)
 RULE = (
     "per seed, the claim's advantage (a's lead over b, or the margin to the bound); "
-    "holds: mean > 0 and mean > sample std over seeds; does not hold: mean <= 0 and "
-    "|mean| >= std; otherwise inconclusive (also with < 2 seeds); not run: a side has no "
-    "completed or diverged run. Runs pair by seed; unpaired sides combine their stds."
+    "one-sided t-test of mean advantage > the claim's margin (paired by seed; Welch when "
+    f"the sides share no seed), alpha = {ALPHA} with Holm's correction over a sweep's paper "
+    "and recalled claims (self-checks apart); holds: adjusted p < alpha; does not hold: the "
+    "95% interval lies below the margin; inconclusive otherwise or with fewer than "
+    "min_seeds usable seeds; `per` and `trend` steps joint (every one must hold); a "
+    "diverged run never reaches a target and is unusable for other metrics."
 )
+
+
+class ClaimError(ValueError):
+    """A claim that cannot be judged from these runs as written (a selector that matches
+    two runs of one seed)."""
 
 
 def load_config(run_dir: str | Path) -> dict[str, Any]:
@@ -117,14 +139,27 @@ def time_to_target(curve: pd.DataFrame, claim: ClaimConfig, end: float) -> Value
     return Value(float(end), censored=True)
 
 
+def _end(row: dict, curve: pd.DataFrame) -> float:
+    end = row.get("wall_time_s")
+    return float(end) if end is not None and not _nan(end) else float(curve["t"].max())
+
+
 def metric(row: dict, claim: ClaimConfig, curves: pd.DataFrame) -> Value | None:
+    """The claim's number for one run; None when the run is unusable for it (failed, timed
+    out, without the metric, or diverged for anything but a time to target, which a
+    diverged run never reaches: censored at its end)."""
+    status = row.get("status")
+    if status not in USABLE:
+        return None
     if claim.metric == "time_to_target":
         curve = curves[curves["run_dir"] == row["run_dir"]]
-        if "loss" not in curve:
+        if "loss" not in curve or curve.empty:
             return None
-        end = row.get("wall_time_s")
-        end = float(end) if end is not None and not _nan(end) else float(curve["t"].max())
-        return time_to_target(curve, claim, end)
+        if status == "diverged":
+            return Value(_end(row, curve), censored=True)
+        return time_to_target(curve, claim, _end(row, curve))
+    if status == "diverged":
+        return None
     x = row.get(claim.metric)
     try:
         x = float(x)
@@ -146,7 +181,7 @@ class Side:
 
     values: dict[Any, Value]
     runs: int  # selected runs, any status
-    unusable: int  # failed or timed out (or without the metric)
+    unusable: dict[Any, str] = dataclasses.field(default_factory=dict)  # seed -> why
 
     @property
     def xs(self) -> np.ndarray:
@@ -162,43 +197,33 @@ class Side:
         return f"{np.mean(xs):.4g}{sd} (n={len(xs)}{note})"
 
 
-def side(rows: list[dict], claim: ClaimConfig, curves: pd.DataFrame) -> Side:
-    values, unusable = {}, 0
+def one_per_seed(rows: list[dict], claim: ClaimConfig, name: str) -> dict[Any, dict]:
+    """The selected runs by seed. Two runs of one seed are an error naming them: which one
+    the claim meant cannot be guessed."""
+    by_seed: dict[Any, list[dict]] = {}
     for row in rows:
-        v = metric(row, claim, curves) if row.get("status") in USABLE else None
+        by_seed.setdefault(row.get("seed"), []).append(row)
+    for seed, found in by_seed.items():
+        if len(found) > 1:
+            raise ClaimError(
+                f"claim {claim.id!r}: selector {name} matches {len(found)} runs of seed "
+                f"{seed}: {', '.join(str(r.get('run_dir')) for r in found)}; add the key that "
+                f"tells them apart to the claim's `{name}` or `where`"
+            )
+    return {seed: found[0] for seed, found in by_seed.items()}
+
+
+def side(rows: list[dict], claim: ClaimConfig, curves: pd.DataFrame, name: str = "a") -> Side:
+    """A side's value per seed, and why each unusable seed is."""
+    values, unusable = {}, {}
+    for seed, row in one_per_seed(rows, claim, name).items():
+        v = metric(row, claim, curves)
         if v is None:
-            unusable += 1
+            status = row.get("status")
+            unusable[seed] = status if status not in USABLE else f"{status}, no {claim.metric}"
         else:
-            values[row.get("seed")] = v
+            values[seed] = v
     return Side(values, len(rows), unusable)
-
-
-def rule(m: float, sd: float, n: int) -> str:
-    """The verdict from the mean advantage m, its spread sd and the number of seeds n."""
-    if n == 0 or math.isnan(m):
-        return "not run"
-    if n < 2 or math.isnan(sd):
-        return "inconclusive"
-    if m > 0 and m > sd:
-        return "holds"
-    if m <= 0 and -m >= sd:
-        return "does not hold"
-    return "inconclusive"
-
-
-def verdict(advantages: list[float]) -> str:
-    a = np.asarray(advantages, dtype=float)
-    if not len(a):
-        return "not run"
-    return rule(float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else math.nan, len(a))
-
-
-def _censor(result: str, a_censored: bool, b_censored: bool) -> str:
-    if result == "holds" and a_censored:
-        return "inconclusive"
-    if result == "does not hold" and b_censored:
-        return "inconclusive"
-    return result
 
 
 def _sign(claim: ClaimConfig) -> float:
@@ -221,170 +246,126 @@ def _bound(claim: ClaimConfig) -> float:
     return 0.0 if claim.kind == "ordering" else claim.value
 
 
-@dataclasses.dataclass
-class Outcome:
-    m: float  # mean advantage
-    sd: float  # its spread (NaN with one seed)
-    n: int  # seeds
-    shown: str  # the statistic as mean ± std, for the table
-    a_censored: bool = False
-    b_censored: bool = False
-
-
 def _names(claim: ClaimConfig) -> str:
     return {"ordering": "a − b", "ratio": "a / b", "threshold": "a"}.get(
         claim.kind, "(a − b) / (c − b)"
     )
 
 
-def _outcome(claim: ClaimConfig, sides: list[Side]) -> Outcome:
-    """Paired by seed when at least two seeds pair up (threshold: a's seeds); otherwise the
-    sides' means, with their stds combined as the spread of the statistic."""
-    sign, bound, a, rest = _sign(claim), _bound(claim), sides[0], sides[1:]
-    seeds = sorted(a.values, key=str)
-    if claim.kind != "threshold":
-        seeds = [s for s in seeds if all(s in r.values for r in rest)]
-    if claim.kind == "threshold" or len(seeds) >= 2:
-        stats = [_statistic(claim, [side.values[s].x for side in sides]) for s in seeds]
-        pairs = [(s, x) for s, x in zip(seeds, stats, strict=True) if not math.isnan(x)]
-        xs = np.array([x for _, x in pairs])
-        n = len(xs)
-        sd = float(np.std(xs, ddof=1)) if n > 1 else math.nan
-        m = sign * (float(xs.mean()) - bound) if n else math.nan
-        shown = (
-            f"{_names(claim)} = {xs.mean():.4g}" + (f" ± {sd:.3g}" if n > 1 else "") if n else ""
+@dataclasses.dataclass
+class Test:
+    """One one-sided test of a claim's advantage against its margin."""
+
+    label: str  # what was tested (the statistic, a scope or a step)
+    n: int  # seeds (per side when unpaired: the smallest side)
+    estimate: float  # the statistic at the seeds' mean (a − b, a / b, ...)
+    mean: float  # the mean advantage (larger is better for the claim)
+    ci: tuple[float, float]  # its 95 % interval
+    against: float  # what the advantage is tested against (the margin; 0 when folded in)
+    p: float  # one-sided p of "mean advantage <= against"
+    test: str  # paired t, one-sample t, Welch t
+    a_censored: bool = False  # a lower bound on a's side: may not make the claim hold
+    b_censored: bool = False  # a lower bound on the other side: may not make it fail
+    short: bool = False  # fewer usable seeds than the claim's min_seeds
+
+    @property
+    def can_hold(self) -> bool:
+        return not (self.a_censored or self.short)
+
+    @property
+    def fails(self) -> bool:
+        return self.ci[1] < self.against and not (self.b_censored or self.short)
+
+    def shown(self, names: str) -> str:
+        lo, hi = self.ci
+        return (
+            f"{names} = {self.estimate:.4g}; advantage {self.mean:.3g} "
+            f"[95% CI {lo:.3g}, {hi:.3g}] vs {self.against:.3g}, p = {self.p:.2g} "
+            f"({self.test}, n = {self.n})"
         )
-        used = [s for s, _ in pairs]
-        return Outcome(
-            m,
-            sd,
-            n,
-            shown,
+
+
+def one_sided(d: np.ndarray, against: float) -> tuple[float, tuple[float, float], float]:
+    """Mean of d, its 95 % t interval and the one-sided p of H0: mean(d) <= against
+    (scipy.stats.ttest_1samp). Identical values (a deterministic statistic) give an interval
+    of zero width and p 0 or 1."""
+    d = np.asarray(d, dtype=float)
+    m = float(d.mean())
+    sd = float(d.std(ddof=1)) if len(d) > 1 else math.nan
+    if len(d) < 2 or math.isnan(sd):
+        return m, (-math.inf, math.inf), 1.0
+    if sd <= 1e-12 * max(1.0, abs(m)):  # equal up to rounding: no spread to test against
+        return m, (m, m), 0.0 if m > against else 1.0
+    half = float(stats.t.ppf(0.975, len(d) - 1)) * sd / math.sqrt(len(d))
+    p = float(stats.ttest_1samp(d, against, alternative="greater").pvalue)
+    return m, (m - half, m + half), p
+
+
+def welch(
+    samples: list[np.ndarray], weights: list[float], offset: float = 0.0
+) -> tuple[float, tuple[float, float], float]:
+    """Welch's test of a contrast Σ wᵢ·mean(xᵢ) + offset > 0 over independent samples: its
+    value, 95 % interval and one-sided p, with Welch–Satterthwaite degrees of freedom."""
+    means = [float(np.mean(x)) for x in samples]
+    parts = [
+        w * w * float(np.var(x, ddof=1)) / len(x) for w, x in zip(weights, samples, strict=True)
+    ]
+    value = sum(w * m for w, m in zip(weights, means, strict=True)) + offset
+    var = sum(parts)
+    if any(len(x) < 2 for x in samples):
+        return value, (-math.inf, math.inf), 1.0
+    if var <= 1e-24 * max(1.0, value * value):
+        return value, (value, value), 0.0 if value > 0 else 1.0
+    df = var * var / sum(p * p / (len(x) - 1) for p, x in zip(parts, samples, strict=True))
+    se = math.sqrt(var)
+    half = float(stats.t.ppf(0.975, df)) * se
+    return value, (value - half, value + half), float(stats.t.sf(value / se, df))
+
+
+def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
+    """The claim's test on its sides: paired by seed when the sides share seeds (the seeds
+    missing on a side are left out), Welch's test of the sides' means when they share none
+    (a threshold has one side: a one-sample test)."""
+    sign, bound, a, rest = _sign(claim), _bound(claim), sides[0], sides[1:]
+    names = _names(claim)
+    seeds = sorted(a.values, key=str)
+    paired = [s for s in seeds if all(s in r.values for r in rest)]
+    if claim.kind == "threshold" or paired:
+        stat = np.array([_statistic(claim, [x.values[s].x for x in sides]) for s in paired])
+        keep = ~np.isnan(stat)
+        used = [s for s, k in zip(paired, keep, strict=True) if k]
+        stat = stat[keep]
+        n = len(stat)
+        if not n:
+            return Test(label or names, 0, math.nan, math.nan, (math.nan,) * 2, 0, 1.0, "none",
+                        short=True)  # fmt: skip
+        mean, ci, p = one_sided(sign * (stat - bound), claim.margin)
+        return Test(
+            label or names, n, float(stat.mean()), mean, ci, claim.margin, p,
+            "one-sample t" if claim.kind == "threshold" else "paired t",
             any(a.values[s].censored for s in used),
             any(r.values[s].censored for r in rest for s in used),
-        )
-    means = [float(s.xs.mean()) for s in sides]
-    stds = [float(np.std(s.xs, ddof=1)) if len(s.xs) > 1 else math.nan for s in sides]
-    x = _statistic(claim, means)
+            n < claim.min_seeds,
+        )  # fmt: skip
+    # no seed in common: Welch's test of the contrast whose sign is the claim, the margin
+    # folded into it (so the interval is tested against 0)
+    xs = [side.xs for side in sides]
+    means = [float(x.mean()) for x in xs]
+    edge = bound + sign * claim.margin
     if claim.kind == "ordering":
-        sd = math.sqrt(sum(v * v for v in stds))
-    else:  # a ratio or a fraction: first-order propagation of the relative spreads
-        sd = abs(x) * math.sqrt(sum((v / mu) ** 2 for v, mu in zip(stds, means, strict=True) if mu))
-    n = min(len(s.xs) for s in sides)
-    shown = f"{_names(claim)} = {x:.4g} ± {sd:.3g} (unpaired)" if not math.isnan(x) else ""
-    return Outcome(
-        sign * (x - bound),
-        sd,
-        n,
-        shown,
-        any(v.censored for v in a.values.values()),
-        any(v.censored for r in rest for v in r.values.values()),
-    )
-
-
-def _trend(claim: ClaimConfig, rows: list[dict], curves) -> tuple[list[float], str, str]:
-    """trend: per seed, f(largest `over`) − f(smallest), f = a's metric (minus b's)."""
-    levels = sorted({r.get(claim.over) for r in select(rows, {**claim.where, **claim.a})} - {None})
-    if len(levels) < 2:
-        return [], "", f"needs two values of {claim.over}"
-    lo, hi = levels[0], levels[-1]
-
-    def f(level) -> dict:
-        a = side(select(rows, {**claim.where, **claim.a, claim.over: level}), claim, curves)
-        out = {s: v.x for s, v in a.values.items() if not v.censored}
-        if claim.b:
-            b = side(select(rows, {**claim.where, **claim.b, claim.over: level}), claim, curves)
-            out = {s: x - b.values[s].x for s, x in out.items() if s in b.values}
-        return out
-
-    f_lo, f_hi = f(lo), f(hi)
-    seeds = sorted(set(f_lo) & set(f_hi), key=str)
-    adv = [_sign(claim) * (f_hi[s] - f_lo[s]) for s in seeds]
-    what = "a − b" if claim.b else "a"
-    shown = ""
-    if adv:
-        xs = np.array([f_hi[s] - f_lo[s] for s in seeds])
-        sd = f" ± {np.std(xs, ddof=1):.3g}" if len(xs) > 1 else ""
-        shown = f"{what} at {claim.over}={hi} minus at {lo} = {xs.mean():.3g}{sd}"
-    return adv, shown, ""
-
-
-def _diverges(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
-    """Every completed-or-diverged run of a diverged: holds; none did: does not hold."""
-    statuses = [r.get("status") for r in select(rows, {**claim.where, **claim.a})]
-    statuses = [s for s in statuses if s in USABLE]
-    n_div = sum(s == "diverged" for s in statuses)
-    if not statuses:
-        result = "not run"
-    elif n_div in (0, len(statuses)):
-        result = "holds" if n_div else "does not hold"
-    else:
-        result = "inconclusive"
-    shown = f"{n_div} of {len(statuses)} runs diverged" if statuses else ""
-    return {"verdict": result, "ours": shown, "n": len(statuses), "notes": ""}
-
-
-def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
-    """One claim over the rows of its sweep (already restricted to one `per` value)."""
-    if claim.kind == "diverges":
-        return _diverges(claim, rows)
-    if claim.kind == "trend":
-        adv, shown, note = _trend(claim, rows, curves)
-        return {"verdict": verdict(adv), "ours": shown, "n": len(adv), "notes": note}
-    keys = ["a", "b", "c"][: {"ordering": 2, "ratio": 2, "gap_closed": 3}.get(claim.kind, 1)]
-    sides = [side(select(rows, {**claim.where, **getattr(claim, k)}), claim, curves) for k in keys]
-    named = list(zip(keys, sides, strict=True))
-    notes = [f"{k}: {s.unusable} of {s.runs} runs unusable" for k, s in named if s.unusable]
-    out: dict[str, Any] = {"sides": {k: s.describe() for k, s in named}}
-    if any(not s.values for s in sides):
-        notes += [f"{k}: no run" for k, s in named if not s.values]
-        return {**out, "verdict": "not run", "ours": "", "n": 0, "notes": "; ".join(notes)}
-    o = _outcome(claim, sides)
-    result = _censor(rule(o.m, o.sd, o.n), o.a_censored, o.b_censored)
-    if claim.kind == "gap_closed" and (o.a_censored or o.b_censored) and result != "not run":
-        result = "inconclusive"  # a lower bound inside a fraction bounds nothing
-    return {**out, "verdict": result, "ours": o.shown, "n": o.n, "notes": "; ".join(notes)}
-
-
-def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
-    """Every claim of every sweep found under the runs, one dict per (claim, per-value)."""
-    if runs.empty:
-        return []
-    rows, sweeps = claim_rows(runs)
-    results = []
-    for name, sweep in sweeps.items():
-        mine = [r for r in rows if r["sweep"] == name]
-        for claim in sweep["claims"]:
-            scopes: list[dict[str, Any]] = [{}]
-            if claim.per:
-                found = {r.get(claim.per) for r in select(mine, {**claim.where, **claim.a})}
-                scopes = [{claim.per: v} for v in sorted(found - {None}, key=_order)] or [{}]
-            for scope in scopes:
-                c = dataclasses.replace(claim, where={**claim.where, **scope})
-                result = judge(c, mine, curves)
-                results.append(
-                    {
-                        "sweep": name,
-                        "paper": sweep["paper"],
-                        "scale": sweep["scale"],
-                        "id": claim.id,
-                        "text": claim.text,
-                        "scope": ", ".join(f"{k}={v}" for k, v in c.where.items()),
-                        "metric": claim.metric
-                        + (
-                            f" ({claim.target.split} {claim.target.key} "
-                            f"{'<=' if TARGET_KEYS[claim.target.key] == 'lower' else '>='} "
-                            f"{claim.target.value})"
-                            if claim.target
-                            else ""
-                        ),
-                        "kind": claim.kind,
-                        "published": claim.published,
-                        "source": claim.source,
-                        **result,
-                    }
-                )
-    return results
+        weights, offset = [sign, -sign], -claim.margin
+    elif claim.kind == "ratio":  # sign·(a/b − bound) > margin  ⇔  sign·a − edge'·b > 0
+        weights, offset = [sign, -sign * edge], 0.0
+    else:  # gap_closed: a − b − edge·(c − b) > 0, flipped when c lies below b
+        flip = sign * (1.0 if means[2] >= means[1] else -1.0)
+        weights, offset = [flip, flip * (edge - 1.0), -flip * edge], 0.0
+    mean, ci, p = welch(xs, weights, offset)
+    n = min(len(x) for x in xs)
+    return Test(
+        (label or names) + " (unpaired: a contrast of the means)", n, _statistic(claim, means),
+        mean, ci, 0.0, p, "Welch t", any(v.censored for v in a.values.values()),
+        any(v.censored for r in rest for v in r.values.values()), n < claim.min_seeds,
+    )  # fmt: skip
 
 
 def _order(v: Any):
@@ -394,12 +375,289 @@ def _order(v: Any):
         return (1, 0.0, str(v))
 
 
+def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[list[Test], str]:
+    """trend: at every consecutive step of `over`, per seed f(next) − f(this) with f = a's
+    metric (minus b's), tested against the margin in the claim's direction."""
+    levels = {r.get(claim.over) for r in select(rows, {**claim.where, **claim.a})} - {None}
+    levels = sorted(levels, key=_order)
+    if len(levels) < 2:
+        return [], f"needs two values of {claim.over}"
+
+    def f(level) -> dict[Any, Value]:
+        a = side(select(rows, {**claim.where, **claim.a, claim.over: level}), claim, curves)
+        if not claim.b:
+            return a.values
+        b = side(select(rows, {**claim.where, **claim.b, claim.over: level}), claim, curves, "b")
+        return {
+            s: Value(v.x - b.values[s].x, v.censored or b.values[s].censored)
+            for s, v in a.values.items()
+            if s in b.values
+        }
+
+    curves_at = [f(level) for level in levels]
+    what = "a − b" if claim.b else "a"
+    tests = []
+    for (lo, f_lo), (hi, f_hi) in zip(
+        zip(levels, curves_at, strict=True),
+        zip(levels[1:], curves_at[1:], strict=True),
+        strict=False,
+    ):
+        seeds = sorted(set(f_lo) & set(f_hi), key=str)
+        label = f"{what} at {claim.over}={hi} minus at {lo}"
+        if not seeds:
+            tests.append(Test(label, 0, math.nan, math.nan, (math.nan,) * 2, claim.margin, 1.0,
+                              "none", short=True))  # fmt: skip
+            continue
+        d = np.array([f_hi[s].x - f_lo[s].x for s in seeds])
+        censored = any(f_lo[s].censored or f_hi[s].censored for s in seeds)
+        mean, ci, p = one_sided(_sign(claim) * d, claim.margin)
+        tests.append(
+            Test(
+                label,
+                len(d),
+                float(d.mean()),
+                mean,
+                ci,
+                claim.margin,
+                p,
+                "paired t",
+                censored,
+                censored,
+                len(d) < claim.min_seeds,
+            )  # fmt: skip
+        )
+    return tests, ""
+
+
+def _count(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
+    """diverges / fails: counts over a's usable runs, not a test. fails: a run ends within
+    `value` of chance accuracy (a diverged run never trained: it fails too)."""
+    runs = select(rows, {**claim.where, **claim.a})
+    one_per_seed(runs, claim, "a")
+    usable = [r for r in runs if r.get("status") in USABLE]
+    notes = [f"seed {r.get('seed')}: {r.get('status')}" for r in runs if r not in usable]
+    if claim.kind == "diverges":
+        hits = [r.get("status") == "diverged" for r in usable]
+        word = "diverged"
+    else:
+        known = [
+            r for r in usable
+            if r.get("status") == "diverged"
+            or not (_nan(r.get("final_accuracy")) or _nan(r.get("chance_accuracy")))
+        ]  # fmt: skip
+        notes += [f"seed {r.get('seed')}: no final accuracy or chance" for r in usable
+                  if r not in known]  # fmt: skip
+        usable = known
+        hits = [
+            r.get("status") == "diverged"
+            or float(r["final_accuracy"]) <= float(r["chance_accuracy"]) + claim.value
+            for r in usable
+        ]
+        word = f"ended within {claim.value:g} of chance"
+    n, k = len(usable), sum(hits)
+    if not runs:
+        verdict = "not run"
+    elif n < claim.min_seeds:
+        verdict = "inconclusive"
+        notes.append(f"{n} usable runs (min {claim.min_seeds})")
+    else:
+        verdict = "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
+    return {"verdict": verdict, "ours": f"{k} of {n} runs {word}" if runs else "", "n": n,
+            "notes": "; ".join(notes), "tests": []}  # fmt: skip
+
+
+def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
+    """One claim over the rows of its sweep: a verdict for the count kinds; for the others
+    the tests (one, one per `per` value, or one per `trend` step) that `decide` turns into a
+    verdict once the sweep's p values are corrected."""
+    if claim.kind in ("diverges", "fails"):
+        return _count(claim, rows)
+    if claim.kind == "trend":
+        tests, note = _trend(claim, rows, curves)
+        if not tests:
+            return {"verdict": "not run", "ours": "", "n": 0, "notes": note, "tests": []}
+        return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": note,
+                "tests": tests}  # fmt: skip
+    keys = ["a", "b", "c"][: {"ordering": 2, "ratio": 2, "gap_closed": 3}.get(claim.kind, 1)]
+    scopes: list[dict[str, Any]] = [{}]
+    if claim.per:
+        found = {r.get(claim.per) for r in select(rows, {**claim.where, **claim.a})} - {None}
+        if not found:
+            return {"verdict": "not run", "ours": "", "n": 0, "tests": [],
+                    "notes": f"a: no run with a value of {claim.per}"}  # fmt: skip
+        scopes = [{claim.per: v} for v in sorted(found, key=_order)]
+    tests, notes, shown_sides = [], [], {}
+    for scope in scopes:
+        where = {**claim.where, **scope}
+        label = ", ".join(f"{k}={v}" for k, v in scope.items())
+        sides = [side(select(rows, {**where, **getattr(claim, k)}), claim, curves, k) for k in keys]
+        named = list(zip(keys, sides, strict=True))
+        at = f" at {label}" if label else ""
+        for k, s in named:
+            for seed, why in s.unusable.items():
+                notes.append(f"{k}{at}: seed {seed} unusable ({why})")
+            shown_sides[f"{k}{at}"] = s.describe()
+        if any(not s.values for s in sides):
+            missing = [k for k, s in named if not s.values]
+            if not claim.per:
+                notes += [f"{k}: no usable run" for k in missing]
+                return {"verdict": "not run", "ours": "", "n": 0, "notes": "; ".join(notes),
+                        "tests": [], "sides": shown_sides}  # fmt: skip
+            notes += [f"{k}{at}: no usable run" for k in missing]
+            tests.append(Test(label, 0, math.nan, math.nan, (math.nan,) * 2, claim.margin, 1.0,
+                              "none", short=True))  # fmt: skip
+            continue
+        tests.append(compare(claim, sides, label))
+    for t in tests:
+        if t.short and t.n:
+            notes.append(f"{t.label or 'claim'}: {t.n} usable seeds (min {claim.min_seeds})")
+    return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": "; ".join(notes),
+            "tests": tests, "sides": shown_sides}  # fmt: skip
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p values (the family-wise error rate ≤ α when each
+    adjusted p is compared with α)."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adjusted, running = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def decide(tests: list[Test], p_adjusted: float) -> str:
+    """A claim's verdict from its tests (all must hold: an intersection-union test, whose
+    p is the largest of theirs, Holm-adjusted)."""
+    if not tests:
+        return "not run"
+    if any(t.fails for t in tests):
+        return "does not hold"
+    if p_adjusted < ALPHA and all(t.can_hold for t in tests):
+        return "holds"
+    return "inconclusive"
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _shown(claim: ClaimConfig, tests: list[Test]) -> str:
+    if len(tests) == 1 and not (claim.per or claim.kind == "trend"):
+        return tests[0].shown(_names(claim))
+    return "; ".join(f"{t.label}: {t.shown(_names(claim) if claim.per else 'Δ')}" for t in tests)
+
+
+def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
+    """Every claim of every sweep found under the runs, one dict per claim, with its test,
+    p value and Holm-adjusted p (over the sweep's paper and recalled claims; self-checks
+    are a family of their own). Raises ClaimError for a claim these runs cannot judge."""
+    if runs.empty:
+        return []
+    rows, sweeps = claim_rows(runs)
+    results = []
+    for name, sweep in sweeps.items():
+        mine = [r for r in rows if r["sweep"] == name]
+        judged = [(claim, judge(claim, mine, curves)) for claim in sweep["claims"]]
+        for family in (TESTED, ("self-check",)):
+            members = [(c, j) for c, j in judged if c.origin in family and j["tests"]]
+            adjusted = holm([max(t.p for t in j["tests"]) for _, j in members])
+            for (_, j), p in zip(members, adjusted, strict=True):
+                j["p_holm"] = p
+        for claim, j in judged:
+            results.append(_result(name, sweep, claim, j))
+    return results
+
+
+def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> dict[str, Any]:
+    tests: list[Test] = j.pop("tests")
+    single = tests[0] if len(tests) == 1 else None
+    verdict = j["verdict"] or decide(tests, j.get("p_holm", 1.0))
+    target = claim.target
+    return {
+        "sweep": name,
+        "paper": sweep["paper"],
+        "scale": sweep["scale"],
+        "id": claim.id,
+        "text": claim.text,
+        "scope": ", ".join(
+            [f"{k}={v}" for k, v in claim.where.items()]
+            + ([f"every {claim.per}"] if claim.per else [])
+            + ([f"every step of {claim.over}"] if claim.kind == "trend" else [])
+        ),
+        "metric": claim.metric
+        + (
+            f" ({target.split} {target.key} "
+            f"{'<=' if TARGET_KEYS[target.key] == 'lower' else '>='} {target.value})"
+            if target
+            else ""
+        ),
+        "kind": claim.kind,
+        "origin": claim.origin,
+        "threshold_from": claim.threshold_from,
+        "margin": claim.margin,
+        "min_seeds": claim.min_seeds,
+        "published": claim.published,
+        "source": claim.source,
+        "verdict": verdict,
+        "ours": j["ours"] or (_shown(claim, tests) if tests else ""),
+        "n": j["n"],
+        "notes": j["notes"],
+        "sides": j.get("sides", {}),
+        "test": ", ".join(dict.fromkeys(t.test for t in tests)) if tests else "count",
+        "estimate": _finite(single.estimate) if single else None,
+        "ci_low": _finite(single.ci[0]) if single else None,
+        "ci_high": _finite(single.ci[1]) if single else None,
+        "p": _finite(max(t.p for t in tests)) if tests else None,
+        "p_holm": _finite(j.get("p_holm")) if tests else None,
+        "steps": [
+            {
+                "label": t.label,
+                "n": t.n,
+                "estimate": _finite(t.estimate),
+                "advantage": _finite(t.mean),
+                "ci_low": _finite(t.ci[0]),
+                "ci_high": _finite(t.ci[1]),
+                "against": t.against,
+                "p": _finite(t.p),
+            }
+            for t in tests
+        ]
+        if len(tests) > 1
+        else [],  # fmt: skip
+    }
+
+
+def tally(results: list[dict[str, Any]], sweep: str) -> str:
+    """A sweep's verdict counts, the paper's claims (paper and recalled) apart from the
+    harness's self-checks."""
+    parts = []
+    for title, family in (("paper", TESTED), ("self-checks", ("self-check",))):
+        counts = {k: 0 for k in VERDICTS}
+        for r in results:
+            if r["sweep"] == sweep and r["origin"] in family:
+                counts[r["verdict"]] += 1
+        if sum(counts.values()):
+            parts.append(f"{title}: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    return "; ".join(parts) or "no claims"
+
+
+def _p(r: dict[str, Any]) -> str:
+    if r["p"] is None:
+        return "—"
+    return f"{r['p']:.2g} (Holm {r['p_holm']:.2g})"
+
+
 def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
-    """One sweep's verdicts as display rows: claim, scope, published, ours, verdict."""
+    """One sweep's verdicts as display rows: claim, origin and margin, scope, published,
+    ours, p, verdict."""
     rows = [r for r in results if r["sweep"] == sweep]
     return pd.DataFrame(
         {
             "claim": [f"**{r['id']}**: {r['text']}" for r in rows],
+            "origin": [
+                f"{r['origin']}; margin {r['margin']:g} ({r['threshold_from']}'s)" for r in rows
+            ],
             "where": [r["scope"] or "all runs" for r in rows],
             "metric": [r["metric"] for r in rows],
             "published": [
@@ -416,6 +674,7 @@ def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
                 or "—"
                 for r in rows
             ],
+            "p (one-sided)": [_p(r) for r in rows],
             "verdict": [r["verdict"] + (f" ({r['notes']})" if r["notes"] else "") for r in rows],
         }
     )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from stalebench.metrics.summary import write_json
 from stalebench.report import claims as claims_mod
 from stalebench.report.collect import collect
+from stalebench.report.groups import assign, load_configs
 from stalebench.report.tables import (
     BASELINE,
     format_summary,
@@ -32,30 +34,12 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
     from stalebench.report.figures import all_figures  # matplotlib only when there is work
 
     out.mkdir(parents=True, exist_ok=True)
-    summary = summary_table(runs, baseline)
+    configs = load_configs(runs["run_dir"])
+    labelled, settings = assign(runs, configs)
+    summary = summary_table(runs, baseline, configs)
     summary_md = write_table("summary", summary, format_summary(summary, baseline), out)
-    per_run_cols = [
-        c
-        for c in [
-            "run_dir",
-            "algorithm",
-            "cluster",
-            "num_workers",
-            "seed",
-            "status",
-            "final_accuracy",
-            "time_to_target_s",
-            "lag_mean",
-            "throughput_updates_per_s",
-            "wall_time_s",
-            "error",
-        ]
-        if c in runs
-    ]
-    write_table(
-        "runs", runs, runs[per_run_cols].astype(object).where(runs[per_run_cols].notna(), "—"), out
-    )
-    figures = all_figures(runs, curves, updates, out)
+    write_table("runs", labelled, per_run_display(labelled, settings), out)
+    figures = all_figures(labelled, curves, updates, out)
     verdicts = claims_mod.evaluate(runs, curves)
 
     n_done = int((runs["status"] == "completed").sum())
@@ -69,7 +53,11 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
         "Mean ± sample std over the completed runs (seeds) of each group; runs that did not",
         "complete are counted in `runs` and listed under `not completed`. Time to target is",
         f"over the runs that reached it; speedup vs {baseline} = {baseline}'s mean time to",
-        "target / the algorithm's, same cluster and workers.",
+        "target / the group's, same cluster and workers (and, where the baseline's groups",
+        "differ in a setting, the same value of it). A group is every run with the same",
+        "config but the seed; the columns between `workers` and `runs` are the settings",
+        "that tell groups of one algorithm apart, and a cluster profile changed between",
+        "runs names its changed keys, e.g. `heterogeneous[slowdown=1,1,3,3]`.",
         "",
         summary_md,
         "Tables: `tables/summary.csv`, `tables/summary.tex`, per run `tables/runs.csv`, "
@@ -96,21 +84,46 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
     return report
 
 
+def per_run_display(runs: pd.DataFrame, settings: dict[str, str]) -> pd.DataFrame:
+    """The per-run table as display strings: labels (the cluster as its profile), the
+    settings that tell groups apart (by short name), seed, status and headline numbers."""
+    head = {"run_dir": "run_dir", "algorithm": "algorithm", "profile": "cluster"}
+    tail = [
+        "seed",
+        "status",
+        "final_accuracy",
+        "time_to_target_s",
+        "lag_mean",
+        "throughput_updates_per_s",
+        "wall_time_s",
+        "error",
+    ]
+    cols = {**head, "num_workers": "num_workers", **settings, **{c: c for c in tail}}
+    shown = pd.DataFrame({name: runs[c] for c, name in cols.items() if c in runs})
+    return shown.astype(object).where(shown.notna(), "—")
+
+
 def claim_section(verdicts: list[dict], out: Path) -> list[str]:
     """The papers' claims with their verdicts (also written to out/claims.json)."""
     if not verdicts:
         (out / "claims.json").unlink(missing_ok=True)  # no stale verdicts from an earlier report
         return []
-    write_json(out / "claims.json", {"rule": claims_mod.RULE, "claims": verdicts})
+    write_json(
+        out / "claims.json",
+        {
+            "rule": claims_mod.RULE,
+            "alpha": claims_mod.ALPHA,
+            "correction": claims_mod.CORRECTION,
+            "claims": verdicts,
+        },
+    )
     lines = ["", "## Claims", "", f"Rule: {claims_mod.RULE}", ""]
     for sweep in dict.fromkeys(v["sweep"] for v in verdicts):
         first = next(v for v in verdicts if v["sweep"] == sweep)
-        counts = collections.Counter(v["verdict"] for v in verdicts if v["sweep"] == sweep)
-        tally = ", ".join(f"{counts[k]} {k}" for k in claims_mod.VERDICTS if counts[k])
         lines += [
             f"### {sweep} ({first['scale']}): {first['paper']}",
             "",
-            f"Verdicts: {tally}.",
+            f"Verdicts: {claims_mod.tally(verdicts, sweep)}.",
             "",
             to_markdown(claims_mod.table(verdicts, sweep)),
         ]
@@ -133,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         report = build_report(args.dirs, args.out or Path(args.dirs[0]), args.baseline)
-    except (LookupError, FileNotFoundError) as err:
+    except (LookupError, FileNotFoundError, claims_mod.ClaimError) as err:
         print(f"stalebench-report: error: {err}", file=sys.stderr)
         return 2
     print(report)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from stalebench import tuning
 from stalebench.overrides import keeps_preset_name
 
 LABELS = ["algorithm", "cluster", "num_workers", "seed"]
@@ -38,7 +39,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_run_dirs(dirs: Iterable[str | os.PathLike]) -> list[Path]:
-    """Every run directory at or under the given directories (sorted, without duplicates)."""
+    """Every run directory at or under the given directories (sorted, without duplicates).
+    A tuned sweep's tuning stage (`tune/` beside its `tuning.json`) is not the sweep's: it
+    is left out below a sweep directory, and reported only when named itself."""
     found: set[Path] = set()
     for top in dirs:
         top = Path(top)
@@ -50,7 +53,12 @@ def find_run_dirs(dirs: Iterable[str | os.PathLike]) -> list[Path]:
                 found.add(path.resolve())
                 subdirs[:] = []  # a run directory holds no other runs
             else:
-                subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+                tuned = (path / tuning.FILE).is_file()
+                subdirs[:] = sorted(
+                    d
+                    for d in subdirs
+                    if not d.startswith(".") and not (tuned and d == tuning.STAGE_DIR)
+                )
     return sorted(found, key=_natural_key)
 
 

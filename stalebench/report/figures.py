@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -14,17 +15,39 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from stalebench.report.groups import assign  # noqa: E402
+
 GRID_POINTS = 200
 
 
 def _slug(*parts) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "_".join(str(p) for p in parts)).strip("-")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", "_".join(str(p) for p in parts)).strip("-")
+    if len(slug) > 80:  # a long profile label: cut, and keep it apart from its neighbours
+        slug = slug[:64] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return slug
 
 
 def _settings(df: pd.DataFrame):
-    """(title, file suffix, rows) per (cluster, num_workers)."""
-    for (cluster, workers), sub in df.groupby(["cluster", "num_workers"], dropna=False):
-        yield f"{cluster}, {workers} workers", _slug(cluster, f"w{workers}"), sub
+    """(title, file suffix, rows) per (cluster profile, num_workers)."""
+    for (profile, workers), sub in df.groupby(["profile", "num_workers"], dropna=False):
+        yield f"{profile}, {workers} workers", _slug(profile, f"w{workers}"), sub
+
+
+def _arms(sub: pd.DataFrame) -> list[str]:
+    """The groups (algorithm and settings) in a figure, in the summary table's order."""
+    return list(sub.sort_values("group_index")["arm"].astype(str).drop_duplicates())
+
+
+def label_runs(runs: pd.DataFrame, *tables: pd.DataFrame) -> list[pd.DataFrame]:
+    """`tables` (curves, updates) with each run's `profile`, `arm` and `group_index`, the
+    grouping of stalebench.report.groups (computed here unless `runs` has it)."""
+    if "arm" not in runs:
+        runs = assign(runs)[0]
+    labels = runs.set_index("run_dir")[["profile", "arm", "group_index"]]
+    return [
+        t.drop(columns=list(labels.columns), errors="ignore").join(labels, on="run_dir")
+        for t in tables
+    ]
 
 
 def _save(fig, path: Path) -> Path:
@@ -58,8 +81,8 @@ def band(curves: pd.DataFrame, metric: str, grid: np.ndarray) -> tuple[np.ndarra
 
 
 def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str) -> list[Path]:
-    """Test ``metric`` (accuracy or loss) vs wall time of completed runs; a line per
-    algorithm, the band is ± std over seeds."""
+    """Test ``metric`` (accuracy or loss) vs wall time of completed runs; a line per group
+    (algorithm and settings), the band is ± std over seeds."""
     done = set(runs.loc[runs["status"] == "completed", "run_dir"])
     test = curves[(curves["split"] == "test") & curves["run_dir"].isin(done)].dropna(
         subset=[metric, "t"]
@@ -68,14 +91,12 @@ def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str
     for title, suffix, sub in _settings(test):
         grid = np.linspace(0.0, float(sub["t"].max()), GRID_POINTS)
         fig, ax = plt.subplots(figsize=(6, 4))
-        algorithms = sorted(sub["algorithm"].astype(str).unique())
-        for color, algorithm in zip(
-            sns.color_palette(n_colors=len(algorithms)), algorithms, strict=True
-        ):
-            runs_of = sub[sub["algorithm"].astype(str) == algorithm]
+        arms = _arms(sub)
+        for color, arm in zip(sns.color_palette(n_colors=len(arms)), arms, strict=True):
+            runs_of = sub[sub["arm"].astype(str) == arm]
             mean, std = band(runs_of, metric, grid)
             n = runs_of["run_dir"].nunique()
-            ax.plot(grid, mean, color=color, label=f"{algorithm} (n={n})")
+            ax.plot(grid, mean, color=color, label=f"{arm} (n={n})")
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         ax.set(xlabel="wall time (s)", ylabel=f"test {metric}", title=title)
         ax.legend()
@@ -84,14 +105,15 @@ def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str
 
 
 def lag_histograms(updates: pd.DataFrame, out: Path) -> list[Path]:
-    """Distribution of update lag per algorithm (all runs, normalised per algorithm)."""
+    """Distribution of update lag per group (all its runs, normalised per group)."""
     paths = []
     for title, suffix, sub in _settings(updates.dropna(subset=["lag"])):
         fig, ax = plt.subplots(figsize=(6, 4))
         sns.histplot(
-            data=sub.assign(algorithm=sub["algorithm"].astype(str)),
+            data=sub.assign(arm=sub["arm"].astype(str)),
             x="lag",
-            hue="algorithm",
+            hue="arm",
+            hue_order=_arms(sub),
             discrete=True,
             stat="probability",
             common_norm=False,
@@ -104,27 +126,25 @@ def lag_histograms(updates: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Path]:
-    """Per worker, total compute / wait / comm time in one run per algorithm (the completed
-    run with the lowest seed): a horizontal stacked bar per worker."""
+    """Per worker, total compute / wait / comm time in one run per group (the completed run
+    with the lowest seed): a horizontal stacked bar per worker."""
     parts = ["compute_s", "wait_s", "comm_s"]
     colors = sns.color_palette(n_colors=3)
     ordered = runs.assign(_done=runs["status"] != "completed").sort_values(["_done", "seed"])
     paths = []
     for title, suffix, sub in _settings(updates):
-        algorithms = sorted(sub["algorithm"].astype(str).unique())
+        arms = _arms(sub)
         workers = sub["worker"].nunique()
         fig, axes = plt.subplots(
-            len(algorithms),
+            len(arms),
             1,
             squeeze=False,
             sharex=True,
-            figsize=(7, min(2 + len(algorithms) * (0.6 + 0.25 * min(workers, 32)), 30)),
+            figsize=(7, min(2 + len(arms) * (0.6 + 0.25 * min(workers, 32)), 30)),
         )
-        for ax, algorithm in zip(axes[:, 0], algorithms, strict=True):
+        for ax, arm in zip(axes[:, 0], arms, strict=True):
             candidates = ordered[
-                ordered["run_dir"].isin(
-                    sub.loc[sub["algorithm"].astype(str) == algorithm, "run_dir"]
-                )
+                ordered["run_dir"].isin(sub.loc[sub["arm"].astype(str) == arm, "run_dir"])
             ]
             run_dir = candidates["run_dir"].iloc[0]
             seed = candidates["seed"].iloc[0]
@@ -141,7 +161,7 @@ def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Pa
                 )
                 left += values
             ax.set_yticks(np.arange(len(per_worker)), [str(w) for w in per_worker.index])
-            ax.set(ylabel="worker", title=f"{algorithm} (seed {seed})")
+            ax.set(ylabel="worker", title=f"{arm} (seed {seed})")
             ax.invert_yaxis()
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         axes[-1, 0].set_xlabel("time (s)")
@@ -155,6 +175,7 @@ def all_figures(
 ) -> list[Path]:
     out = Path(out)
     sns.set_theme(style="whitegrid")
+    curves, updates = label_runs(runs, curves, updates)
     return [
         *convergence(curves, runs, out, "accuracy"),
         *convergence(curves, runs, out, "loss"),

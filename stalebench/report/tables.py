@@ -1,8 +1,11 @@
-"""Summary tables: per (algorithm, cluster, num_workers), means ± std over seeds.
+"""Summary tables: a row per group of runs, means ± std over seeds.
 
-Accuracy, time-to-target, lag and throughput are averaged over the *completed* runs of a
-group; runs that failed, diverged or timed out stay in the table (``runs`` counts them and
-``status`` lists them), they are never dropped silently. Std is the sample std (ddof=1).
+Runs are grouped by algorithm, cluster profile, workers and every other config value that
+differs between them except the seed (stalebench.report.groups); each key that tells two
+groups of one algorithm apart is a column of its own (`lr`, `engine`, ...). Accuracy,
+time-to-target, lag and throughput are averaged over the *completed* runs of a group; runs
+that failed, diverged or timed out stay in the table (``runs`` counts them and ``status``
+lists them), they are never dropped silently. Std is the sample std (ddof=1).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from stalebench.report import groups as groups_mod
 
 GROUP = ["algorithm", "cluster", "num_workers"]
 # The speedup baseline, matched case-insensitively against the ``algorithm`` column.
@@ -29,10 +34,16 @@ def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else float("nan")
 
 
-def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """One numeric row per (algorithm, cluster, num_workers)."""
+def summary_table(
+    runs: pd.DataFrame, baseline: str = BASELINE, configs: dict[str, dict] | None = None
+) -> pd.DataFrame:
+    """One numeric row per group: algorithm, cluster (the profile's label), num_workers,
+    the settings that tell groups apart (a column each, by short name), then the numbers.
+    `configs`: run_dir → resolved config (default: each run's .hydra/config.yaml)."""
+    labelled, settings = groups_mod.assign(runs, configs)
     rows = []
-    for key, group in runs.groupby(GROUP, dropna=False, sort=True):
+    for _, group in labelled.groupby("group_index", sort=True):
+        first = group.iloc[0]
         done = group[group["status"] == "completed"]
         acc = _col(done, "final_accuracy").dropna()
         loss = _col(done, "final_loss").dropna()
@@ -40,7 +51,10 @@ def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
         others = group.loc[group["status"] != "completed", "status"].fillna("unknown")
         rows.append(
             {
-                **dict(zip(GROUP, key, strict=True)),
+                "algorithm": first["algorithm"],
+                "cluster": first["profile"],
+                "num_workers": first["num_workers"],
+                **{name: first[key] for key, name in settings.items()},
                 "runs": len(group),
                 "completed": len(done),
                 "status": ", ".join(f"{s}×{n}" for s, n in sorted(others.value_counts().items())),
@@ -58,17 +72,36 @@ def summary_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    is_base = table["algorithm"].astype(str).str.lower() == baseline.lower()
-    base = table[is_base].set_index(["cluster", "num_workers"])["time_to_target_mean"]
-    # two labels matching the baseline in one cell ("BSP" and "bsp"): no speedup, not a guess
-    base = base[~base.index.duplicated(keep=False)]
-    table[f"speedup_vs_{baseline}"] = [
-        base.get((c, n), float("nan")) / t if t > 0 else float("nan")
-        for c, n, t in zip(
-            table["cluster"], table["num_workers"], table["time_to_target_mean"], strict=True
-        )
-    ]
+    table[f"speedup_vs_{baseline}"] = _speedups(table, baseline, list(settings.values()))
     return table
+
+
+def _same(a, b) -> bool:
+    return (pd.isna(a) and pd.isna(b)) if pd.isna(a) or pd.isna(b) else a == b
+
+
+def _speedups(table: pd.DataFrame, baseline: str, settings: list[str]) -> list[float]:
+    """Per row, the baseline's mean time to target / the row's: the baseline row of the same
+    cluster and workers; where those baseline rows differ in settings, the one with the
+    row's values of all of them. No ratio when no baseline row, or more than one, is left."""
+    is_base = table["algorithm"].astype(str).str.lower() == baseline.lower()
+    out = []
+    for _, row in table.iterrows():
+        same_cell = [
+            _same(c, row["cluster"]) and _same(n, row["num_workers"])
+            for c, n in zip(table["cluster"], table["num_workers"], strict=True)
+        ]
+        base = table[is_base & np.array(same_cell, dtype=bool)]
+        keep = np.ones(len(base), dtype=bool)
+        for name in settings:
+            values = base[name].map(groups_mod.display)
+            if values.nunique() > 1:
+                keep &= (values == groups_mod.display(row[name])).to_numpy()
+        base = base[keep]
+        t = row["time_to_target_mean"]
+        ok = len(base) == 1 and t > 0
+        out.append(float(base["time_to_target_mean"].iloc[0]) / t if ok else float("nan"))
+    return out
 
 
 def _fmt(x, digits: int) -> str:
@@ -86,11 +119,13 @@ def _pm(mean: float, std: float, digits: int) -> str:
 def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
     """The summary table as display strings (mean ± std, "—" when missing)."""
     speedup = f"speedup_vs_{baseline}"
+    settings = list(table.columns[3 : table.columns.get_loc("runs")])
     return pd.DataFrame(
         {
             "algorithm": table["algorithm"].astype(str),
             "cluster": table["cluster"].astype(str),
             "workers": table["num_workers"].astype(str),
+            **{name: table[name].map(groups_mod.display) for name in settings},
             "runs": table["runs"].astype(str),
             "completed": table["completed"].astype(str),
             "not completed": [s or MISSING for s in table["status"]],

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import torch
 
-from stalebench.cluster import FaultConfig, Profile
+from stalebench.cluster import STEP_ACTIONS, FaultConfig, Profile
 from stalebench.errors import RunError
 from stalebench.runtime.transport import Pending, Transport
 
@@ -46,7 +46,9 @@ class Faults:
     """One worker's scheduled faults, struck when its steps start: those of its step index
     (`at_step`), then those due by the time (`at_s`), in order. Every engine calls `strike`
     once per step the worker starts, and adds `slow_s` to each message the worker sends in
-    that step (the profile's `push_s`, `allreduce_s`, `allgather_s` take it)."""
+    that step (the profile's `push_s`, `allreduce_s`, `allgather_s` take it). A
+    `slow_compute` fault is not struck here: the profile's step times carry it
+    (`Profile.step_s`)."""
 
     def __init__(
         self,
@@ -61,7 +63,8 @@ class Faults:
         starts there too, and the faults that struck its predecessor then do not strike it
         again."""
         self.worker, self.step = worker, step
-        mine, first = profile.faults(worker), step + replaced
+        mine = [f for f in profile.faults(worker) if f.action not in STEP_ACTIONS]
+        first = step + replaced
         self.by_step = sorted((f for f in mine if f.at_step >= first), key=lambda f: f.at_step)
         due = (lambda f: f.at_s > after_s) if replaced else (lambda f: f.at_s >= after_s)
         self.pending = [f for f in mine if f.at_step < 0 and due(f)]

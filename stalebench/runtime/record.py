@@ -29,7 +29,7 @@ class RunRecord:
     ):
         self.job, self.run_dir = job, Path(run_dir)
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
-        self.snapshots = Snapshots(job.cfg.eval)
+        self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(
             self.run_dir, job.cfg.checkpoint_every_s, self.events, self.snapshots,
             job.meta["config_sha"],
@@ -66,13 +66,21 @@ class RunRecord:
         must not enter the events, such as the simulator's own real time)."""
         cfg = self.job.cfg
         self.snapshots.take(t_end, version, params)
+        held_out: list[float | None] = []  # the held-out split's loss at each snapshot
+
+        def emit(kind: str, t: float, **fields: Any) -> None:
+            if kind == "eval" and fields.get("split") != "train":
+                held_out.append(fields.get("loss"))
+            self.events.emit(kind, t, **fields)
+
+        evaluate_snapshots(self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, emit)
+        if status == "completed" and (why := blown_up(held_out, cfg.budget.diverge_factor)):
+            status, error = "diverged", why
         self._end(t_end, version, status, error, **end_fields)
-        evaluate_snapshots(
-            self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, self.events.emit
-        )
         vector_to_parameters(params, model.parameters())
         torch.save(model.state_dict(), self.run_dir / "model.pt")
-        return self._close(status, error, summary_extra)
+        chance = chance_accuracy(self.job.splits)
+        return self._close(status, error, {"chance_accuracy": chance, **(summary_extra or {})})
 
     def fail(self, t_end: float, version: int, error: str) -> dict[str, Any]:
         """End a failed run that cannot be evaluated (a peer holding part of θ is gone): the
@@ -99,6 +107,32 @@ def spent(budget: BudgetConfig, version: int, t: float) -> bool:
         (budget.max_updates and version >= budget.max_updates)
         or (budget.max_wall_s and t >= budget.max_wall_s)
     )
+
+
+def blown_up(losses: list[float | None], factor: float) -> str | None:
+    """Why a run that trained to its end diverged, as the papers mean it: its held-out loss
+    ends non-finite (an overflow: JSON null) or above `factor` × its loss at θ₀ (factor 0:
+    only non-finite); None when it did not."""
+    if not losses:
+        return None
+    first, last = losses[0], losses[-1]
+    if last is None or not math.isfinite(last):
+        return f"the held-out loss ends at {last} (overflow)"
+    if factor and first is not None and math.isfinite(first) and last > factor * first:
+        return (
+            f"the held-out loss ends at {last:.4g}, above budget.diverge_factor={factor:g} × "
+            f"its initial {first:.4g}"
+        )
+    return None
+
+
+def chance_accuracy(splits) -> float | None:
+    """The accuracy of always answering the held-out split's most frequent class (or
+    token): what a model that learned nothing scores; None for regression."""
+    y = splits.y_test if splits.y_val is None else splits.y_val
+    if splits.regression or not len(y):
+        return None
+    return float(torch.bincount(y.reshape(-1)).max()) / y.numel()
 
 
 def diverged(loss: float, params: torch.Tensor | None = None) -> bool:

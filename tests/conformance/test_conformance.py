@@ -1,7 +1,8 @@
 """Every registered barrier and update rule, and every preset, in both runtimes: a few
-steps with a server and 3 workers on CPU; loss falls; no deadlock within the timeout;
-events match the schema; summary.json complete. New registrations are picked up here
-without a new test."""
+steps with a server and 3 workers on CPU (and every update rule that takes a round's mean
+on engine=allreduce's 3 replicas); loss falls; no deadlock within the timeout; events
+match the schema; summary.json complete. New registrations are picked up here without a
+new test."""
 
 from __future__ import annotations
 
@@ -76,7 +77,32 @@ def test_real_runtime(tmp_path, overrides):
     check(*run_job(tmp_path, [*COMMON, *overrides])[:2])
 
 
+# Each update rule that can take a round's mean (not per worker) on engine=allreduce: BSP
+# the way DDP runs it, every replica stepping the rule with the all-reduced mean gradient.
+ALLREDUCE_CASES = [
+    pytest.param(
+        ["engine=allreduce", "algorithm/barrier=bsp", f"algorithm/update={u}"], id=f"allreduce-{u}"
+    )
+    for u in UPDATES.names()
+    if not UPDATES.get(u)[0].per_worker
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("overrides", ALLREDUCE_CASES)
+def test_allreduce_sim_runtime(tmp_path, overrides):
+    check(*run_job(tmp_path, ["runtime=sim", *COMMON, *overrides])[:2])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides", ALLREDUCE_CASES)
+def test_allreduce_real_runtime(tmp_path, overrides):
+    check(*run_job(tmp_path, [*COMMON, *overrides])[:2])
+
+
 def test_the_test_only_plugin_is_in_the_suite():
     ids = [case.id for case in CASES]
     assert "barrier-test_mean_lead" in ids
     assert {f"preset-{p}" for p in ("bsp", "asp", "ssp")} <= set(ids)
+    assert {"allreduce-sgd", "allreduce-adamw"} <= {case.id for case in ALLREDUCE_CASES}

@@ -3,7 +3,14 @@ same θ₀ and the same per-rank data order, 50 steps of allreduce-BSP and of PS
 parameters bit-identical to `DistributedDataParallel` over gloo with `torch.optim.SGD`
 (2 processes, CPU); so do allreduce-BSP's overlapped rounds, in DDP-like buckets and in
 P3's slices applied layer by layer. A harness that reordered a sum, dropped a batch or
-applied a stale gradient would differ in the last bits at least."""
+applied a stale gradient would differ in the last bits at least.
+
+The same holds for the update rules that are torch's optimizers (stalebench/algorithms/
+torch_optim.py): allreduce-BSP with `algorithm/update=adamw|adam|nadam|torch_sgd` ends
+bit-identical to DDP with torch.optim.AdamW, Adam, NAdam and SGD (Nesterov, heavy ball)
+given the same lr, betas, eps and weight decay; so do allreduce-BSP's buckets and PS-BSP
+(AdamW at the server) with AdamW. The references are trained one after the other in one
+pair of DDP processes."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from tests.conftest import compose, fast_with, free_port, run_job
 
 STEPS = 50
 ARGS = ["algorithm=bsp", "cluster.num_workers=2", f"budget.max_updates={STEPS}"]
+BUCKETS = ["engine=allreduce", "engine.bucket_mb=0.0005"]  # 131 floats: 2 buckets, 8 slices
 
 
 def _ddp(rank: int, port: int, overrides: list[str], out: str) -> None:
@@ -58,7 +66,7 @@ def final_params(run) -> torch.Tensor:
 @pytest.mark.timeout(240)
 def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path):
     reference = ddp_params(tmp_path)
-    fifo = ["engine=allreduce", "engine.bucket_mb=0.0005"]  # 131 floats: 2 buckets, 8 slices
+    fifo = BUCKETS
     runs = {
         "allreduce": ["engine=allreduce"],
         "ps": ["engine=ps"],
@@ -69,3 +77,91 @@ def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path):
         ours = final_params(run_job(tmp_path / name, [*ARGS, *args]))
         assert ours.shape == reference.shape
         assert torch.equal(ours, reference), (name, (ours - reference).abs().max())
+
+
+# name: (stalebench's overrides, torch.optim's class and its arguments): the same numbers
+# written twice, none left at its default, so a field that did not reach torch shows
+TORCH_RULES = {
+    "adamw": (
+        ["algorithm/update=adamw", "algorithm.update.lr=0.01", "algorithm.update.beta1=0.8",
+         "algorithm.update.beta2=0.99", "algorithm.update.eps=1e-6",
+         "algorithm.update.weight_decay=0.05"],
+        "AdamW", {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.05},
+    ),
+    "adam": (
+        ["algorithm/update=adam", "algorithm.update.lr=0.005", "algorithm.update.beta1=0.85",
+         "algorithm.update.beta2=0.995", "algorithm.update.weight_decay=0.001",
+         "algorithm.update.amsgrad=true"],
+        "Adam",
+        {"lr": 0.005, "betas": (0.85, 0.995), "weight_decay": 0.001, "amsgrad": True},
+    ),
+    "nadam": (
+        ["algorithm/update=nadam", "algorithm.update.lr=0.004", "algorithm.update.beta1=0.95",
+         "algorithm.update.beta2=0.99", "algorithm.update.momentum_decay=0.01",
+         "algorithm.update.weight_decay=0.02", "algorithm.update.decoupled_weight_decay=true"],
+        "NAdam",
+        {"lr": 0.004, "betas": (0.95, 0.99), "momentum_decay": 0.01, "weight_decay": 0.02,
+         "decoupled_weight_decay": True},
+    ),
+    "nesterov": (
+        ["algorithm/update=torch_sgd", "algorithm.update.lr=0.05",
+         "algorithm.update.momentum=0.9", "algorithm.update.nesterov=true",
+         "algorithm.update.weight_decay=0.001"],
+        "SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.001},
+    ),
+    "heavy_ball": (
+        ["algorithm/update=torch_sgd", "algorithm.update.lr=0.05",
+         "algorithm.update.momentum=0.8", "algorithm.update.dampening=0.1"],
+        "SGD", {"lr": 0.05, "momentum": 0.8, "dampening": 0.1},
+    ),
+}  # fmt: skip
+
+
+def _ddp_optimizers(rank: int, port: int, overrides: list[str], out: str) -> None:
+    """Every TORCH_RULES reference, one after the other, each from θ₀ and the start of
+    the per-rank data streams, with a DDP model of its own."""
+    from stalebench.job import Job
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    job = Job.build(compose(overrides))
+    finals = {}
+    for name, (_, optimizer, kwargs) in TORCH_RULES.items():
+        model = torch.nn.parallel.DistributedDataParallel(job.model())
+        opt = getattr(torch.optim, optimizer)(model.parameters(), **kwargs)
+        batches = job.batches(rank)
+        for _ in range(STEPS):
+            x, y = next(batches)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        finals[name] = parameters_to_vector(model.parameters()).detach().clone()
+    if rank == 0:
+        torch.save(finals, out)
+    dist.barrier()
+    os._exit(0)
+
+
+@pytest.fixture(scope="module")
+def ddp_optimizers(tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = str(tmp_path_factory.mktemp("ddp") / "ddp.pt")
+    args = (free_port(), fast_with(ARGS), out)
+    mp.start_processes(_ddp_optimizers, args=args, nprocs=2, start_method="spawn")
+    return torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "name, engine",
+    [*((name, "allreduce") for name in TORCH_RULES), ("adamw", "buckets"), ("adamw", "ps")],
+    ids=lambda v: v,
+)
+def test_torch_optimizer_rules_end_bit_identical_to_ddp_with_that_optimizer(
+    tmp_path, ddp_optimizers, name, engine
+):
+    reference = ddp_optimizers[name]
+    engines = {"allreduce": ["engine=allreduce"], "buckets": BUCKETS, "ps": ["engine=ps"]}
+    ours = final_params(run_job(tmp_path, [*ARGS, *engines[engine], *TORCH_RULES[name][0]]))
+    assert ours.shape == reference.shape
+    assert torch.equal(ours, reference), (name, engine, (ours - reference).abs().max())

@@ -53,7 +53,13 @@ CLAIMS = [
      "a": {"algorithm": "scaly"}, "b": {"algorithm": "flat"}},
     {"id": "config-key", "metric": "final_accuracy", "better": "higher",
      "a": {"algorithm": "fast", "algorithm.barrier.staleness": 3}, "b": {"algorithm": "slow"}},
+    # a check of the harness itself: its own Holm family, apart from the paper's tally
+    {"id": "self", "metric": "final_accuracy", "better": "higher", "origin": "self-check",
+     "a": {"algorithm": "fast"}, "b": {"algorithm": "slow"}},
 ]  # fmt: skip
+for _claim in CLAIMS:
+    _claim.setdefault("origin", "paper")
+SEEDS = range(5)
 
 
 def run_dir(root, name, algorithm, seed, accuracy, *, status="completed", n=4, curve=None):
@@ -86,16 +92,16 @@ def run_dir(root, name, algorithm, seed, accuracy, *, status="completed", n=4, c
 
 @pytest.fixture()
 def sweep(tmp_path):
-    for s in range(3):
+    for s in SEEDS:
         run_dir(tmp_path, f"fast{s}", "fast", s, 0.9 + 0.01 * s, curve=[(0, 0.1), (1, 0.6)])
-        slow_curve = [(0, 0.1), (3, 0.55)] if s < 2 else [(0, 0.1), (5, 0.3)]
+        slow_curve = [(0, 0.1), (3 + 0.1 * s, 0.55)] if s < 2 else [(0, 0.1), (5, 0.3)]
         run_dir(tmp_path, f"slow{s}", "slow", s, 0.3 + 0.01 * s, curve=slow_curve)
-        run_dir(tmp_path, f"noisy{s}", "noisy", s, [0.5, 0.99, 1.3][s])
+        run_dir(tmp_path, f"noisy{s}", "noisy", s, [0.5, 0.99, 1.3, 0.4, 1.2][s])
         run_dir(tmp_path, f"boom{s}", "boom", s, 0.1, status="diverged")
         for n, acc in ((1, 0.9), (8, 0.5)):
             run_dir(tmp_path, f"scaly{n}-{s}", "scaly", s, acc + 0.01 * s, n=n)
             run_dir(tmp_path, f"flat{n}-{s}", "flat", s, 0.7 + 0.01 * s, n=n)
-    run_dir(tmp_path, "fast-failed", "fast", 3, 0.0, status="failed")
+    run_dir(tmp_path, "fast-failed", "fast", 5, 0.0, status="failed")
     return tmp_path
 
 
@@ -119,50 +125,67 @@ def test_every_verdict_is_what_the_synthetic_runs_were_built_to_give(sweep):
         ("gap", ""): "holds",  # fast goes all the way (fraction 1) from slow to itself
         ("ratio", ""): "holds",
         ("threshold", ""): "holds",
-        ("degrades", ""): "holds",
-        ("margin-widens", ""): "does not hold",
-        ("per-n", "num_workers=1"): "holds",
-        ("per-n", "num_workers=8"): "does not hold",
+        ("degrades", "every step of num_workers"): "holds",
+        ("margin-widens", "every step of num_workers"): "does not hold",
+        ("per-n", "every num_workers"): "does not hold",  # one joint verdict: not at N=8
         ("config-key", ""): "holds",
+        ("self", ""): "holds",
     }
+    assert v[("degrades", "every step of num_workers")]["verdict"] == "holds"
 
 
 def test_the_failed_run_is_reported_not_dropped(sweep):
     v = verdicts(sweep)[("fast-beats-slow", "")]
-    assert "a: 1 of 4 runs unusable" in v["notes"]
-    assert v["n"] == 3
+    assert "a: seed 5 unusable (failed)" in v["notes"]
+    assert v["n"] == 5
 
 
-def test_a_censored_a_side_cannot_make_a_claim_hold(tmp_path):
+def test_a_censored_a_side_cannot_make_a_claim_hold():
     claim = claim_from_dict(CLAIMS[4])  # fast sooner than slow
-    fast = C.Side({0: C.Value(6.0, censored=True), 1: C.Value(6.0, True)}, 2, 0)
-    slow = C.Side({0: C.Value(1.0), 1: C.Value(1.2)}, 2, 0)
-    o = C._outcome(claim, [slow, fast])  # slow sooner than a never-reaching fast: holds
-    assert C._censor(C.rule(o.m, o.sd, o.n), o.a_censored, o.b_censored) == "holds"
-    o = C._outcome(claim, [fast, slow])
-    assert C.rule(o.m, o.sd, o.n) == "does not hold"  # and stays so: fast's true time is later
-    both = C._outcome(claim, [C.Side({0: C.Value(9, True), 1: C.Value(1, True)}, 2, 0), slow])
-    assert C._censor("holds", both.a_censored, both.b_censored) == "inconclusive"
+    never = C.Side({s: C.Value(6.0, censored=True) for s in SEEDS}, 5)
+    quick = C.Side({s: C.Value(1.0 + 0.01 * s * s) for s in SEEDS}, 5)
+    test = C.compare(claim, [quick, never])  # sooner than a never-reaching b: may hold
+    assert C.decide([test], test.p) == "holds"
+    test = C.compare(claim, [never, quick])
+    assert C.decide([test], test.p) == "does not hold"  # a's true time is later still
+    both = C.Side({s: C.Value(1.0 + 0.01 * s * s, censored=s == 0) for s in SEEDS}, 5)
+    test = C.compare(claim, [both, C.Side({s: C.Value(3.0 + 0.1 * s) for s in SEEDS}, 5)])
+    assert test.p < 0.05 and C.decide([test], test.p) == "inconclusive"
 
 
-def test_the_rule_at_its_boundaries():
-    assert C.rule(1.0, 0.5, 3) == "holds"
-    assert C.rule(1.0, 1.0, 3) == "inconclusive"  # the lead must exceed the spread
-    assert C.rule(0.0, 0.0, 3) == "does not hold"  # a tie is not a win
-    assert C.rule(-1.0, 1.0, 3) == "does not hold"
-    assert C.rule(-0.5, 1.0, 3) == "inconclusive"
-    assert C.rule(5.0, float("nan"), 1) == "inconclusive"  # one seed has no spread
-    assert C.rule(float("nan"), float("nan"), 0) == "not run"
+def test_the_test_at_its_boundaries():
+    lead = C.one_sided([1.0, 1.2, 0.9, 1.1, 1.05], 0.0)
+    assert lead[2] < 0.001 and lead[1][0] > 0  # a clear lead: small p, interval above 0
+    small = C.one_sided([1.0, 1.2, 0.9, 1.1, 1.05], 1.0)  # ... but not beyond a margin of 1
+    assert small[2] > 0.05 and small[1][0] < 1.0 < small[1][1]
+    assert C.one_sided([0.5, 0.5, 0.5], 0.0) == (0.5, (0.5, 0.5), 0.0)  # deterministic
+    assert C.one_sided([0.0, 0.0, 0.0], 0.0)[2] == 1.0  # a tie is not a win
+    assert C.one_sided([5.0], 0.0)[2] == 1.0  # one seed tests nothing
+    claim = claim_from_dict({**CLAIMS[0], "margin": 0.05})
+    a = C.Side({s: C.Value(0.60 + 0.01 * (s % 2)) for s in SEEDS}, 5)
+    b = C.Side({s: C.Value(0.58 + 0.01 * (s % 3)) for s in SEEDS}, 5)
+    test = C.compare(claim, [a, b])  # a leads by ~0.015: below the margin of 0.05
+    assert test.fails and C.decide([test], test.p) == "does not hold"
+    short = C.compare(claim_from_dict({**CLAIMS[0], "min_seeds": 6}), [a, b])
+    assert short.short and C.decide([short], 0.0) == "inconclusive"
 
 
-def test_unpaired_sides_combine_their_spreads():
+def test_unpaired_sides_take_welchs_test_of_the_contrast():
+    from scipy import stats
+
     claim = claim_from_dict(CLAIMS[0])
-    a = C.Side({0: C.Value(0.9), 1: C.Value(0.8)}, 2, 0)
-    b = C.Side({5: C.Value(0.3), 6: C.Value(0.4)}, 2, 0)
-    o = C._outcome(claim, [a, b])
-    assert o.m == pytest.approx(0.5)
-    assert o.sd == pytest.approx((0.005 + 0.005) ** 0.5)
-    assert "unpaired" in o.shown
+    xa, xb = [0.9, 0.8, 0.85, 0.95], [0.3, 0.4, 0.35, 0.5, 0.45]
+    a = C.Side({i: C.Value(x) for i, x in enumerate(xa)}, 4)
+    b = C.Side({10 + i: C.Value(x) for i, x in enumerate(xb)}, 5)
+    test = C.compare(claim, [a, b])
+    assert test.test == "Welch t" and "unpaired" in test.label
+    want = stats.ttest_ind(xa, xb, equal_var=False, alternative="greater").pvalue
+    assert test.p == pytest.approx(want)
+    # a ratio a / b ≥ 2 is the contrast a − 2·b > 0
+    ratio = claim_from_dict({**CLAIMS[9], "better": "higher", "value": 2.0})
+    test = C.compare(ratio, [a, b])
+    assert test.estimate == pytest.approx(sum(xa) / 4 / (sum(xb) / 5))
+    assert test.mean == pytest.approx(sum(xa) / 4 - 2 * sum(xb) / 5)
 
 
 def test_the_report_writes_claims_json_and_prints_every_verdict(sweep, capsys):
@@ -170,7 +193,13 @@ def test_the_report_writes_claims_json_and_prints_every_verdict(sweep, capsys):
     printed = capsys.readouterr().out
     data = json.loads((sweep / "report" / "claims.json").read_text())
     assert data["rule"] == C.RULE
+    assert data["alpha"] == 0.05 and data["correction"] == "holm"
     assert len(data["claims"]) == 16
+    paper = [v for v in data["claims"] if v["origin"] == "paper" and v["p"] is not None]
+    ps = [v["p"] for v in paper]
+    assert [v["p_holm"] for v in paper] == pytest.approx(C.holm(ps))
+    (self_check,) = [v for v in data["claims"] if v["origin"] == "self-check"]
+    assert self_check["p_holm"] == self_check["p"]  # a family of one
     for v in data["claims"]:
         assert f"{v['verdict']:>14}  toy/{v['id']}" in printed
     report = (sweep / "report" / "report.md").read_text()
@@ -189,7 +218,22 @@ def test_the_report_writes_claims_json_and_prints_every_verdict(sweep, capsys):
 )
 def test_a_malformed_claim_is_rejected_naming_the_key(claim, message):
     with pytest.raises(ConfigError, match=message):
-        claim_from_dict(claim, "sweep.claims[0]")
+        claim_from_dict({"origin": "paper", **claim}, "sweep.claims[0]")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"origin": ""}, r"origin must be one of paper, recalled, self-check, got ''"),
+        ({"origin": "memory"}, "origin must be one of"),
+        ({"threshold_from": "them"}, "threshold_from must be one of paper, ours"),
+        ({"margin": -0.1}, r"margin must be >= 0, got -0.1"),
+        ({"min_seeds": 1}, r"min_seeds must be >= 2"),
+    ],
+)
+def test_a_claim_states_its_provenance_and_margin(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        claim_from_dict({**CLAIMS[0], **fields}, "sweep.claims[0]")
 
 
 def test_two_claims_with_one_id_are_rejected():

@@ -272,3 +272,62 @@ def test_through_the_parameter_server_a_3x_faster_worker_stays_within_s_high():
     assert grants and all(e["worker"] == 0 and e["event"] == "dssp_grant" for e in grants)
     assert any(e["extra"] > 0 for e in grants)
     assert ps.clocks[0] > max(ps.clocks[1:]) and max(ps.clocks) - min(ps.clocks) <= s_high + 1
+
+
+def test_bound_at_s_high_is_a_flag_and_the_default():
+    """A-DSSP-3: the bound keeps the threshold in [s_low, s_high] unless switched off."""
+    assert DSSPConfig(name="dssp").bound_at_s_high is True
+    assert dssp(2, 0, 2, bound_at_s_high=False).bounded is False
+
+
+def test_without_the_bound_the_literal_procedure_grants_r_max_and_renews_past_s_high():
+    """The server procedure taken literally (bound_at_s_high=false), on the hand sequence of
+    test_grant_is_limited_to_the_room_below_s_high: s_low = 0, s_high = 2 (r_max = 2), q's
+    next push predicted at T_q = 20, p pushing every second from t = 11.
+    - t = 11, gap 1: the controller searches all of [0, r_max]: T_p(k) = 11 + k, r* = 2
+      (wait 7), where the bound allowed only 1. OK now, then two granted steps: the steps
+      at gaps 2 and 3 start, the one at gap 3 past s_high.
+    - t = 14, gap 4: the grant is used up, p is still the fastest and beyond s_low, so the
+      controller grants again (T_p(k) = 14 + k, r* = 2, wait 4): gaps 4, 5, 6 ...
+    - ... until p's next push would pass T_q: at t = 20, gap 10, T_p(0) = 20 = T_q, r* = 0,
+      and p waits for gap ≤ s_low."""
+    barrier = dssp(2, 0, 2, bound_at_s_high=False)
+    events = record(barrier)
+    d = Driver([barrier], 2)
+    for w, t in [(1, 0.0), (0, 0.0), (1, 10.0), (0, 10.0)]:
+        d.push(w, t)
+    assert d.clocks == [2, 2] and d.held == []
+    admitted, t = [], 11.0
+    while d.push(0, t) == [0]:
+        admitted.append(d.clocks[0] - d.clocks[1])
+        t += 1.0
+    assert admitted == [1, 2, 3, 4, 5, 6, 7, 8, 9]  # steps start up to 9 past the slowest
+    assert t == 20.0 and d.clocks == [12, 2] and d.held == [0]
+    decisions = [e for e in events if e["t"] >= 11.0]  # the set-up pushes' r* = 0 aside
+    assert [(e["t"], e["extra"], e["predicted_wait_s"], e["clock_gap"]) for e in decisions] == [
+        (11.0, 2, 7.0, 1),
+        (14.0, 2, 4.0, 4),
+        (17.0, 2, 1.0, 7),
+        (20.0, 0, 0.0, 10),
+    ]
+    assert barrier.grants == 3 and barrier.bound_holds == 0  # no bound, nothing deferred
+    # the same pushes with the bound: one grant of 1, then held at gap 3 (> s_high)
+    bounded = dssp(2, 0, 2)
+    d = Driver([bounded], 2)
+    for w, tt in [(1, 0.0), (0, 0.0), (1, 10.0), (0, 10.0)]:
+        d.push(w, tt)
+    assert [d.push(0, tt) for tt in (11.0, 12.0, 13.0)] == [[0], [0], []]
+    assert d.clocks == [5, 2] and max(d.admitted_gaps) <= 2
+
+
+@pytest.mark.parametrize("consumes", [False, True])
+def test_without_the_bound_a_persistently_fastest_worker_runs_past_s_high(consumes):
+    """Under persistent heterogeneity the literal procedure lets the fast worker drift past
+    s_high (renewed grants); the bounded default never does (the property test above)."""
+    past = 0
+    for seed in range(4):
+        barrier = dssp(3, 1, 4, bound_at_s_high=False, grant_consumes_ok=consumes)
+        d = simulate([barrier], [0.25, 3.0, 3.0], pushes=400, seed=seed, jitter=0.2)
+        past += sum(g > 4 for g in d.admitted_gaps)
+        assert barrier.bound_holds == 0
+    assert past > 0

@@ -49,6 +49,90 @@ def test_with_both_cadences_off_only_the_first_is_taken():
     assert taken == [(0.0, 0)]
 
 
+def test_the_simulators_grid_holds_theta_as_of_each_grid_time():
+    # every_s = 0.5: grid times 0, 0.5, 1.0. Updates at 0.3 (v1, then v2 at the same time)
+    # and at 1.1 (v3); the run ends at 1.2. θ as of 0.5 and 1.0 is v2 (the last at or before
+    # them), not v1 (the first offer past 0.5 in time order) nor v3 (the first past 1.0)
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0.5), on_grid=True)
+    theta = torch.zeros(2)
+    offers = [(0.0, 0, 0.0), (0.3, 1, 1.0), (0.3, 2, 2.0), (1.1, 3, 3.0)]
+    returned = []
+    for t, v, value in offers:
+        theta.fill_(value)  # the engine's θ, changed in place
+        returned.append(snapshots.maybe(t, v, theta))
+    theta.fill_(3.0)
+    snapshots.take(1.2, 3, theta)
+    taken = [(s.t, s.version, s.params.tolist()) for s in snapshots.taken]
+    assert taken == [
+        (0.0, 0, [0.0, 0.0]),
+        (0.5, 2, [2.0, 2.0]),
+        (1.0, 2, [2.0, 2.0]),
+        (1.2, 3, [3.0, 3.0]),
+    ]
+    assert returned == [False, True, False, True]  # grid times emitted at that offer
+    assert snapshots.taken[1].params is snapshots.taken[2].params  # one copy of one θ
+    assert all(s.params is not theta for s in snapshots.taken)
+
+
+def test_a_run_ending_on_a_grid_time_ends_with_that_grid_time():
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0.5), on_grid=True)
+    for t, v in [(0.0, 0), (0.2, 1), (0.7, 2)]:
+        snapshots.maybe(t, v, torch.full((1,), float(v)))
+    snapshots.take(1.0, 2, torch.full((1,), 2.0))
+    assert [(s.t, s.version) for s in snapshots.taken] == [(0.0, 0), (0.5, 1), (1.0, 2)]
+
+
+def test_grid_times_before_the_first_offer_are_not_invented():
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0.5), on_grid=True)
+    snapshots.maybe(0.8, 4, torch.ones(1))
+    snapshots.maybe(1.3, 5, torch.ones(1))
+    assert [(s.t, s.version) for s in snapshots.taken] == [(1.0, 4)]
+
+
+def test_on_the_grid_every_updates_adds_the_updates_own_times():
+    snapshots = Snapshots(EvalConfig(every_updates=2, every_s=1.0), on_grid=True)
+    for t, v in [(0.0, 0), (0.4, 1), (0.8, 2), (1.2, 3), (1.6, 4)]:
+        snapshots.maybe(t, v, torch.full((1,), float(v)))
+    snapshots.take(1.7, 4, torch.full((1,), 4.0))
+    taken = [(s.t, s.version, s.params.item()) for s in snapshots.taken]
+    # (0, 0) is both the first version copy and grid time 0: taken once
+    assert taken == [(0.0, 0, 0.0), (0.8, 2, 2.0), (1.0, 2, 2.0), (1.6, 4, 4.0), (1.7, 4, 4.0)]
+
+
+def test_an_update_logged_at_a_grid_time_is_in_that_grid_times_theta():
+    # 0.1 + 0.2 = 0.30000000000000004: events.jsonl writes 0.3, so θ at grid time 0.3 has it
+    snapshots = Snapshots(EvalConfig(every_updates=0, every_s=0.3), on_grid=True)
+    snapshots.maybe(0.0, 0, torch.zeros(1))
+    snapshots.maybe(0.1 + 0.2, 1, torch.ones(1))
+    snapshots.maybe(0.4, 2, torch.ones(1))
+    assert [(s.t, s.version) for s in snapshots.taken] == [(0.0, 0), (0.3, 1)]
+
+
+class Counting(torch.nn.Linear):
+    """A linear model that counts its forward passes."""
+
+    calls = 0
+
+    def forward(self, x):
+        Counting.calls += 1
+        return super().forward(x)
+
+
+def test_grid_times_sharing_one_theta_are_evaluated_once():
+    shared, other = torch.zeros(1), torch.ones(1)
+    snaps = [Snapshot(0.0, 0, shared), Snapshot(0.5, 0, shared), Snapshot(1.0, 1, other)]
+    splits = Splits(torch.ones(4, 1), torch.ones(4), torch.ones(2, 1), torch.ones(2))
+    events = []
+    Counting.calls = 0
+    evaluate_snapshots(
+        snaps, Counting(1, 1, bias=False), splits, EvalConfig(train_samples=0, batch_size=8), 0,
+        lambda kind, t, **fields: events.append((t, fields["version"], fields["loss"])),
+    )  # fmt: skip
+    assert Counting.calls == 2  # two copies of θ, one batch each
+    # θ = 0: ½·(0 − 1)² = 0.5; θ = 1: 0
+    assert events == [(0.0, 0, 0.5), (0.5, 0, 0.5), (1.0, 1, 0.0)]
+
+
 def _bn_model():
     return torch.nn.Sequential(torch.nn.BatchNorm1d(3))
 

@@ -64,8 +64,9 @@ def losses(events: list[dict], stage: int) -> list[float]:
 # ------------------------------------------------------------------- stage optimizers
 
 
-def test_nadamw_is_torch_nadam_with_decoupled_weight_decay_and_the_10_2_formula():
-    cfg = NAdamConfig(name="nadamw", lr=0.01, weight_decay=0.1)
+@pytest.mark.parametrize("psi", [0.004, 1 / 3])  # the code's ψ, and the small sweep's
+def test_nadamw_is_torch_nadam_with_decoupled_weight_decay_and_the_10_2_formula(psi):
+    cfg = NAdamConfig(name="nadamw", lr=0.01, weight_decay=0.1, momentum_decay=psi)
     w = torch.tensor([1.0, -2.0, 0.5])
     opt = OPTIMIZERS.build(cfg, w)
     grads = [
@@ -75,7 +76,7 @@ def test_nadamw_is_torch_nadam_with_decoupled_weight_decay_and_the_10_2_formula(
     ]
     # §10.2's per-element NAdam step, written out
     ref, m, v, mu_prod = torch.tensor([1.0, -2.0, 0.5]), 0.0, 0.0, 1.0
-    b1, b2, psi, eps, lr, wd = 0.99, 0.999, 0.004, 1e-8, 0.01, 0.1
+    b1, b2, eps, lr, wd = 0.99, 0.999, 1e-8, 0.01, 0.1
     for t, g in enumerate(grads, 1):
         opt.step(g, lr, b1)
         mu_t = b1 * (1 - 0.5 * 0.96 ** (t * psi))
@@ -88,6 +89,38 @@ def test_nadamw_is_torch_nadam_with_decoupled_weight_decay_and_the_10_2_formula(
         ref = ref - lr * m_hat / ((v / (1 - b2**t)).sqrt() + eps)
         torch.testing.assert_close(w, ref, rtol=1e-6, atol=1e-7)
     assert torch.equal(opt.point(), w)  # the Adam family evaluates at the weights
+
+
+def test_nadam_momentum_schedule_and_its_scaling_to_a_shorter_run():
+    """§10.6: torch NAdam's μ_t = β₁(1 − ½·0.96^{tψ}). The code's ψ = 0.004 over its 50,000
+    steps reaches 0.89 at 10k steps and 0.99 at the end, but stays near 0.5 over a 600-step
+    run; ψ scaled by 50,000/600 (sweep.params.momentum_decay of sweeps/nesterov_pp.yaml)
+    gives the code's μ at the same fraction of the run. The optimizer's own state
+    (mu_product) follows the schedule."""
+
+    def mu(t: int, psi: float) -> float:
+        return 0.99 * (1 - 0.5 * 0.96 ** (t * psi))
+
+    assert mu(600, 0.004) < 0.55 and mu(10_000, 0.004) == pytest.approx(0.89, abs=0.01)
+    assert mu(50_000, 0.004) == pytest.approx(0.99, abs=1e-3)
+    scaled = 0.004 * 50_000 / 600
+    for fraction in (0.01, 0.2, 0.5, 1.0):
+        assert mu(round(600 * fraction), scaled) == pytest.approx(
+            mu(round(50_000 * fraction), 0.004), abs=1e-3
+        )
+    w = torch.zeros(3)
+    opt = OPTIMIZERS.build(NAdamConfig(name="nadamw", momentum_decay=scaled), w)
+    product = 1.0
+    for t in range(1, 11):
+        opt.step(torch.ones(3), 1e-3, 0.99)
+        product *= mu(t, scaled)
+    state = opt.opt.state[opt.param]
+    assert float(state["mu_product"]) == pytest.approx(product, rel=1e-6)
+
+
+def test_nadam_momentum_decay_must_be_non_negative():
+    with pytest.raises(ConfigError, match=r"algorithm\.optimizer\.momentum_decay must be >= 0"):
+        NAdamConfig(name="nadamw", momentum_decay=-0.1)
 
 
 def test_adamw_is_torch_adamw():

@@ -25,6 +25,7 @@ CASES = [
         "budget: set budget.max_updates or budget.max_wall_s (both are 0)",
     ),
     (["budget.target_accuracy=2"], "budget.target_accuracy must be in [0, 1], got 2.0"),
+    (["budget.diverge_factor=1"], "budget.diverge_factor must be 0 (off) or > 1, got 1.0"),
     (["eval.every_updates=-1"], "eval.every_updates must be >= 0, got -1"),
     (["eval.train_samples=-1"], "eval.train_samples must be >= 0, got -1"),
     (["eval.every_s=-1"], "eval.every_s must be >= 0, got -1.0"),
@@ -103,22 +104,79 @@ CASES = [
     (["cluster.faults=[{worker:4}]"], "cluster.faults[0].worker must be in [0, 4), got 4"),
     (
         ["cluster.faults=[{action:explode}]"],
-        "cluster.faults[0].action must be one of pause, die, slow, got 'explode'",
+        "cluster.faults[0].action must be one of pause, die, slow, slow_compute, got 'explode'",
     ),
     (
         ["cluster.faults=[{at_s:-1}]"],
         "cluster.faults[0] must be at_s >= 0 and duration_s >= 0, got FaultConfig(worker=0, "
-        "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1, delay_ms=0.0)",
+        "at_s=-1.0, action='pause', duration_s=0.0, at_step=-1, delay_ms=0.0, factor=1.0, "
+        "duration_steps=0)",
     ),
     (
         ["cluster.faults=[{at_s:0.5,at_step:0}]"],
         "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
-        "FaultConfig(worker=0, at_s=0.5, action='pause', duration_s=0.0, at_step=0, delay_ms=0.0)",
+        "FaultConfig(worker=0, at_s=0.5, action='pause', duration_s=0.0, at_step=0, delay_ms=0.0, "
+        "factor=1.0, duration_steps=0)",
     ),
     (
         ["cluster.faults=[{at_s:2,at_step:3}]"],
         "cluster.faults[0] must be at_step >= 0 (with at_s 0) or at_step -1 (by time), got "
-        "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3, delay_ms=0.0)",
+        "FaultConfig(worker=0, at_s=2.0, action='pause', duration_s=0.0, at_step=3, delay_ms=0.0, "
+        "factor=1.0, duration_steps=0)",
+    ),
+    # slow_compute: a multiplier of the worker's step times from a step on, for some steps
+    (
+        ["cluster.faults=[{worker:1,at_s:2,action:slow_compute,factor:3}]"],
+        "cluster.faults[0].at_s must be 0 with action slow_compute (it starts at a step: set "
+        "at_step), got 2.0",
+    ),
+    (
+        ["cluster.faults=[{worker:1,action:slow_compute,factor:3}]"],
+        "cluster.faults[0].at_step must be >= 0 with action slow_compute, got -1",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_step:5,action:slow_compute,factor:3,duration_s:1}]"],
+        "cluster.faults[0].duration_s must be 0 with action slow_compute (it lasts steps: set "
+        "duration_steps), got 1.0",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_step:5,action:slow_compute}]"],
+        "cluster.faults[0].factor must be > 1 with action slow_compute, got 1.0",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_step:5,action:slow_compute,factor:0.5}]"],
+        "cluster.faults[0].factor must be > 1 with action slow_compute, got 0.5",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_step:5,action:slow_compute,factor:3,duration_steps:-1}]"],
+        "cluster.faults[0].duration_steps must be >= 0 (0 = to the end), got -1",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_step:5,action:pause,duration_s:1,factor:3}]"],
+        "cluster.faults[0] must be factor 1 and duration_steps 0 unless action is slow_compute, "
+        "got FaultConfig(worker=1, at_s=0.0, action='pause', duration_s=1.0, at_step=5, "
+        "delay_ms=0.0, factor=3.0, duration_steps=0)",
+    ),
+    (
+        ["cluster.faults=[{worker:1,at_s:1,action:die,duration_steps:4}]"],
+        "cluster.faults[0] must be factor 1 and duration_steps 0 unless action is slow_compute, "
+        "got FaultConfig(worker=1, at_s=1.0, action='die', duration_s=0.0, at_step=-1, "
+        "delay_ms=0.0, factor=1.0, duration_steps=4)",
+    ),
+    # faults given by an interpolation (a sweep's shared disturbance) arrive untyped
+    (
+        ["+sweep=sync_bends", "+sweep/arms/sync_bends=dbs_disturbed", "sweep.params.disturbance=5"],
+        "cluster.faults must be a list of faults, got 5",
+    ),
+    (
+        [
+            "+sweep=sync_bends",
+            "+sweep/arms/sync_bends=dbs_disturbed",
+            "sweep.params.disturbance=[{worker:7,speed:3}]",
+        ],
+        "cluster.faults[0] must be a fault (worker, at_s, action, duration_s, at_step, "
+        "delay_ms, factor, duration_steps), got {'worker': 7, 'speed': 3}: Key 'speed' not in "
+        "'FaultConfig'",
     ),
     # algorithms
     (
@@ -298,6 +356,29 @@ CASES = [
         "engine.dynamic_local=True is a setting of engine.mode=async, not of engine.mode=sync",
     ),
     (["algorithm=diloco", "algorithm.outer.delay=0"], "algorithm.outer.delay must be >= 1, got 0"),
+    (
+        ["algorithm=sgp", "algorithm.inner.lr_decay=linear"],
+        "algorithm.inner.lr_decay must be one of none, inverse_sqrt, cosine, got 'linear'",
+    ),
+    (
+        ["algorithm=sgp", "algorithm.inner.lr_decay=cosine"],
+        "algorithm.inner.lr_decay_steps must be > 0 with a decay and 0 with lr_decay=none (it "
+        "is cosine), got 0",
+    ),
+    (
+        ["algorithm=diloco", "algorithm.inner.lr_decay_steps=100"],
+        "algorithm.inner.lr_decay_steps must be > 0 with a decay and 0 with lr_decay=none (it "
+        "is none), got 100",
+    ),
+    (
+        [
+            "algorithm=local_sgd",
+            "algorithm.inner.lr_decay=inverse_sqrt",
+            "algorithm.inner.lr_decay_steps=-5",
+        ],
+        "algorithm.inner.lr_decay_steps must be > 0 with a decay and 0 with lr_decay=none (it "
+        "is inverse_sqrt), got -5",
+    ),
     (["algorithm=streaming_diloco", "engine.delay=-1"], "engine.delay must be >= 0, got -1"),
     (["algorithm=streaming_diloco", "engine.alpha=2"], "engine.alpha must be in [0, 1], got 2.0"),
     (
@@ -376,6 +457,47 @@ CASES = [
         ],
         "engine.schedule=p3 applies each slice as it arrives, which needs an element-wise "
         "rule: algorithm.update=staleness_aware is not (use one of momentum, sgd)",
+    ),
+    # the update rules that are torch's optimizers (stalebench/algorithms/torch_optim.py)
+    (
+        [
+            "engine=allreduce",
+            "algorithm=bsp",
+            "algorithm/update=adamw",
+            "engine.bucket_mb=1",
+            "engine.schedule=p3",
+        ],
+        "engine.schedule=p3 applies each slice as it arrives, which needs an element-wise "
+        "rule: algorithm.update=adamw is not (use one of momentum, sgd)",
+    ),
+    (
+        ["algorithm/update=adam", "algorithm.update.beta1=1"],
+        "algorithm.update.beta1 must be in [0, 1), got 1.0",
+    ),
+    (
+        ["algorithm/update=adamw", "algorithm.update.beta2=-0.5"],
+        "algorithm.update.beta2 must be in [0, 1), got -0.5",
+    ),
+    (
+        ["algorithm/update=nadam", "algorithm.update.eps=0"],
+        "algorithm.update.eps must be > 0, got 0.0",
+    ),
+    (
+        ["algorithm/update=adamw", "algorithm.update.lr=0"],
+        "algorithm.update.lr must be > 0, got 0.0",
+    ),
+    (
+        ["algorithm/update=nadam", "algorithm.update.momentum_decay=-1"],
+        "algorithm.update.momentum_decay must be >= 0, got -1.0",
+    ),
+    (
+        ["algorithm/update=torch_sgd", "algorithm.update.dampening=2"],
+        "algorithm.update.dampening must be in [0, 1], got 2.0",
+    ),
+    (
+        ["algorithm/update=torch_sgd", "algorithm.update.nesterov=true"],
+        "algorithm.update.nesterov=True needs algorithm.update.momentum > 0 and dampening = 0 "
+        "(torch's rule), got momentum=0.0, dampening=0.0",
     ),
     (
         ["algorithm=local_sgd", "dataset.sharding=disjoint", "dataset.batch_size=1500"],
@@ -497,6 +619,9 @@ def test_a_random_step_time_below_one_ms_is_accepted(model):
         ["cluster.faults=[{worker:1,at_s:0,action:pause,duration_s:0}]"],
         ["cluster.faults=[{worker:1,at_s:0.5,action:die}]"],
         ["cluster.faults=[{worker:1,at_step:0,action:die}]"],  # at its first step
+        # slowed from the first step, for one step; barely slower
+        ["cluster.faults=[{worker:1,at_step:0,action:slow_compute,factor:3,duration_steps:1}]"],
+        ["cluster.faults=[{worker:0,at_step:2,action:slow_compute,factor:1.001}]"],
     ],
     ids=str,
 )
@@ -520,6 +645,7 @@ def test_cuda_asked_for_where_there_is_none_is_refused():
 
 CLAIM = {
     "id": "c",
+    "origin": "paper",
     "metric": "final_accuracy",
     "a": {"algorithm": "ssp"},
     "b": {"algorithm": "bsp"},
@@ -554,6 +680,10 @@ CLAIM = {
             "claim.better must be lower for metric=time_to_target",
         ),
         ({"colour": "red"}, "claim: unknown keys ['colour']"),
+        ({"origin": ""}, "claim.origin must be one of paper, recalled, self-check, got ''"),
+        ({"threshold_from": "x"}, "claim.threshold_from must be one of paper, ours, got 'x'"),
+        ({"margin": -1}, "claim.margin must be >= 0, got -1"),
+        ({"min_seeds": 1}, "claim.min_seeds must be >= 2 (a test needs two seeds), got 1"),
     ],
 )
 def test_a_bad_claim_is_refused_naming_the_key(change, message):

@@ -55,6 +55,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     rows: list[list[list[float]]] = [[] for _ in range(n)]
     z_mean, k, first, nbytes, status, error = theta.clone(), 0, 0, 0, "completed", None
     loop_start = time.perf_counter()
+    record.snapshots.maybe(0.0, 0, theta)
 
     def iterate(k: int) -> None:
         """Every node's iteration k: gradients and sends, then receives and clocks."""

@@ -70,6 +70,7 @@ def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
     sent: dict[int, Sent] = {}
     version, step, nbytes, status, error = 0, 0, 0, "completed", None
     loop_start = time.perf_counter()  # the simulator's own speed, for summary.json
+    record.snapshots.maybe(0.0, 0, theta)
 
     def sends(step: int) -> None:
         for p in plan.sends(step):
@@ -171,6 +172,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
         queue.push(now + push_s, (w, delta, server.version, steps, stats, read - rep.x, push_s))
 
     lost = 0
+    record.snapshots.maybe(0.0, 0, theta)
     try:
         for w in range(m):
             start(w, pull_s, server.steps)

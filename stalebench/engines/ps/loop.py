@@ -50,6 +50,7 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
     params = parameters_to_vector(model.parameters()).detach().clone()
     barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
     rule = UPDATES.build(cfg.algorithm.update, params, n)
+    rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: per tensor
     return model, ParameterServer(params, barrier, rule, n, emit, cfg.dataset.batch_size)
 
 
@@ -99,6 +100,7 @@ def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) 
     spare = port.replace(w)
     record.worker_lost(now, lost, len(ps.lost) + (spare is None))
     port.send(ps.lose(w, now))
+    record.snapshots.maybe(now, ps.version, ps.params)  # the round it completed, if any
     if spare is not None:
         record.events.emit("worker", now, worker=w, event="replaced", by=spare)
         port.send(ps.rejoin(w, now))

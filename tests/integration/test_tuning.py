@@ -1,0 +1,224 @@
+"""The tuning protocol end to end, through the installed `stalebench -m` command from outside
+the checkout: a tiny tuned sweep (tuning_conf/test_sweep/tiny_tune.yaml, found through
+hydra.searchpath: two arms, a 2-point learning-rate grid with one point far too small, 2
+tuning seeds, 2 final seeds, in the simulator) tunes every arm on the validation split
+only, selects the better rate per arm, runs the final seeds with it, and a rerun launches
+only what is not finished. Bad tune blocks are refused by key before any job starts; a run
+with eval.split=val never evaluates the test split."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stalebench.metrics.events import read_events
+from tests.conftest import compose
+from tests.integration.test_sweeps import stalebench_command
+
+ROOT = Path(__file__).resolve().parents[2]
+SEARCHPATH = f"hydra.searchpath=[file://{Path(__file__).parent / 'tuning_conf'}]"
+TINY = ["-m", "+test_sweep=tiny_tune", SEARCHPATH, "hydra.sweep.dir=sweep"]
+LR = "algorithm.update.lr"
+# the good rate of each arm (asp: the sweep's grid, bsp: its own grid, good point first)
+GOOD = {"asp": 0.2, "bsp": 0.4}
+
+
+def run(args: list[str], cwd: Path, timeout: int = 280) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [stalebench_command(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
+
+
+def config(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+
+
+def overrides(run_dir: Path) -> list[str]:
+    return yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+
+
+def splits_evaluated(run_dir: Path) -> set[str]:
+    return {e["split"] for e in read_events(run_dir / "events.jsonl") if e["kind"] == "eval"}
+
+
+def mtimes(root: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in root.rglob("summary.json")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
+    done = run(TINY, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+
+    # the tuning stage: 2 cells × 2 points × 2 seeds, on the validation split only
+    tuned = sorted(p.parent for p in (sweep / "tune").rglob("summary.json"))
+    assert [p.relative_to(sweep).as_posix() for p in tuned] == [
+        f"tune/{c}/{j}/{s}" for c in (0, 1) for j in (0, 1) for s in (1000, 1001)
+    ]
+    for run_dir in tuned:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        cfg = config(run_dir)
+        assert summary["status"] == "completed" and summary["eval_split"] == "val"
+        assert summary["seed"] == int(run_dir.name) and cfg["seed"] == int(run_dir.name)
+        assert (cfg["eval"]["split"], cfg["eval"]["validation_fraction"]) == ("val", 0.2)
+        assert splits_evaluated(run_dir) == {"val"}  # the test split never
+
+    # the selection: the better rate of each arm, with every candidate's score
+    content = json.loads((sweep / "tuning.json").read_text())
+    assert (content["seeds"], content["budget"], content["validation_fraction"]) == (
+        [1000, 1001],
+        4,
+        0.2,
+    )
+    cells = content["cells"]
+    assert [c["arm"] for c in cells] == ["asp", "bsp"]
+    assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
+    assert [c["selected_candidate"] for c in cells] == [1, 0]  # not the grid's position
+    assert cells[1]["params"] == {LR: [0.4, 0.00001]}  # bsp's own grid
+    for cell in cells:
+        good, bad = sorted(cell["candidates"], key=lambda c: c["rank"])
+        assert good["standing"] == "reached" and good["score"] < bad["score"]
+        assert [r["dir"] for r in good["runs"]] == [
+            f"tune/{cell['cell']}/{good['candidate']}/{s}" for s in (1000, 1001)
+        ]
+
+    # the final stage: the sweep's seeds, in its usual directories, at the selected rate
+    finals = sorted(p.parent for p in sweep.glob("*/summary.json"))
+    assert [p.name for p in finals] == ["0", "1", "2", "3"]
+    seen = []
+    for run_dir in finals:
+        cfg = config(run_dir)
+        arm = cfg["algorithm"]["name"].lower()
+        seen.append((arm, cfg["seed"]))
+        assert cfg["algorithm"]["update"]["lr"] == GOOD[arm]
+        assert cfg["sweep"]["tune"]["selected"] == {LR: GOOD[arm]}
+        assert f"{LR}={GOOD[arm]}" in overrides(run_dir)
+        assert cfg["eval"]["split"] == "test" and splits_evaluated(run_dir) == {"test"}
+    assert seen == [("asp", 0), ("asp", 1), ("bsp", 0), ("bsp", 1)]
+    # the report is the final stage's (the tuning stage is tuning.json's)
+    assert "Runs: 4 (4 completed)" in (sweep / "report.md").read_text()
+
+    # a rerun launches only what is not finished: here one tuning run, whose summary.json
+    # is gone; the selection is made again from disk, the final runs are kept
+    before = mtimes(sweep)
+    lost = sweep / "tune" / "1" / "1" / "1001" / "summary.json"
+    lost.unlink()
+    again = run(TINY, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = mtimes(sweep)
+    assert {p for p in after if after[p] != before.get(p)} == {lost}
+    assert "tuning stage: 7 of 8 jobs finished before" in again.stderr + again.stdout
+    assert "final stage: 4 of 4 jobs finished before" in again.stderr + again.stdout
+    assert json.loads((sweep / "tuning.json").read_text())["cells"][1]["selected"] == {
+        LR: GOOD["bsp"]
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_tuning_stage_goes_through_hydras_launcher(tmp_path):
+    """joblib runs the tuning and the final stage in worker processes: same layout."""
+    done = run([*TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    assert len(list((sweep / "tune").rglob("summary.json"))) == 8
+    cells = json.loads((sweep / "tuning.json").read_text())["cells"]
+    assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
+    assert sorted(p.parent.name for p in sweep.glob("*/summary.json")) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("seed=1,1000", "sweep.tune.seeds"),
+        ("sweep.tune.validation_fraction=0.7", "sweep.tune.validation_fraction"),
+        ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4]}", "sweep.tune.arms.bsp"),
+        ("++sweep.tune.arms.sgd={algorithm.update.lr:[0.4,0.1]}", "sweep.tune.arms.sgd"),
+    ],
+)
+def test_a_bad_tune_block_is_refused_by_key_before_any_job(tmp_path, override, key):
+    done = run([*TINY, override], tmp_path, timeout=110)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("stalebench: error:")]
+    assert key in line
+    assert not (tmp_path / "sweep" / "tune").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_tuned_key_the_command_line_sets_is_not_tuned(tmp_path):
+    """The command line wins: with the only tuned key pinned, nothing is left to tune and
+    the sweep runs as Hydra's basic sweeper runs it."""
+    done = run([*TINY, f"{LR}=0.3"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "algorithm.update.lr is set by the sweep's overrides" in done.stderr + done.stdout
+    sweep = tmp_path / "sweep"
+    assert not (sweep / "tune").exists() and not (sweep / "tuning.json").exists()
+    finals = sorted(p.parent for p in sweep.glob("*/summary.json"))
+    assert [p.name for p in finals] == ["0", "1", "2", "3"]
+    for run_dir in finals:
+        cfg = config(run_dir)
+        assert cfg["algorithm"]["update"]["lr"] == 0.3 and cfg["sweep"]["tune"]["selected"] == {}
+        assert f"{LR}=0.3" in overrides(run_dir)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_on_the_validation_split_never_evaluates_the_test_split(tmp_path):
+    from stalebench import experiment
+
+    cfg = compose(
+        ["runtime=sim", "dataset=synthetic", "model=logreg", "cluster=homogeneous"]
+        + ["cluster.num_workers=2", "budget.max_wall_s=1", "eval.every_s=0.25"]
+        + ["eval.train_samples=50", "eval.split=val", "eval.validation_fraction=0.3"]
+    )
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    events = read_events(tmp_path / "events.jsonl")
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert {e["split"] for e in evals} == {"val", "train"}
+    assert summary["status"] == "completed" and summary["eval_split"] == "val"
+    assert summary["final"]["loss"] == [e for e in evals if e["split"] == "val"][-1]["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_wheel_ships_the_sweeper_where_hydra_finds_it(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("stalebench-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    # a namespace package: no hydra_plugins/__init__.py, which would hide every other plugin
+    assert "hydra_plugins/stalebench_sweeper/sweeper.py" in shipped
+    assert "hydra_plugins/__init__.py" not in shipped
+    assert "stalebench/tuning.py" in shipped
+
+
+def test_the_stalebench_sweeper_is_the_default_and_hydra_finds_it():
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    names = {cls.__module__ + "." + cls.__name__ for cls in Plugins.instance().discover(Sweeper)}
+    assert "hydra_plugins.stalebench_sweeper.sweeper.TuningSweeper" in names
+    text = (ROOT / "conf" / "config.yaml").read_text()
+    assert "override hydra/sweeper: stalebench" in text

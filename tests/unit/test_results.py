@@ -1,0 +1,254 @@
+"""Committed results: docs/results.md and README.md's summary block are what
+results/*/claims.json render to (the CI guard), and save / render / --check on synthetic
+sweep directories: provenance recorded, wall time from the runs' files, a changed verdict
+caught by name."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stalebench.report import claims as C
+from stalebench.report import results as R
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+
+
+def test_committed_docs_are_what_the_committed_results_render_to():
+    """Fails when a table in docs/results.md or a line of README.md's block differs from
+    its results/<sweep>/claims.json (with no sweep saved: the empty set)."""
+    assert R.check(ROOT) is None
+
+
+def verdict(sweep, claim_id, result, origin="paper", **extra):
+    """A verdict dict as claims.json holds it, with the keys the statistical rule adds."""
+    return {
+        "sweep": sweep,
+        "paper": "A. Toy. Stale Things. 2026",
+        "scale": "small",
+        "id": claim_id,
+        "text": f"claim {claim_id}",
+        "scope": "",
+        "metric": "final_accuracy",
+        "kind": "ordering",
+        "published": "better",
+        "source": "abstract",
+        "origin": origin,
+        "threshold_from": "ours",
+        "margin": 0.01,
+        "estimate": 0.05,
+        "ci_low": 0.02,
+        "ci_high": float("inf"),
+        "p": 0.01,
+        "p_holm": 0.02,
+        "test": "paired t",
+        "sides": {"a": "0.9 ± 0.01 (n=5)", "b": "0.85 ± 0.01 (n=5)"},
+        "verdict": result,
+        "ours": "a − b = 0.05 ± 0.01",
+        "n": 5,
+        "notes": "",
+        **extra,
+    }
+
+
+def run_dir(sweep_dir, job, status, start, end, overrides):
+    d = sweep_dir / str(job)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": job}))
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    summary = {"status": status, "host": {"machine": "x86_64", "cpus": 2, "load_avg": [1.5, 1, 1]}}
+    (d / "summary.json").write_text(json.dumps(summary))
+    os.utime(d / ".hydra" / "config.yaml", (start, start))
+    os.utime(d / "summary.json", (end, end))
+    return d
+
+
+def tuning_cell(cell, arm, lrs, chosen):
+    """A cell of tuning.json (stalebench.tuning's format 1): its grid, one run per point."""
+    return {
+        "cell": cell,
+        "overrides": [f"+sweep/arms/toy={arm}", "+sweep=toy"],
+        "arm": arm,
+        "params": {"algorithm.update.lr": lrs},
+        "selected": {"algorithm.update.lr": lrs[chosen]},
+        "selected_candidate": chosen,
+        "candidates": [
+            {
+                "candidate": i,
+                "values": {"algorithm.update.lr": lr},
+                "standing": "reached",
+                "score": 0.5 - 0.1 * (i == chosen),
+                "runs": [{"seed": 1000, "dir": f"tune/{cell}/{i}/1000", "status": "completed"}],
+            }
+            for i, lr in enumerate(lrs)
+        ],
+    }
+
+
+@pytest.fixture()
+def sweep_dir(tmp_path):
+    """A finished sweep `toy`: a tuning stage (two cells of two points, 08:00:00 → 08:00:40)
+    and two final runs (08:00:50 → 08:01:00 and 08:01:00 → 08:03:30), its claims.json,
+    tuning.json and Hydra's multirun.yaml."""
+    d = tmp_path / "multirun" / "2027-01-15" / "08-00-00"
+    for cell in range(2):
+        for point in range(2):
+            start = T0 + 20 * cell + 10 * point
+            run_dir(d / "tune" / str(cell) / str(point), 1000, "completed", start, start + 10, [])
+    run_dir(d, 0, "completed", T0 + 50, T0 + 60, ["+sweep=toy", "algorithm=bsp", "seed=0"])
+    run_dir(d, 1, "diverged", T0 + 60, T0 + 210, ["+sweep=toy", "algorithm=asp", "seed=0"])
+    hydra = {"hydra": {"overrides": {"task": ["+sweep=toy", "seed=0,1,2"]}}}
+    (d / "multirun.yaml").write_text(yaml.safe_dump(hydra))
+    claims = {
+        "rule": "one-sided paired t-test of the advantage against the margin",
+        "alpha": 0.05,
+        "correction": "holm",
+        "claims": [
+            verdict("toy", "fast-beats-slow", "holds"),
+            verdict("toy", "slow-beats-fast", "does not hold"),
+            verdict("toy", "real-matches-sim", "holds", origin="self-check"),
+        ],
+    }
+    (d / "claims.json").write_text(json.dumps(claims))
+    tuning = {
+        "format": 1,
+        "select": {"metric": "final_loss", "target": None, "better": "lower"},
+        "seeds": [1000],
+        "validation_fraction": 0.1,
+        "cells": [tuning_cell(0, "bsp", [0.1, 0.4], 1), tuning_cell(1, "asp", [0.1, 0.4], 0)],
+    }
+    (d / "tuning.json").write_text(json.dumps(tuning))
+    return d
+
+
+@pytest.fixture()
+def checkout(tmp_path):
+    """A git checkout with a README holding the results block, one commit."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    (root / "README.md").write_text(f"# toy\n\nIntro.\n\n{R.BEGIN}\nstale line\n{R.END}\n\nTail.\n")
+    if shutil.which("git"):
+        git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "README.md"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "start"], check=True)
+    return root
+
+
+def test_save_records_the_provenance_of_a_sweep(sweep_dir, checkout):
+    (path,) = R.save(sweep_dir, checkout)
+    assert path == checkout / "results" / "toy" / "claims.json"
+    saved = json.loads(path.read_text())
+    source = json.loads((sweep_dir / "claims.json").read_text())
+    assert saved["claims"] == source["claims"]
+    assert (saved["alpha"], saved["correction"]) == (0.05, "holm")
+    prov = saved["provenance"]
+    assert prov["command"] == "stalebench -m +sweep=toy seed=0,1,2"
+    assert prov["wall_time"] == {  # the tuning stage's first start to the last final run's end
+        "start": "2027-01-15T08:00:00Z",
+        "end": "2027-01-15T08:03:30Z",
+        "seconds": 210.0,
+    }
+    assert prov["runs"] == {"total": 2, "by_status": {"completed": 1, "diverged": 1}}
+    assert prov["tuning_runs"] == {"total": 4, "by_status": {"completed": 4}}
+    assert prov["machine"]["arch"] == ["x86_64"] and prov["machine"]["cpus"] == [2]
+    assert prov["machine"]["load_avg_1min"]["max"] == 1.5
+    assert {"platform", "python", "torch", "stalebench"} <= set(prov["machine"])
+    assert prov["saved_at"] and prov["sweep_dir"] == str(sweep_dir.resolve())
+    assert saved["tuning"] == json.loads((sweep_dir / "tuning.json").read_text())
+    if shutil.which("git"):
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        assert prov["git"]["commit"] == head
+        assert prov["git"]["dirty"] is False  # results/ is written after the state is read
+
+
+def test_the_dirty_tree_is_recorded(sweep_dir, checkout):
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")
+    (checkout / "README.md").write_text((checkout / "README.md").read_text() + "edit\n")
+    (path,) = R.save(sweep_dir, checkout)
+    git = json.loads(path.read_text())["provenance"]["git"]
+    assert git["dirty"] is True and git["dirty_paths"] == ["README.md"]
+
+
+def test_without_multirun_yaml_the_command_merges_the_runs_overrides(sweep_dir, checkout):
+    (sweep_dir / "multirun.yaml").unlink()
+    (path,) = R.save(sweep_dir, checkout)
+    command = json.loads(path.read_text())["provenance"]["command"]
+    assert command == "stalebench -m +sweep=toy algorithm=bsp,asp seed=0"
+
+
+def test_a_sweep_dir_without_claims_is_refused(tmp_path, checkout):
+    with pytest.raises(FileNotFoundError, match="no claims.json"):
+        R.save(tmp_path, checkout)
+
+
+def test_render_writes_the_page_and_only_the_readme_block(sweep_dir, checkout):
+    R.save(sweep_dir, checkout)
+    R.render(checkout)
+    page = (checkout / "docs" / "results.md").read_text()
+    assert "## toy" in page and "`stalebench -m +sweep=toy seed=0,1,2`" in page
+    assert "3 min 30 s" in page and "2027-01-15 08:00:00 UTC" in page
+    verdicts = json.loads((sweep_dir / "claims.json").read_text())["claims"]
+    assert f"Verdicts: {C.tally(verdicts, 'toy')}." in page
+    assert "1 holds, 1 does not hold" in page and "self-checks: 1 holds" in page
+    # the tuning selection: the cell told apart by its arm, its grid, the point chosen
+    grid = "algorithm.update.lr ∈ {0.1, 0.4}"
+    assert f"| +sweep/arms/toy=bsp | {grid} | algorithm.update.lr = 0.4 | 0.4 | reached |" in page
+    assert f"| +sweep/arms/toy=asp | {grid} | algorithm.update.lr = 0.1 | 0.4 | reached |" in page
+    assert "select: metric final_loss, better lower; seeds: 1000; validation_fraction: 0.1" in page
+    assert page.count("**fast-beats-slow**") == 1 and page.count("**real-matches-sim**") == 1
+    readme = (checkout / "README.md").read_text()
+    assert readme.startswith("# toy\n\nIntro.\n\n" + R.BEGIN)
+    assert readme.endswith(R.END + "\n\nTail.\n") and "stale line" not in readme
+    line = next(x for x in readme.splitlines() if "docs/results.md#toy" in x)
+    assert f"| 2 (+ 4 tuning) | 3 min 30 s | {C.tally(verdicts, 'toy')} |" in line
+    assert R.check(checkout) is None
+    assert R.render(checkout) == []  # rendering again changes nothing
+
+
+def test_check_names_a_changed_verdict(sweep_dir, checkout):
+    (path,) = R.save(sweep_dir, checkout)
+    R.render(checkout)
+    saved = json.loads(path.read_text())
+    saved["claims"][0]["verdict"] = "inconclusive"
+    path.write_text(json.dumps(saved))
+    problem = R.check(checkout)
+    assert problem.startswith("docs/results.md, line ")
+    committed, rendered = problem.splitlines()[1:]
+    assert "1 holds, 1 does not hold" in committed
+    assert "1 does not hold, 1 inconclusive" in rendered
+    assert R.main(["--root", str(checkout), "--check"]) == 1
+    assert R.main(["--root", str(checkout)]) == 0  # render again
+    assert R.main(["--root", str(checkout), "--check"]) == 0
+
+
+def test_check_names_a_hand_edited_readme_block(sweep_dir, checkout):
+    R.save(sweep_dir, checkout)
+    R.render(checkout)
+    readme = checkout / "README.md"
+    readme.write_text(readme.read_text().replace("1 does not hold", "0 does not hold"))
+    assert R.check(checkout).startswith("README.md, line ")
+
+
+def test_check_with_no_results_compares_the_empty_set(checkout):
+    assert R.check(checkout).startswith("docs/results.md, line 1")  # no page yet
+    R.render(checkout)
+    assert "No sweep has been saved yet." in (checkout / "docs" / "results.md").read_text()
+    assert R.check(checkout) is None
+    (checkout / "README.md").write_text("# toy\n")
+    assert "has no <!-- results:begin -->" in R.check(checkout)
+
+
+def test_the_save_command_saves_then_renders(sweep_dir, checkout, capsys):
+    assert R.main(["save", str(sweep_dir), "--root", str(checkout)]) == 0
+    out = capsys.readouterr().out
+    assert str(checkout / "results" / "toy" / "claims.json") in out
+    assert R.check(checkout) is None
