@@ -315,6 +315,17 @@ def _cell(x: Any) -> str:
     return "—" if x is None else str(x)
 
 
+def _edge(value: Any, values: Any) -> str:
+    """' (edge)' when a numeric grid's selection is its smallest or largest value: the best
+    may lie outside the grid, a reader should know."""
+    try:
+        numbers = sorted(float(v) for v in values)
+        x = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return " (edge)" if len(numbers) > 2 and x in (numbers[0], numbers[-1]) else ""
+
+
 def _tuning_rows(cells: list[Any], metric: str) -> pd.DataFrame:
     """One row per tuned cell: the overrides that tell it from the other cells, its grid,
     the selected point and that point's score and standing."""
@@ -335,7 +346,8 @@ def _tuning_rows(cells: list[Any], metric: str) -> pd.DataFrame:
                 or _cell(cell.get("arm", cell.get("cell"))),
                 "grid": "; ".join(f"{k} ∈ {{{_cell(v)}}}" for k, v in grid.items()) or "—",
                 "selected": ", ".join(
-                    f"{k} = {_cell(v)}" for k, v in (cell.get("selected") or {}).items()
+                    f"{k} = {_cell(v)}{_edge(v, grid.get(k))}"
+                    for k, v in (cell.get("selected") or {}).items()
                 )
                 or "—",
                 f"score ({metric})": _cell(point.get("score")),
@@ -424,6 +436,8 @@ def render_page(results: list[dict[str, Any]]) -> str:
         "differ. How a verdict is decided: README.md,",
         "[Reproducing the papers](../README.md#reproducing-the-papers). The analyses of the",
         "runs before the tuning protocol, with their numbers, are in [papers.md](papers.md).",
+        "A tuning selection marked (edge) is the smallest or largest value of its grid: the",
+        "best value may lie outside it.",
         "",
     ]
     if not results:

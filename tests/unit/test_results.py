@@ -252,3 +252,13 @@ def test_the_save_command_saves_then_renders(sweep_dir, checkout, capsys):
     out = capsys.readouterr().out
     assert str(checkout / "results" / "toy" / "claims.json") in out
     assert R.check(checkout) is None
+
+
+def test_a_selection_at_the_edge_of_its_grid_is_marked():
+    from stalebench.report.results import _edge
+
+    grid = [0.025, 0.1, 0.4, 1.6]
+    assert _edge(1.6, grid) == _edge(0.025, grid) == " (edge)"
+    assert _edge(0.4, grid) == ""
+    assert _edge("adamw", ["adam", "adamw", "nadam"]) == ""  # not a number: no edge
+    assert _edge(1.0, [0.5, 1.0]) == ""  # a grid of two has no inside
