@@ -158,6 +158,11 @@ def test_a_wheel_of_the_project_ships_every_config_sweep_and_arm(tmp_path):
         "stalebench/conf/sweep/" + str(p.relative_to(SWEEPS)) for p in SWEEPS.rglob("*.yaml")
     }
     assert expected and expected <= shipped, sorted(expected - shipped)
+    # the tuning sweeper, where Hydra's plugin scan finds it: a namespace package (no
+    # hydra_plugins/__init__.py, which would hide every other plugin)
+    assert "hydra_plugins/stalebench_sweeper/sweeper.py" in shipped
+    assert "hydra_plugins/__init__.py" not in shipped
+    assert "stalebench/tuning.py" in shipped
     # conf/ itself (config.yaml, the presets) is the package `stalebench.conf` in the wheel
     configs = {
         "stalebench/conf/" + str(p.relative_to(CONF))
