@@ -505,6 +505,53 @@ CASES = [
         "over cluster.num_workers=4); dataset.sharding=replicated lets every worker sample the "
         "whole split",
     ),
+    # the gathering barriers' and the gossip engine's checks (previously run only by
+    # integration tests)
+    (
+        ["algorithm=bsp_backup", "algorithm.barrier.backups=-1"],
+        "algorithm.barrier.backups must be >= 0, got -1",
+    ),
+    (
+        ["algorithm=dbs", "algorithm.barrier.rebalance_every=-1"],
+        "algorithm.barrier.rebalance_every must be >= 0, got -1",
+    ),
+    (
+        ["algorithm=gba", "algorithm.barrier.threshold=-1"],
+        "algorithm.barrier.threshold must be >= 0, got -1",
+    ),
+    (
+        ["engine=allreduce", "algorithm=bsp_backup"],
+        "algorithm.barrier.backups=1: an all-reduce needs every rank's gradient, so it cannot "
+        "drop the last b; backup workers run on engine=ps",
+    ),
+    (
+        ["engine=allreduce", "algorithm=dbs"],
+        "algorithm.barrier.rebalance_every=10: re-assigned batch sizes run on engine=ps (its "
+        "server weighs each gradient by its minibatch)",
+    ),
+    (
+        ["algorithm=sgp", "algorithm.inner.reset=true"],
+        "algorithm.inner.reset=true: engine=gossip has no rounds to reset the local optimizer at; "
+        "leave it false",
+    ),
+    (["algorithm=sgp", "engine.sync_every=0"], "engine.sync_every must be >= 1, got 0"),
+    (
+        ["algorithm=bsp_backup", "cluster.num_workers=2", "algorithm.barrier.backups=2"],
+        "algorithm.barrier.backups=2 with cluster.num_workers=2: a round needs at least one "
+        "gradient (backups <= 1)",
+    ),
+    (
+        [
+            "algorithm=dbs",
+            "dataset=synthetic",
+            "dataset.sharding=disjoint",
+            "cluster.num_workers=8",
+            "dataset.batch_size=64",
+        ],
+        "algorithm.barrier.rebalance_every=10 may give a worker up to the global batch of 512 "
+        "samples, more than its shard of about 500 (dataset.sharding=disjoint): use "
+        "dataset.sharding=replicated, or fewer workers",
+    ),
 ]
 
 
