@@ -189,10 +189,7 @@ def evaluate_snapshots(
     the splits hold one out (eval.split=val), never both."""
     import torch
 
-    if splits.x_val is not None:
-        sets = [("val", splits.x_val, splits.y_val)]
-    else:
-        sets = [("test", splits.x_test, splits.y_test)]
+    sets = [splits.held_out]
     if cfg.train_samples:
         n = min(cfg.train_samples, len(splits.y_train))
         idx = torch.randperm(len(splits.y_train), generator=torch.Generator().manual_seed(seed))

@@ -131,14 +131,11 @@ class ClaimConfig:
 
 
 @dataclasses.dataclass
-class SelectTargetConfig:
-    """select.metric=time_to_target: the first eval time at which the validation split's
-    `key` reaches `value` (at or below it for loss and perplexity, at or above for
-    accuracy). `split` can only be val: a tuning run never evaluates the test split."""
+class SelectTargetConfig(TargetConfig):
+    """select.metric=time_to_target: a claim's target read on the validation split. `split`
+    can only be val: a tuning run never evaluates the test split."""
 
     split: str = "val"
-    key: str = "accuracy"  # accuracy | loss | perplexity
-    value: float = 0.0
 
 
 # summary keys (flattened with "_") whose better direction is implied

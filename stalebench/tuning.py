@@ -28,15 +28,13 @@ from typing import Any
 from stalebench.errors import RunError
 from stalebench.metrics.events import read_events
 from stalebench.metrics.summary import write_json
-from stalebench.sweep import SelectConfig, TuneConfig
+from stalebench.sweep import TARGET_KEYS, SelectConfig, TuneConfig
 
 FORMAT = 1  # tuning.json's format version
 FILE = "tuning.json"  # in the sweep directory
 STAGE_DIR = "tune"  # the tuning stage's runs: <sweep_dir>/tune/<cell>/<point>/<seed>
 STANDINGS = ("reached", "not_reached", "failed")  # a grid point's tier, best first
 TERMINAL = ("completed", "diverged")  # a run that need not run again on resume
-# target keys that improve downward (accuracy improves upward)
-_LOWER = ("loss", "perplexity")
 
 
 def grid(params: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -101,7 +99,7 @@ def time_to_target(events_path: Path, key: str, value: float) -> float | None:
     )
     for e in evals:
         x = e.get(key)
-        if x is not None and (x <= value if key in _LOWER else x >= value):
+        if x is not None and (x <= value if TARGET_KEYS[key] == "lower" else x >= value):
             return float(e["t"])
     return None
 

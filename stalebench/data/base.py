@@ -75,6 +75,14 @@ class Splits:
         return self.y_train.is_floating_point()
 
     @property
+    def held_out(self) -> tuple[str, torch.Tensor, torch.Tensor]:
+        """The split a run evaluates, as (name, x, y): the validation split when these
+        splits hold one out (`hold_out`), else the test split."""
+        if self.x_val is not None:
+            return "val", self.x_val, self.y_val
+        return "test", self.x_test, self.y_test
+
+    @property
     def num_classes(self) -> int:
         """The model's outputs: classes (or tokens), or one per target value in regression."""
         if self.regression:

@@ -78,12 +78,14 @@ def load_config(run_dir: str | Path) -> dict[str, Any]:
         return OmegaConf.to_container(config, resolve=False) or {}
 
 
-def _dotted(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(obj, dict):
+def dotted(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys -> leaves (an empty mapping below the top is a leaf of
+    its own, so that `{}` and a filled mapping differ)."""
+    if not isinstance(obj, dict) or (not obj and prefix):
         return {prefix: obj}
     out: dict[str, Any] = {}
     for key, value in obj.items():
-        out.update(_dotted(value, f"{prefix}.{key}" if prefix else str(key)))
+        out.update(dotted(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
@@ -104,8 +106,8 @@ def claim_rows(runs: pd.DataFrame) -> tuple[list[dict], dict[str, dict]]:
                     for i, c in enumerate(sweep.get("claims") or [])
                 ],
             }
-        dotted = {k: v for k, v in _dotted(config).items() if "." in k and k != "sweep.claims"}
-        rows.append({**dotted, **run, "sweep": name})
+        keys = {k: v for k, v in dotted(config).items() if "." in k and k != "sweep.claims"}
+        rows.append({**keys, **run, "sweep": name})
     return rows, sweeps
 
 

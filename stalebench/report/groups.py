@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from stalebench.report.claims import dotted, load_config
+
 # Keys that never split a group: the seed (pooled), where and how a run was written and
 # supervised, its logger, and the sweep block (its name, claims and tuning; what a sweep
 # sets is in the other keys). A key is excluded with everything under it.
@@ -61,15 +63,6 @@ def excluded(key: str) -> bool:
     return any(key == b or key.startswith(b + ".") for b in BOOKKEEPING)
 
 
-def _dotted(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(obj, dict) or (not obj and prefix):
-        return {prefix: obj}
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        out.update(_dotted(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def text(value: Any) -> str:
     """A config value as a label shows it: 0.1, 1e-05, true, null, 1,1,3,3, [] (empty)."""
     if value is None:
@@ -99,7 +92,7 @@ def _comparable(value: Any) -> Any:
 
 def settings(config: dict) -> dict[str, Any]:
     """A run's config as dotted keys → comparable values, bookkeeping left out."""
-    return {k: _comparable(v) for k, v in _dotted(config).items() if not excluded(k)}
+    return {k: _comparable(v) for k, v in dotted(config).items() if not excluded(k)}
 
 
 def _missing(x: Any) -> bool:
@@ -117,8 +110,6 @@ def _from_summary(run: dict) -> dict[str, Any]:
 
 def load_configs(run_dirs: Iterable[str]) -> dict[str, dict]:
     """Each run directory's resolved config ({} without a readable one)."""
-    from stalebench.report.claims import load_config  # OmegaConf only when there is work
-
     configs = {}
     for run_dir in run_dirs:
         try:

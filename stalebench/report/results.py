@@ -189,7 +189,8 @@ def provenance(sweep_dir: Path, root: Path, command: str | None = None) -> dict[
     spans both."""
     stage = Path(sweep_dir) / TUNE_DIR
     tuning_runs = find_run_dirs([stage]) if stage.is_dir() else []
-    runs = [r for r in find_run_dirs([sweep_dir]) if r not in set(tuning_runs)]
+    staged = set(tuning_runs)  # left out of the sweep's own runs (also without tuning.json)
+    runs = [r for r in find_run_dirs([sweep_dir]) if r not in staged]
     summaries = {r: _summary(r) for r in [*runs, *tuning_runs]}
     return {
         "git": git_state(root),

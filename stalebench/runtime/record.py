@@ -129,7 +129,7 @@ def blown_up(losses: list[float | None], factor: float) -> str | None:
 def chance_accuracy(splits) -> float | None:
     """The accuracy of always answering the held-out split's most frequent class (or
     token): what a model that learned nothing scores; None for regression."""
-    y = splits.y_test if splits.y_val is None else splits.y_val
+    _, _, y = splits.held_out
     if splits.regression or not len(y):
         return None
     return float(torch.bincount(y.reshape(-1)).max()) / y.numel()
