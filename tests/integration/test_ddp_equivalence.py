@@ -30,22 +30,30 @@ ARGS = ["algorithm=bsp", "cluster.num_workers=2", f"budget.max_updates={STEPS}"]
 BUCKETS = ["engine=allreduce", "engine.bucket_mb=0.0005"]  # 131 floats: 2 buckets, 8 slices
 
 
-def _ddp(rank: int, port: int, overrides: list[str], out: str) -> None:
-    from stalebench.job import Job
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    job = Job.build(compose(overrides))
+def _ddp_final(job, rank: int, optimizer) -> torch.Tensor:
+    """θ after STEPS steps of DDP from the job's θ₀ on its rank's stream, the optimizer
+    made by `optimizer(parameters)`."""
     model = torch.nn.parallel.DistributedDataParallel(job.model())
-    opt = torch.optim.SGD(model.parameters(), lr=job.cfg.algorithm.update.lr)
+    opt = optimizer(model.parameters())
     batches = job.batches(rank)
     for _ in range(STEPS):
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
+    return parameters_to_vector(model.parameters()).detach().clone()
+
+
+def _ddp(rank: int, port: int, overrides: list[str], out: str) -> None:
+    from stalebench.job import Job
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    job = Job.build(compose(overrides))
+    lr = job.cfg.algorithm.update.lr
+    final = _ddp_final(job, rank, lambda params: torch.optim.SGD(params, lr=lr))
     if rank == 0:
-        torch.save(parameters_to_vector(model.parameters()).detach(), out)
+        torch.save(final, out)
     dist.barrier()
     os._exit(0)  # no teardown: gloo's threads can abort an exiting process
 
@@ -127,15 +135,8 @@ def _ddp_optimizers(rank: int, port: int, overrides: list[str], out: str) -> Non
     job = Job.build(compose(overrides))
     finals = {}
     for name, (_, optimizer, kwargs) in TORCH_RULES.items():
-        model = torch.nn.parallel.DistributedDataParallel(job.model())
-        opt = getattr(torch.optim, optimizer)(model.parameters(), **kwargs)
-        batches = job.batches(rank)
-        for _ in range(STEPS):
-            x, y = next(batches)
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        finals[name] = parameters_to_vector(model.parameters()).detach().clone()
+        make = getattr(torch.optim, optimizer)
+        finals[name] = _ddp_final(job, rank, lambda params, m=make, k=kwargs: m(params, **k))
     if rank == 0:
         torch.save(finals, out)
     dist.barrier()
