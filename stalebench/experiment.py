@@ -164,6 +164,10 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
     with recording_interrupts(cfg, engine.num_workers):
         if cfg.runtime == "sim":
             job = Job.build(cfg, engine.num_workers, engine.one_stream)
+            if engine.has_program:
+                from stalebench.runtime import sim
+
+                return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
             return engine.simulate(job, Path(cfg.run_dir))
         from stalebench.runtime import launch as real
 

@@ -15,9 +15,12 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
   them (`takes_spares`: whether it runs `cluster.spares` standby workers too);
   `num_workers`: those that compute; `one_stream`: whether they read one stream of data
   over the whole split (a pipeline) instead of a shard each;
-- `run_rank(job, rank, ctx)`: what one process does in the real runtime (rank 0 owns the
-  run directory and returns the summary; the others return None);
-- `simulate(job, run_dir)`: the whole run in the simulator, on a virtual clock.
+- `program(job, world)`: what one rank does, written once for both runtimes against the
+  world it sees (`stalebench.runtime.world`): rank 0 owns the run directory
+  (`world.record`) and returns the summary, the others return None. The real runtime runs
+  one rank per process, the simulator every rank in one process on a virtual clock;
+- until every engine is a program: `run_rank(job, rank, ctx)`, one process of the real
+  runtime, and `simulate(job, run_dir)`, the whole run in the simulator.
 
 The runtime gives every engine the cluster profile: a transport that pays the profile's
 network delays, the worker's faults, and its step times (`stalebench.runtime.faults`).
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from stalebench.data import Splits
     from stalebench.job import Job
     from stalebench.runtime.launch import RankContext
+    from stalebench.runtime.world import Op, World
 
 __all__ = ["ENGINES", "NETWORK", "Engine", "EngineConfig"]
 
@@ -138,6 +142,13 @@ class Engine:
     def set_slots(self) -> list[str]:
         a = self.run.algorithm
         return [f.name for f in dataclasses.fields(a) if f.name != "name" and getattr(a, f.name)]
+
+    def program(self, job: Job, world: World) -> Op[dict[str, Any] | None]:
+        raise NotImplementedError(f"engine={self.name} has no rank program")
+
+    @property
+    def has_program(self) -> bool:
+        return type(self).program is not Engine.program
 
     def run_rank(self, job: Job, rank: int, ctx: RankContext) -> dict[str, Any] | None:
         raise NotImplementedError(f"engine={self.name} has no real runtime")

@@ -33,8 +33,10 @@ from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime import forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
+from stalebench.runtime.record import RunRecord
 from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo, SharedMemory, Transport
+from stalebench.runtime.world import RealWorld, run_program
 
 log = logging.getLogger("stalebench")
 
@@ -91,7 +93,12 @@ def run_rank(
     job = Job.build(cfg, engine.num_workers, engine.one_stream)
     summary = None
     try:
-        summary = engine.run_rank(job, rank, ctx)
+        if engine.has_program:
+            record = RunRecord(job, run_dir) if rank == 0 else None
+            world = RealWorld(rank, world_size, transport, job.profile, record)
+            summary = run_program(engine.program(job, world))
+        else:
+            summary = engine.run_rank(job, rank, ctx)
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
         if summary and node_store is not None:

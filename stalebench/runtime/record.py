@@ -4,6 +4,7 @@ the budget and divergence tests, and a worker's gradient step."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ class RunRecord:
         self, job: Job, run_dir: Path, flush_s: float = 0.0, resume: dict[str, Any] | None = None
     ):
         self.job, self.run_dir = job, Path(run_dir)
+        # set by the simulator: `t` is virtual (the end event says so), and its own real
+        # time goes to summary.json only
+        self.virtual_time = False
+        self.timing: Callable[[], dict[str, Any]] = dict
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(
@@ -64,7 +69,7 @@ class RunRecord:
         """Final snapshot, the end event (with `end_fields`), the evaluations (off the clock),
         model.pt, and summary.json / metrics.parquet (with `summary_extra`: measurements that
         must not enter the events, such as the simulator's own real time)."""
-        cfg = self.job.cfg
+        cfg, timing = self.job.cfg, self.timing()
         self.snapshots.take(t_end, version, params)
         held_out: list[float | None] = []  # the held-out split's loss at each snapshot
 
@@ -80,7 +85,8 @@ class RunRecord:
         vector_to_parameters(params, model.parameters())
         torch.save(model.state_dict(), self.run_dir / "model.pt")
         chance = chance_accuracy(self.job.splits)
-        return self._close(status, error, {"chance_accuracy": chance, **(summary_extra or {})})
+        extra = {"chance_accuracy": chance, **(summary_extra or {}), **timing}
+        return self._close(status, error, extra)
 
     def fail(self, t_end: float, version: int, error: str) -> dict[str, Any]:
         """End a failed run that cannot be evaluated (a peer holding part of θ is gone): the
@@ -91,6 +97,8 @@ class RunRecord:
     def _end(self, t_end: float, version: int, status: str, error: str | None, **fields) -> None:
         if error:
             self.events.emit("system", t_end, event="error", error=error)
+        if self.virtual_time:
+            fields["virtual_time"] = True
         self.events.emit("system", t_end, event="end", status=status, updates=version, **fields)
 
     def _close(self, status: str, error: str | None, summary_extra=None) -> dict[str, Any]:

@@ -9,14 +9,13 @@ nodes' de-biased models z_i (their mean z̄ is the model snapshotted and evaluat
 their statistics (each iteration's loss and times, ‖z_i − z̄‖, rank 0's stop decision), so
 that rank 0 can write the run directory and every rank stops at the same iteration.
 
-`node` holds what both runtimes share (a node's state, the statistics and events); `real`
-runs one process per node over gloo point-to-point messages, `sim` the virtual clock.
+`node` holds a node's state, the statistics and the events; `peer` is a node's program,
+one per rank, which both runtimes run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from stalebench.algorithms.gossip import GOSSIP
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
@@ -52,12 +51,7 @@ class GossipEngine(Engine):
             )
         self.check_shards(splits)
 
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        from stalebench.engines.gossip.real import run
+    def program(self, job, world):
+        from stalebench.engines.gossip.peer import Peer
 
-        return run(job, rank, ctx.run_dir, ctx.transport)
-
-    def simulate(self, job, run_dir) -> dict[str, Any]:
-        from stalebench.engines.gossip.sim import simulate
-
-        return simulate(job, run_dir)
+        return Peer(job, world).run()

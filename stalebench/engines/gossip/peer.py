@@ -1,0 +1,160 @@
+"""A gossip node's program, written once for both runtimes (`stalebench.runtime.world`).
+
+A node sends without waiting (isend) and waits only for the messages due at its iteration;
+a send's buffer is kept until it is delivered, which the receiver allows within τ + 1
+iterations. At the engine's collective every node meets: one all-reduce of z (z̄, the model
+rank 0 snapshots), one of the statistics (rank 0 writes the window's events from them)
+with rank 0's stop decision and each node's divergence, so that every rank stops after the
+same iteration. A lost node ends the run: its out-peers' receives and the next collective
+fail, naming whom they lost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import torch
+
+from stalebench.engines.gossip.node import (
+    ROW,
+    Net,
+    Node,
+    gossip_bytes,
+    message_bytes,
+    mixing,
+    report,
+    stats_slots,
+    sync_bytes,
+    syncs_at,
+)
+from stalebench.engines.rounds import ring_volume
+from stalebench.job import Job
+from stalebench.runtime.faults import WorkerDied
+from stalebench.runtime.record import diverged, gradient, spent
+from stalebench.runtime.world import Op, World
+
+
+class Peer:
+    """One node's rank: its node, its sends in flight, its statistics since the last meeting."""
+
+    def __init__(self, job: Job, world: World):
+        self.job, self.world, self.rank = job, world, world.rank
+        self.n, self.rule = job.num_workers, world.shared("mixing", lambda: mixing(job))
+        self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
+        theta = self.net.flat.detach().cpu().clone()  # θ₀, the same in every rank
+        self.node = Node(job, self.rank, theta, self.net, self.rule)
+        world.faults = self.node.faults
+        self.every, self.d = job.cfg.engine.sync_every, theta.numel()
+        self.msg_bytes = message_bytes(self.d)
+        self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
+        self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
+        self.rows: list[list[float]] = []
+        self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
+
+    def run(self) -> Op[dict[str, Any] | None]:
+        world, net, record, error, k = self.world, self.net, self.world.record, None, 0
+        x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
+        yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
+        if record is not None:
+            record.snapshots.maybe(0.0, 0, self.z_mean)
+        try:
+            while True:
+                yield from self.iterate(k)
+                k += 1
+                if syncs_at(k - 1, self.every, self.job.cfg.budget.max_updates):
+                    if (yield from self.meet(k)):
+                        break
+            t_end = world.now()
+            yield from self.drain(k)
+        except WorkerDied:
+            raise  # it is lost; its out-peers and the next collective lose it
+        except Exception as exc:
+            self.status, error, t_end = "failed", str(exc), world.now()
+            if record is None:
+                raise
+        if record is None:
+            return None
+        for kept, mine in zip(net.buffers, self.node.buffers, strict=True):
+            kept.copy_(mine)  # rank 0's BatchNorm statistics, for the evaluation
+        return record.finish(
+            net.model, self.z_mean, self.first, t_end, self.status, error, bytes_sent=self.nbytes
+        )
+
+    def iterate(self, k: int) -> Op[None]:
+        """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
+        node, rule, world = self.node, self.rule, self.world
+        paused = yield from world.strike()
+        step = lambda: node.gradient(self.net)  # noqa: E731
+        (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.rank))
+        if not rule.mixes_first:
+            node.step(grad)
+        message, sends = node.send(k), []
+        for peer in rule.out_peers(self.rank, k):
+            sends.append(((yield from world.isend(message, peer)), peer))
+        self.in_flight.append((k, message, sends))
+        yield from self.settle(k - rule.delay)
+        wait, comm = self.carried
+        comm += len(sends) * self.job.profile.push_s(self.msg_bytes, node.faults.slow_s)
+        took = k >= rule.delay
+        if took:  # the messages the in-peers sent at k − τ
+            pull_s = self.job.profile.pull_s(self.msg_bytes)
+            for peer in rule.in_peers(self.rank, k - rule.delay):
+                buf = torch.empty(self.d + 1)
+                wait += yield from world.recv(buf, peer)
+                comm += pull_s
+                node.receive(buf)
+        if rule.mixes_first:
+            node.step(grad)
+        self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
+        self.carried = [0.0, 0.0]
+
+    def settle(self, upto: int) -> Op[None]:
+        """Wait for the sends of iterations before `upto` (their receivers take them in by
+        now) and let their buffers go."""
+        while self.in_flight and self.in_flight[0][0] < upto:
+            _, _, sends = self.in_flight.popleft()
+            for work, peer in sends:
+                yield from self.world.wait(work, peer)
+
+    def drain(self, k: int) -> Op[None]:
+        """After the last iteration k − 1: the messages still in flight (τ > 0) are received
+        and dropped, so that every send completes."""
+        for sent_at in range(max(k - self.rule.delay, 0), k):
+            for peer in self.rule.in_peers(self.rank, sent_at):
+                yield from self.world.recv(torch.empty(self.d + 1), peer)
+        yield from self.settle(k)
+
+    def meet(self, version: int) -> Op[bool]:
+        """The collective after iteration `version` − 1 (every rank calls it there): z̄, the
+        statistics; rank 0 writes the events and the snapshot. True when the run stops."""
+        n, world, record, slow_s = self.n, self.world, self.world.record, self.node.faults.slow_s
+        profile = self.job.profile
+        z_bytes, stats_bytes = sync_bytes(self.d, n, self.every)
+        t_enter, z = world.now(), self.node.z
+        yield from world.all_reduce(self.z_mean.copy_(z))
+        self.z_mean /= n
+        stats = torch.zeros(stats_slots(n, self.every), dtype=torch.float64)
+        width = self.every * len(ROW)
+        mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
+        stats[self.rank * width : self.rank * width + mine.numel()] = mine
+        stats[n * width + self.rank] = float((z - self.z_mean).norm())
+        losses = [row[1] for row in self.rows]
+        stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
+        if record is not None:
+            stats[-2] = float(spent(self.job.cfg.budget, version, t_enter))
+        yield from world.all_reduce(stats)
+        comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
+        self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
+        self.nbytes += ring_volume(z_bytes, n) + ring_volume(stats_bytes, n)
+        self.nbytes += gossip_bytes(self.rule, self.first, version, self.d)
+        if record is not None:
+            m = len(self.rows)
+            rows = stats[: n * width].view(n, self.every, len(ROW))[:, :m].numpy()
+            report(record.events.emit, self.first, rows, stats[n * width : -2].numpy())
+            record.snapshots.maybe(world.now(), version, self.z_mean)
+            if stats[-1] > 0:
+                self.status = "diverged"
+        self.first, self.rows = version, []
+        return bool(stats[-2] > 0 or stats[-1] > 0)

@@ -1,0 +1,198 @@
+"""The simulator as a runtime: every rank's program (`Engine.program`) in one process, each
+rank on a virtual clock of its own, driven by this module's scheduler.
+
+A rank runs until it waits: for a message not yet sent, or for the others at a collective.
+Compute and a fault's pause only move its clock (its step's gradient is computed for real,
+on a model the ranks share); a send stamps the message with the sender's clock plus the
+push delay, and a receive takes it at the later of the two clocks plus the pull delay; a
+collective ends for every rank at the latest of their clocks plus each one's cost. Ranks
+that can run are taken in the order of their clocks, ties in the order they became ready,
+so a config and a seed give one history (`events.jsonl` byte for byte).
+
+A rank that is lost (a `die` fault, an error) stops; when every rank left waits for
+something that will never come, each gets that loss as the error a real rank gets once its
+timeout passes, in rank order. Whatever ends the run, summary.json is written: by rank 0's
+program, or here when rank 0's program itself failed.
+
+What the real runtime does around a process is done here once for the whole run: the
+thread count, events flushed every 0.2 s of real time (a write per event would cost more
+than the simulator's own bookkeeping), the cyclic collector kept off the objects the
+set-up built, and the simulator's own real time reported in summary.json (`sim_loop_s`).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stalebench.errors import RunError
+from stalebench.job import Job
+from stalebench.metrics.summary import stop
+from stalebench.runtime.clock import EventQueue
+from stalebench.runtime.record import RunRecord
+from stalebench.runtime.world import Op, T, World, nbytes
+
+Program = Callable[[Job, World], Op[Any]]
+
+
+class SimWorld(World):
+    """One rank's world on its virtual clock (`clock`, seconds)."""
+
+    def __init__(self, sim: Simulator, rank: int, record: RunRecord | None):
+        self.sim, self.rank, self.size = sim, rank, sim.size
+        self.profile, self.record = sim.job.profile, record
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def shared(self, key: str, build: Callable[[], T]) -> T:
+        if key not in self.sim.shared:
+            self.sim.shared[key] = build()
+        return self.sim.shared[key]
+
+    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
+        return  # a virtual clock needs no warm-up, and every rank starts at 0
+        yield
+
+    def strike(self) -> Op[float]:
+        assert self.faults is not None, "set world.faults before its first step"
+        start = self.faults.strike(self.clock, lambda at, s: None)
+        paused, self.clock = start - self.clock, start
+        return paused
+        yield
+
+    def compute(self, step: Callable[[], T], step_s: float) -> Op[tuple[T, float]]:
+        self.clock += step_s
+        return step(), step_s
+        yield
+
+    def _slow_s(self) -> float:
+        return self.faults.slow_s if self.faults is not None else 0.0
+
+    def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
+        self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
+        self.sim.post(self.rank, dst, self.clock, buf)
+        return
+        yield
+
+    def wait(self, work: Any, dst: int) -> Op[None]:
+        return  # a message is in its receiver's mailbox once sent
+        yield
+
+    def recv(self, buf: torch.Tensor, src: int) -> Op[float]:
+        box = self.sim.mail[(src, self.rank)]
+        if not box:
+            yield ("recv", src)
+        arrival, message = box.popleft()
+        buf.copy_(message)
+        waited = max(arrival - self.clock, 0.0)
+        self.clock = max(self.clock, arrival) + self.profile.pull_s(nbytes(buf))
+        return waited
+
+    def all_reduce(self, buf: torch.Tensor) -> Op[None]:
+        yield ("all_reduce", buf, self.profile.allreduce_s(nbytes(buf), self._slow_s()))
+
+
+class Simulator:
+    """The scheduler: the ranks' programs, their mailboxes, who waits for what."""
+
+    def __init__(self, job: Job, run_dir: Path, size: int):
+        self.job, self.size = job, size
+        self.record = RunRecord(job, run_dir, flush_s=0.2)
+        self.record.virtual_time = True
+        self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
+        self.shared: dict[str, Any] = {}
+        self.mail: defaultdict[tuple[int, int], deque] = defaultdict(deque)
+        self.ready = EventQueue()  # (rank, what to throw into it or None), by its clock
+        self.waiting: dict[int, tuple] = {}  # rank → what it waits for
+        self.gathering: list[tuple[int, torch.Tensor, float]] = []
+        self.lost: dict[int, BaseException] = {}
+        self.results: dict[int, Any] = {}
+
+    def post(self, src: int, dst: int, arrival: float, buf: torch.Tensor) -> None:
+        self.mail[(src, dst)].append((arrival, buf))
+        if self.waiting.get(dst) == ("recv", src):
+            del self.waiting[dst]
+            self.ready.push(self.worlds[dst].clock, (dst, None))
+
+    def run(self, program: Program) -> dict[str, Any]:
+        torch.set_num_threads(self.job.cfg.num_threads)
+        start = time.perf_counter()
+        self.record.timing = lambda: {"sim_loop_s": time.perf_counter() - start}
+        programs = [program(self.job, world) for world in self.worlds]
+        for rank in range(self.size):
+            self.ready.push(0.0, (rank, None))
+        gc.freeze()  # the set-up's objects live all run: keep the collector off them
+        try:
+            while self.ready or self.waiting:
+                while self.ready:
+                    _, (rank, error) = self.ready.pop()
+                    self._resume(programs[rank], rank, error)
+                self._time_out()
+        finally:
+            gc.unfreeze()
+        if 0 in self.results:
+            return self.results[0]
+        error = self.lost.get(0, RunError("rank 0 ended without a summary"))
+        cfg = self.job.cfg
+        return stop(self.record.run_dir, self.job.meta, "failed", str(error),
+                    cfg.budget.target_accuracy)  # fmt: skip
+
+    def _resume(self, program: Op[Any], rank: int, error: BaseException | None) -> None:
+        try:
+            request = program.send(None) if error is None else program.throw(error)
+        except StopIteration as done:
+            self.results[rank] = done.value
+            return
+        except Exception as exc:  # the rank is lost (an interrupt is no Exception: it ends all)
+            self.lost[rank] = exc
+            return
+        if request[0] == "recv":
+            self.waiting[rank] = request
+        else:
+            self._gather(rank, request[1], request[2])
+
+    def _gather(self, rank: int, buf: torch.Tensor, cost: float) -> None:
+        """An all-reduce: once every rank has come, each holds the sum (in rank order) at
+        the latest of their clocks plus its own cost."""
+        self.waiting[rank] = ("all_reduce",)
+        self.gathering.append((rank, buf, cost))
+        if len(self.gathering) < self.size:
+            return
+        came = sorted(self.gathering, key=lambda g: g[0])
+        total = came[0][1].clone()
+        for _, buf, _ in came[1:]:
+            total += buf
+        done = max(self.worlds[r].clock + cost for r, _, cost in came)
+        for r, buf, _ in came:
+            buf.copy_(total)
+            self.worlds[r].clock = done
+            del self.waiting[r]
+            self.ready.push(done, (r, None))
+        self.gathering = []
+
+    def _time_out(self) -> None:
+        """Every rank left waits for what will never come: each gets the loss that caused it
+        (as a real rank does once its timeout passes), in rank order."""
+        if not self.waiting:
+            return
+        cause = next(iter(self.lost.values()), None)
+        for rank in sorted(self.waiting):
+            what = self.waiting.pop(rank)
+            error = cause or RunError(
+                f"rank {rank} waits forever ({what[0]}): every other rank ended or waits too"
+            )
+            self.ready.push(self.worlds[rank].clock, (rank, RunError(str(error))))
+        self.gathering = []
+
+
+def simulate(program: Program, job: Job, run_dir: Path, size: int) -> dict[str, Any]:
+    """Run every rank of `program` on the virtual clock; the run's summary."""
+    return Simulator(job, run_dir, size).run(program)

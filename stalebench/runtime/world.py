@@ -1,0 +1,187 @@
+"""The world one rank of a run sees, the same in both runtimes: its clock, its compute step
+(the profile's time), its faults, point-to-point messages and collectives.
+
+An engine writes each of its roles once, as a program against a `World`:
+
+    def program(self, job, world):
+        ...
+        grad, compute_s = yield from world.compute(lambda: net.gradient_at(...))
+        work = yield from world.isend(message, peer)
+        waited_s = yield from world.recv(buf, peer)
+        yield from world.all_reduce(buf)
+        ...
+        return world.record.finish(...) if world.record else None
+
+Every operation that may wait is a generator, taken with `yield from`: in the real runtime
+(`RealWorld`) it blocks over gloo and never suspends the program; in the simulator
+(`stalebench.runtime.sim`) it suspends the program until the event it waits for, on a
+virtual clock, while the other ranks of the run go on in the same process. A program
+never asks which runtime it is in.
+
+The profile's network is paid inside the world, as the `Shaped` transport pays it: a send
+the push direction's delay for its size (one send after the other), a receive the pull
+direction's once the message is in, an all-reduce the ring's time, each slowed by the
+rank's `slow` faults in force (`faults`, set once the program has built them).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.transport import Transport
+
+if TYPE_CHECKING:
+    from stalebench.cluster import Profile
+    from stalebench.runtime.record import RunRecord
+
+T = TypeVar("T")
+Op = Generator[Any, Any, T]  # what a world's waiting operation is: `yield from` it
+
+
+def nbytes(buf: torch.Tensor) -> int:
+    return buf.numel() * buf.element_size()
+
+
+def blocking(fn: Callable[..., T]) -> Callable[..., Op[T]]:
+    """A real world's operation as a generator that never suspends, so that programs take
+    every waiting operation with `yield from`, whichever runtime they run in."""
+
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Op[T]:
+        return fn(*args, **kwargs)
+        yield  # unreachable: makes `op` a generator function
+
+    return op
+
+
+class World:
+    """What one rank sees. `rank` and `size` place it in the run; `record` is the run
+    directory on rank 0 (None elsewhere); `faults` the scheduled faults of the worker this
+    rank plays, which the program builds and sets (they slow its messages)."""
+
+    rank: int
+    size: int
+    profile: Profile
+    record: RunRecord | None
+    faults: Faults | None = None
+
+    def now(self) -> float:
+        """Run time: seconds since every rank started (real or virtual)."""
+        raise NotImplementedError
+
+    def shared(self, key: str, build: Callable[[], T]) -> T:
+        """An object the ranks of this process share, built once (a real process holds one
+        rank, the simulator all of them: one model to compute every rank's gradients)."""
+        raise NotImplementedError
+
+    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
+        """Every rank starts the run's clock together; `warm_up` (a first step, off the
+        clock) runs before where it costs real time."""
+        raise NotImplementedError
+
+    def strike(self) -> Op[float]:
+        """Strike this rank's faults due at its next step (`Faults.strike`): a pause waits,
+        a death raises `WorkerDied`. Returns the seconds paused."""
+        raise NotImplementedError
+
+    def compute(self, step: Callable[[], T], step_s: float) -> Op[tuple[T, float]]:
+        """Run `step` (a gradient), lasting at least `step_s` (the profile's step time);
+        returns its result and the seconds it took."""
+        raise NotImplementedError
+
+    def isend(self, buf: torch.Tensor, dst: int) -> Op[Any]:
+        """Send `buf` to rank `dst` without waiting for it to arrive, after the push delay;
+        `buf` stays unchanged until `wait` on the returned handle."""
+        raise NotImplementedError
+
+    def wait(self, work: Any, dst: int) -> Op[None]:
+        """Wait until the send `work` to `dst` is delivered."""
+        raise NotImplementedError
+
+    def recv(self, buf: torch.Tensor, src: int) -> Op[float]:
+        """Receive the next message from rank `src` into `buf`, then pay the pull delay;
+        returns the seconds waited for the message to arrive (not counting the delay)."""
+        raise NotImplementedError
+
+    def all_reduce(self, buf: torch.Tensor) -> Op[None]:
+        """Sum `buf` over every rank, in place (the simulator sums in rank order)."""
+        raise NotImplementedError
+
+
+class RealWorld(World):
+    """A process of the real runtime: gloo messages through the profile's `Shaped` network,
+    time by `time.perf_counter` from the barrier that starts the run."""
+
+    def __init__(self, rank: int, size: int, transport: Transport, profile: Profile, record):
+        self.rank, self.size, self.profile, self.record = rank, size, profile, record
+        self.net = Shaped(transport, profile)
+        self.t0 = time.perf_counter()
+        self._shared: dict[str, Any] = {}
+
+    @property
+    def faults(self) -> Faults | None:  # type: ignore[override]
+        return self.net.faults
+
+    @faults.setter
+    def faults(self, faults: Faults | None) -> None:
+        self.net.faults = faults
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def shared(self, key: str, build: Callable[[], T]) -> T:
+        if key not in self._shared:
+            self._shared[key] = build()
+        return self._shared[key]
+
+    @blocking
+    def begin(self, warm_up: Callable[[], Any]) -> None:
+        warm_up()
+        self.net.barrier()
+        self.t0 = time.perf_counter()
+
+    @blocking
+    def strike(self) -> float:
+        assert self.faults is not None, "set world.faults before its first step"
+        now = self.now()
+        return self.faults.strike(now, lambda at, s: time.sleep(s)) - now
+
+    @blocking
+    def compute(self, step: Callable[[], T], step_s: float) -> tuple[T, float]:
+        start = time.perf_counter()
+        out = step()
+        pad_to(start, step_s)
+        return out, time.perf_counter() - start
+
+    @blocking
+    def isend(self, buf: torch.Tensor, dst: int) -> Any:
+        return self.net.isend(buf, dst)
+
+    @blocking
+    def wait(self, work: Any, dst: int) -> None:
+        self.net.wait(work, dst)
+
+    @blocking
+    def recv(self, buf: torch.Tensor, src: int) -> float:
+        pull_s, start = self.profile.pull_s(nbytes(buf)), time.perf_counter()
+        self.net.recv(buf, src)  # it sleeps the pull delay after the message is in
+        return max(time.perf_counter() - start - pull_s, 0.0)
+
+    @blocking
+    def all_reduce(self, buf: torch.Tensor) -> None:
+        self.net.all_reduce(buf)
+
+
+def run_program(program: Op[T]) -> T:
+    """Run a program in the real world, where no operation suspends it."""
+    try:
+        program.send(None)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a program suspended in the real runtime: its world is not a RealWorld")

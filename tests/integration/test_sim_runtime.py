@@ -1,0 +1,166 @@
+"""The simulator as a runtime (stalebench.runtime.sim): programs written against the world a
+rank sees run on virtual clocks, one per rank, with the profile's network paid exactly as
+the module says; a lost rank, a program that waits forever, and a failing rank 0 each end
+the run with summary.json written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from stalebench.errors import RunError
+from stalebench.job import Job
+from stalebench.metrics.events import read_events
+from stalebench.runtime.faults import Faults
+from stalebench.runtime.sim import Simulator
+from tests.conftest import compose, fast_with
+
+NETWORK = [
+    "cluster.push_latency_ms=7",
+    "cluster.pull_latency_ms=3",
+    "cluster.push_bandwidth_gbps=0.001",
+    "cluster.pull_bandwidth_gbps=0.002",
+]
+
+
+def simulator(tmp_path, *overrides: str, size: int = 3) -> Simulator:
+    base = ["runtime=sim", "cluster.num_workers=3", "budget.max_updates=10", *NETWORK]
+    cfg = compose(fast_with([*base, *overrides]))
+    cfg.run_dir = str(tmp_path)
+    return Simulator(Job.build(cfg), tmp_path, size)
+
+
+def finish(world, **fields):
+    """Rank 0 ends the run as an engine does: θ₀ unchanged, its summary returned."""
+    if world.record is None:
+        return None
+    params = torch.zeros(sum(p.numel() for p in world.record.job.model().parameters()))
+    world.record.events.emit("system", world.now(), event="probe", **fields)
+    return world.record.finish(world.record.job.model(), params, 0, world.now(), "completed", None)
+
+
+def test_a_message_arrives_after_the_senders_clock_and_both_delays(tmp_path):
+    sim, seen = simulator(tmp_path), {}
+    profile = sim.job.profile
+    buf = torch.arange(250, dtype=torch.float32)  # 1,000 bytes: bandwidth matters
+
+    def program(job, world):
+        if world.rank == 1:
+            _, took = yield from world.compute(lambda: None, 0.3)
+            yield from world.isend(buf, 2)
+            yield from world.isend(buf * 2, 2)  # one send after the other
+            seen["sender"] = (took, world.now())
+        if world.rank == 2:
+            first, second = torch.empty(250), torch.empty(250)
+            seen["waited"] = [(yield from world.recv(first, 1))]
+            seen["waited"].append((yield from world.recv(second, 1)))
+            seen["got"] = (first.tolist(), second.tolist(), world.now())
+        return finish(world)
+
+    summary = sim.run(program)
+    push, pull = profile.push_s(1000), profile.pull_s(1000)
+    assert push > 0.007 and pull > 0.003  # latency and bandwidth both paid
+    assert seen["sender"] == (0.3, 0.3 + push + push)
+    assert seen["waited"] == [0.3 + push, max(0.3 + push + push - (0.3 + push + pull), 0.0)]
+    first, second, t = seen["got"]
+    assert first == buf.tolist() and second == (buf * 2).tolist()
+    assert t == max(0.3 + push + pull, 0.3 + push + push) + pull
+    assert summary["status"] == "completed"
+
+
+def test_an_all_reduce_sums_in_rank_order_and_ends_at_the_latest_clock_plus_each_cost(tmp_path):
+    sim, seen = (
+        simulator(tmp_path, "cluster.faults=[{worker:2,at_step:0,action:slow,delay_ms:50}]"),
+        {},
+    )
+    profile = sim.job.profile
+
+    def program(job, world):
+        world.faults = Faults(job.profile, world.rank)
+        yield from world.strike()  # worker 2's slow fault starts with its first step
+        yield from world.compute(lambda: None, [0.1, 0.4, 0.2][world.rank])
+        buf = torch.full((100,), float(world.rank + 1))
+        yield from world.all_reduce(buf)
+        seen[world.rank] = (buf[0].item(), world.now())
+        return finish(world)
+
+    sim.run(program)
+    cost = profile.allreduce_s(400)
+    done = max(0.1 + cost, 0.4 + cost, 0.2 + cost + 0.05)
+    assert seen == {r: (6.0, done) for r in range(3)}
+
+
+def test_a_lost_rank_reaches_every_rank_waiting_for_it_as_a_timeout(tmp_path):
+    sim, errors = simulator(tmp_path, "cluster.faults=[{worker:1,at_s:0.5,action:die}]"), {}
+
+    def program(job, world):
+        world.faults = Faults(job.profile, world.rank)
+        try:
+            for _ in range(10):
+                yield from world.strike()
+                yield from world.compute(lambda: None, 0.2)
+                yield from world.all_reduce(torch.zeros(4))
+        except RunError as exc:
+            errors[world.rank] = (type(exc).__name__, str(exc), world.now())
+            if world.record is None:
+                raise
+            world.record.events.emit("system", world.now(), event="error", error=str(exc))
+            return world.record.fail(world.now(), 0, str(exc))
+
+    summary = sim.run(program)
+    assert summary["status"] == "failed" and "worker 1 died" in summary["error"]
+    # rank 1 itself raised WorkerDied; the others learn of it where they wait, at their time
+    assert errors[1][0] == "WorkerDied"
+    assert {r: e[0] for r, e in errors.items() if r != 1} == {0: "RunError", 2: "RunError"}
+    assert errors[0][2] >= 0.5 and errors[0][2] == errors[2][2]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_program_that_waits_forever_fails_the_run_by_name(tmp_path):
+    sim = simulator(tmp_path)
+
+    def program(job, world):
+        if world.rank == 0:
+            try:
+                yield from world.recv(torch.empty(1), 2)  # rank 2 never sends
+            except RunError as exc:
+                return world.record.fail(world.now(), 0, str(exc))
+        return None
+
+    summary = sim.run(program)
+    assert summary["status"] == "failed"
+    assert "rank 0 waits forever (recv)" in summary["error"]
+
+
+def test_rank_0_failing_still_ends_the_run_with_its_summary(tmp_path):
+    sim = simulator(tmp_path)
+
+    def program(job, world):
+        yield from world.compute(lambda: None, 0.1)
+        if world.rank == 0:
+            raise ValueError("a bug in rank 0's program")
+        yield from world.all_reduce(torch.zeros(1))  # never completes: rank 0 is gone
+
+    summary = sim.run(program)
+    assert summary["status"] == "failed" and "a bug in rank 0" in summary["error"]
+    events = read_events(tmp_path / "events.jsonl")
+    assert events[-1]["event"] == "stop" and events[-1]["status"] == "failed"
+
+
+@pytest.mark.parametrize("preset", ["sgp", "dpsgd"])
+def test_gossip_waits_are_never_negative(tmp_path, preset):
+    """A node's wait at the collective is the time it spent there beyond the collective's
+    own cost: never below 0 (the per-engine simulator rounded one to −1.1e-16 s)."""
+    from tests.conftest import run_job
+
+    pause = "{worker:1,at_s:0.5,duration_s:0.4}"
+    slow = "{worker:2,at_step:3,action:slow,delay_ms:40,duration_s:1}"
+    run = run_job(
+        tmp_path,
+        [f"algorithm={preset}", "runtime=sim", "cluster=slow_network", "model=cnn",
+         "dataset=mnist1d", "budget.max_wall_s=2", f"cluster.faults=[{pause},{slow}]"],
+    )  # fmt: skip
+    waits = [e["wait_s"] for e in run.events if e["kind"] == "update"]
+    assert waits and min(waits) >= 0.0 and max(waits) > 0.3
