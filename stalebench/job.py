@@ -101,15 +101,16 @@ class Job:
         return resolve_sharding(
             c.dataset.sharding,
             len(self.splits.y_train),
-            c.cluster.num_workers,
+            self.num_workers,
             c.dataset.batch_size,
         )
 
     def batches(self, worker: int):
-        """The endless minibatch stream of one worker."""
+        """The endless minibatch stream of one worker, its shard one of the engine's
+        `num_workers` (those that compute)."""
         c = self.cfg
         return shard_batches(
-            self.splits, worker, c.cluster.num_workers, c.dataset.batch_size, c.seed,
+            self.splits, worker, self.num_workers, c.dataset.batch_size, c.seed,
             self.sharding, c.dataset.dirichlet_alpha,
         )  # fmt: skip
 

@@ -31,8 +31,8 @@ from torch.nn.utils import vector_to_parameters
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
+from stalebench.engines.common import DataParallel
 from stalebench.engines.overlap import Layout, build_replica
-from stalebench.engines.ps import DataParallel
 from stalebench.engines.rounds import close_round, ring_volume, round_bytes, round_slots
 from stalebench.errors import ConfigError
 from stalebench.job import Job

@@ -332,3 +332,17 @@ def test_dirichlet_needs_class_labels():
 
     with pytest.raises(ConfigError, match="dataset.sharding=dirichlet splits by class label"):
         dirichlet_shards(torch.randn(100), 4, 1.0, seed=0)
+
+
+def test_the_data_is_sharded_among_the_engines_workers_not_the_clusters():
+    """An engine whose compute is one process (num_workers=1) on a 4-worker cluster reads the
+    whole split, not a quarter of it; with 2 it reads half."""
+    from stalebench.job import Job
+    from tests.conftest import compose, fast_with
+
+    cfg = compose(fast_with(["cluster.num_workers=4", "budget.max_updates=1"]))
+    n_train = len(Job.build(cfg).splits.y_train)
+    assert len(Job.build(cfg, num_workers=1).batches(0).shard) == n_train
+    halves = [len(Job.build(cfg, num_workers=2).batches(w).shard) for w in range(2)]
+    assert sum(halves) == n_train and max(halves) - min(halves) <= 1
+    assert len(Job.build(cfg).batches(3).shard) == len(range(3, n_train, 4))

@@ -183,3 +183,29 @@ def test_the_cycle_check_finds_a_circle():
         [m for m in c if m in ("stalebench.experiment", "stalebench.runtime.launch")]
         for c in find_cycles(graph)
     ]
+
+
+SHARED_ENGINE_MODULES = {"base", "common", "rounds"}  # the layer every engine may use
+# what is left to make a program: engine=allreduce's simulator is still the ps server's loop
+BORROWED = {("allreduce", "ps")}
+
+
+def test_no_engine_imports_another_engines_package():
+    """An engine (a package under engines/, or a module there with its helpers: allreduce's
+    overlap.py) imports the shared layer and itself, never another engine."""
+    own = {"overlap": "allreduce"}  # a helper module of an engine, not an engine
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).parts
+        if rel[0] != "engines" or len(rel) < 2:
+            continue
+        me = own.get(Path(rel[1]).stem, Path(rel[1]).stem)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "stalebench.engines."
+            ):
+                other = node.module.split(".")[2]
+                other = own.get(other, other)
+                if other not in SHARED_ENGINE_MODULES | {me} and (me, other) not in BORROWED:
+                    found.append(f"{'/'.join(rel)}:{node.lineno} imports {node.module}")
+    assert not found, found

@@ -25,7 +25,7 @@ import torch
 
 from stalebench.algorithms.gossip import GOSSIP, Mixing
 from stalebench.algorithms.local import INNER
-from stalebench.engines.local.round import Net  # the model as one flat vector, shared
+from stalebench.engines.common import Net
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
 

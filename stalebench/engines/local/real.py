@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from stalebench.engines.common import Net
 from stalebench.engines.local.round import (
     STATS,
     Exchange,
-    Net,
     Plan,
     Replica,
     Wire,

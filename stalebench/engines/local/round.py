@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
+from stalebench.engines.common import Net
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
-from stalebench.runtime.record import gradient
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error
 WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
@@ -34,33 +34,6 @@ WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 def stats_slots(num_workers: int) -> int:
     return STATS * num_workers + 1  # and rank 0's clock, which decides the wall budget
-
-
-class Net:
-    """The model a process computes gradients with, its parameters views of one flat
-    vector (a replica is loaded with one copy)."""
-
-    def __init__(self, job: Job, device: torch.device):
-        from stalebench.models.nets import flatten_parameters
-
-        self.model = job.model().to(device)
-        self.flat = flatten_parameters(self.model)
-        self.params = list(self.model.parameters())
-        self.buffers = list(self.model.buffers())
-        self.device = device
-
-    def gradient_at(
-        self, x: torch.Tensor, buffers: list[torch.Tensor], batch
-    ) -> tuple[torch.Tensor, float]:
-        """The gradient and loss of `batch` at θ = x, with the BatchNorm statistics
-        `buffers` (the caller's own, left as the forward pass updated them)."""
-        self.flat.copy_(x)
-        for mine, shared in zip(buffers, self.buffers, strict=True):
-            shared.copy_(mine)
-        out = gradient(self.model, self.params, batch, self.device)
-        for mine, shared in zip(buffers, self.buffers, strict=True):
-            mine.copy_(shared)
-        return out
 
 
 class Replica:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.local import OUTER
+from stalebench.engines.common import Net
 from stalebench.engines.local.round import (
     HEADER,
     PARAMS,
@@ -29,7 +30,6 @@ from stalebench.engines.local.round import (
     REPLY,
     STOP,
     Arrivals,
-    Net,
     Replica,
     Wire,
     async_event,

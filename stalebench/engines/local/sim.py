@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from stalebench.engines.common import Net
 from stalebench.engines.local.round import (
     HEADER,
     Arrivals,
     Exchange,
-    Net,
     Plan,
     Replica,
     Wire,
