@@ -24,7 +24,7 @@ from stalebench.engines.ps.state import Push
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime import checkpoint
-from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.faults import Faults, Shaped, WorkerLost, pad_to
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.record import RunRecord, flatten_parameters, gradient
 from stalebench.runtime.transport import Transport
@@ -93,7 +93,12 @@ class Server:
             self.stop(set(self.ps.lost))  # a resumed run: the workers lost before stay out
             status = serve(self.ps, self, self.record, self.cfg.budget, self.started_at)
             while self.active:  # a push that crossed our decision to stop: discard it
-                w, _ = self._next(0.0)
+                try:
+                    w, _ = self._next(0.0)
+                except WorkerLost as lost:  # lost after the run ended: nothing to undo
+                    log.warning("server: after the end, %s", lost)
+                    self.forget(lost.worker)
+                    continue
                 self.stop({w})
         except Exception as exc:
             status, error = "failed", str(exc)

@@ -1,0 +1,128 @@
+"""Every registered engine, in each runtime it declares: a short run completes and writes the
+run-directory contract; a worker's death ends it with summary.json written (or the engine
+goes on without the worker, when it says it survives that loss); its update events name
+only its own workers; and each profile field that shapes time is honoured (the simulated
+wall time changes) or refused before any process starts, naming the key. The engines come
+from the registry and the algorithm for each from the presets (the first one the engine
+accepts): an engine registered later is checked here without a test written for it."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from stalebench import experiment
+from stalebench.config import ENGINES
+from stalebench.errors import ConfigError
+from stalebench.plugins import load as load_plugins
+from tests.conftest import compose, preset_engines, run_job
+
+load_plugins()
+
+SMALL = [
+    "budget.max_updates=12",
+    "budget.max_wall_s=0",
+    "eval.every_s=0",
+    "eval.every_updates=6",
+    "logger=none",
+    "timeout_s=60",
+]
+CONTRACT = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt")
+
+
+@functools.cache
+def example(engine: str) -> tuple[str, ...]:
+    """Overrides for a small run of `engine`: its own preset if it has one, else the first
+    preset it accepts (by name order)."""
+    presets = preset_engines()
+    ordered = sorted(presets, key=lambda p: (presets[p] != engine, p))
+    for preset in ordered:
+        overrides = (f"algorithm={preset}", f"engine={engine}", "cluster=homogeneous", *SMALL)
+        try:
+            experiment.prepare(compose(list(overrides)))
+        except Exception:  # refused, or does not compose with this engine's config
+            continue
+        return overrides
+    raise AssertionError(f"engine={engine} accepts no preset")
+
+
+CASES = [
+    pytest.param(name, runtime, id=f"{name}-{runtime}")
+    for name in ENGINES.names()
+    for runtime in ENGINES.get(name)[0].runtimes
+]
+
+
+def run(tmp_path, name: str, runtime: str, *overrides: str):
+    overrides = [*example(name), f"runtime={runtime}", *overrides]
+    cfg = compose(overrides)
+    cfg.run_dir = str(tmp_path)
+    engine = experiment.prepare(cfg)
+    summary = experiment.run(cfg)
+    return summary, engine
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name,runtime", CASES)
+def test_an_engine_completes_and_writes_the_contract(tmp_path, name, runtime):
+    from stalebench.metrics.events import read_events, schema_errors
+
+    summary, engine = run(tmp_path, name, runtime)
+    assert summary["status"] == "completed", summary["error"]
+    assert all((tmp_path / f).exists() for f in CONTRACT)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    events = read_events(tmp_path / "events.jsonl")
+    assert not [e for e in events if schema_errors(e)]
+    assert (events[0]["event"], events[-1]["event"]) == ("start", "end")
+    workers = {e["worker"] for e in events if e["kind"] == "update"}
+    assert workers and workers <= set(range(engine.num_workers))
+    assert summary["num_workers"] == engine.num_workers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name,runtime", CASES)
+def test_a_workers_death_ends_the_run_with_its_summary(tmp_path, name, runtime):
+    die = "cluster.faults=[{worker:1,at_step:3,action:die}]"
+    try:
+        summary, engine = run(tmp_path, name, runtime, die)
+    except ConfigError as refused:
+        assert "cluster.faults" in str(refused)
+        return
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["status"] == summary["status"]
+    rank = next(r for r in range(engine.world_size()) if "worker 1" in engine.rank_name(r))
+    expected = "completed" if engine.survives_loss_of(rank) else "failed"
+    assert summary["status"] == expected, summary["error"]
+    if expected == "failed":
+        assert "worker 1" in summary["error"], summary["error"]
+
+
+# what each field does to a 2-worker run's time when it is honoured
+FIELDS = {
+    "slowdown": "cluster.slowdown=[1,3]",
+    "push_latency_ms": "cluster.push_latency_ms=40",
+    "pull_latency_ms": "cluster.pull_latency_ms=40",
+    "push_bandwidth_gbps": "cluster.push_bandwidth_gbps=0.0001",
+    "faults": "cluster.faults=[{worker:0,at_step:2,duration_s:0.5}]",
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "name", [n for n in ENGINES.names() if "sim" in ENGINES.get(n)[0].runtimes]
+)
+@pytest.mark.parametrize("field", FIELDS)
+def test_each_timing_field_is_honoured_or_refused_by_name(tmp_path, name, field):
+    base = ["cluster.num_workers=2"]
+    try:
+        changed, _ = run(tmp_path / "changed", name, "sim", *base, FIELDS[field])
+    except ConfigError as refused:
+        assert f"cluster.{field}" in str(refused)
+        return
+    plain, _ = run(tmp_path / "plain", name, "sim", *base)
+    assert changed["status"] == plain["status"] == "completed", changed["error"]
+    assert changed["wall_time_s"] > plain["wall_time_s"], (field, changed["wall_time_s"])
