@@ -3,26 +3,23 @@ round's gradients with one all-reduce, and takes the same local optimizer step (
 configured update rule with the mean gradient, worker −1, lag 0). Rank 0 writes the run
 directory.
 
-Real runtime: one all-reduce per round carries the gradient and, in a tail of 3·N + 1
-slots, each rank's compute time and loss and rank 0's stop flag, so all replicas stop on
-the same round. The cluster profile's network is paid by the transport (a ring all-reduce
-of that whole message per round), its faults and step times by the compute step.
-
-Simulator: the parameter server's loop with a synchronous barrier, its communication
-charged as one ring all-reduce per round (`RingAllReduce`), its events reported as this
-engine reports them (`RoundReport`).
+A replica is one program (`replica`) in both runtimes: one all-reduce per round carries
+the gradient and, in a tail of 3·N + 1 slots, each rank's compute time, loss and seconds
+paused and rank 0's stop flag, so all replicas stop on the same round. The cluster
+profile's network is paid by the world (a ring all-reduce of that whole message per
+round), its faults and step times by the compute step.
 
 `engine.bucket_mb > 0` sends the round in pieces that overlap backward, and with
-`engine.schedule=p3` the next forward pass too (stalebench.engines.overlap); the simulator
-models the buckets (`BucketedRing`), not P3.
+`engine.schedule=p3` the next forward pass too (stalebench.engines.overlap): those rounds
+are not yet a program. Their simulator is the parameter server's loop with a synchronous
+barrier, its communication charged as the buckets' all-reduces (`BucketedRing`, not P3),
+its events reported as this engine reports them (`RoundReport`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,12 +30,12 @@ from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.common import DataParallel
 from stalebench.engines.overlap import Layout, build_replica
-from stalebench.engines.rounds import close_round, ring_volume, round_bytes, round_slots
+from stalebench.engines.rounds import close_round, ring_volume, round_slots
 from stalebench.errors import ConfigError
 from stalebench.job import Job
-from stalebench.runtime.faults import Faults, Shaped, WorkerDied, pad_to
-from stalebench.runtime.record import RunRecord, gradient
-from stalebench.runtime.transport import Transport
+from stalebench.runtime.faults import Faults, WorkerDied
+from stalebench.runtime.record import gradient
+from stalebench.runtime.world import Op, World
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
 
@@ -116,116 +113,76 @@ class AllReduceEngine(DataParallel):
                 "shrink; use engine=ps to re-form the barrier over the survivors"
             )
 
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        if self.cfg.bucket_mb:
-            from stalebench.engines.overlap import overlapped
+    def program(self, job, world):
+        return replica(job, world)
 
-            return overlapped(job, rank, ctx.run_dir, ctx.transport)
-        return replica(job, rank, ctx.run_dir, ctx.transport)
+    @property
+    def has_program(self) -> bool:
+        return not self.cfg.bucket_mb  # the rounds in pieces: still run_rank and simulate
+
+    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
+        from stalebench.engines.overlap import overlapped
+
+        return overlapped(job, rank, ctx.run_dir, ctx.transport)
 
     def simulate(self, job, run_dir) -> dict[str, Any]:
         from stalebench.engines.ps.sim import simulate
 
-        if not self.cfg.bucket_mb:
-            return simulate(job, run_dir, RingAllReduce.build)
         sizes = [p.numel() for p in job.model().parameters()]
         return simulate(job, run_dir, lambda prof, _: BucketedRing.build(prof, sizes, self.cfg))
 
 
-def replica(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
-    n = job.cfg.cluster.num_workers
+def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
+    """One replica's program: a round's gradient and statistics in one all-reduce, then the
+    mean gradient's step; rank 0 reports the round and decides the stop, which the next
+    round's message carries to every rank (that round is not applied)."""
+    n, rank, record, profile = job.num_workers, world.rank, world.record, job.profile
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
     in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
-    d = params.numel()
+    d, batches = params.numel(), job.batches(rank)
     buf = torch.zeros(round_slots(d, n))
-    batches = job.batches(rank)
-    profile = job.profile
-    faults = Faults(profile, rank)
-    network = Shaped(transport, profile, faults)  # a round costs the profile's ring all-reduce
-    record = RunRecord(job, run_dir) if rank == 0 else None
-    status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
-    gradient(net, net_params, (job.splits.x_train[:1], job.splits.y_train[:1]), device)  # warm-up
-    network.barrier()
-    t0 = time.perf_counter()
+    world.faults = Faults(profile, rank)
+    status, error, stop, version, bytes_sent, t_last = "completed", None, False, 0, 0, 0.0
+    x, y = job.splits.x_train[:1], job.splits.y_train[:1]
+    yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
+    if record is not None:
+        record.snapshots.maybe(0.0, 0, params)
+
+    def step() -> float:
+        if not in_place:
+            vector_to_parameters(params.to(device), net_params)
+        return gradient(net, net_params, next(batches), device, out=buf[:d])[1]
+
     try:
         while True:
-            now = time.perf_counter() - t0
-            paused = faults.strike(now, lambda at, s: time.sleep(s)) - now  # stalls the round
-            start = time.perf_counter()
-            if not in_place:
-                vector_to_parameters(params.to(device), net_params)
-            _, loss = gradient(net, net_params, next(batches), device, out=buf[:d])
-            target_s = profile.step_s(rank)
-            pad_to(start, target_s)
-            compute = time.perf_counter() - start
+            paused = yield from world.strike()  # a pause stalls the round
+            loss, compute = yield from world.compute(step, profile.step_s(rank))
             buf[d:].zero_()
             buf[d + 3 * rank : d + 3 * rank + 3] = torch.tensor([compute, loss, paused])
             buf[-1] = float(stop)
-            # the modelled network is part of the all-reduce's time (comm_s), as in the sim
-            reduce_start = time.perf_counter()
-            network.all_reduce_start(buf).wait()  # its time: the profile's, or gloo's if longer
-            reduce_s = time.perf_counter() - reduce_start
+            reduce_start = world.now()
+            yield from world.all_reduce(buf)  # the profile's ring time, or gloo's if longer
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
                 break
             rule.step(params, buf[:d].div_(n), -1, 0)
             version += 1
             bytes_sent += ring_volume(buf.numel() * 4, n)
             if record is not None:
-                t, stats = time.perf_counter() - t0, buf[d:-1].view(n, 3)
-                bad, spent_ = close_round(record, t, version, stats, reduce_s, compute, params)
+                t_last, stats = world.now(), buf[d:-1].view(n, 3)
+                reduce_s = t_last - reduce_start
+                bad, spent_ = close_round(record, t_last, version, stats, reduce_s, compute, params)
                 status = "diverged" if bad else status
                 stop = stop or bad or spent_
     except WorkerDied:
-        raise  # its process exits; the others lose it in the next all-reduce
+        raise  # it is lost; the others lose it in the next all-reduce
     except Exception as exc:
-        status, error = "failed", str(exc)
+        status, error, t_last = "failed", str(exc), world.now()
         if record is None:
             raise
     if record is None:
         return None
-    return record.finish(
-        model, params, version, time.perf_counter() - t0, status, error, bytes_sent=bytes_sent
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class RingAllReduce:
-    """One ring all-reduce of a round's message per synchronous round: it starts when the
-    slowest worker ends its compute, takes `round_s`, and leaves the mean with every worker.
-
-    As push delays: every gradient reaches the update `round_s` after its worker's compute
-    ends, and parameters need no further delay; under a barrier that waits for the whole
-    round this ends each round exactly at max(compute) + round_s, since
-    max_w(c_w + a) = max_w(c_w) + a. It is only meaningful for such barriers.
-    """
-
-    round_s: float
-    volume: int  # bytes all workers send in one all-reduce
-    num_workers: int
-    profile: Profile
-    nbytes: int  # one worker's message
-
-    @classmethod
-    def build(cls, profile: Profile, num_params: int) -> RingAllReduce:
-        n = profile.cfg.num_workers
-        nbytes = round_bytes(num_params, n)  # the real engine's message, tail included
-        return cls(profile.allreduce_s(nbytes), ring_volume(nbytes, n), n, profile, nbytes)
-
-    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
-        """A worker whose sends are slowed enters the ring later by what its slowness adds to
-        the round, so the round ends that much later (the real engine: it sleeps longer
-        before the all-reduce, which waits for it)."""
-        return self.profile.allreduce_s(self.nbytes, slow_s)
-
-    def pull_s(self) -> float:
-        return 0.0
-
-    def bytes_sent(self, updates: int) -> int:
-        return updates * self.volume
-
-    def reporting(self, emit: Emit) -> Emit:
-        return RoundReport(emit, self.num_workers, lambda slowest: self.round_s)
+    return record.finish(model, params, version, t_last, status, error, bytes_sent=bytes_sent)
 
 
 @dataclasses.dataclass(frozen=True)
