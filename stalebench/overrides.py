@@ -7,10 +7,10 @@ from collections.abc import Iterable
 
 
 def keeps_preset_name(overrides: Iterable[str]) -> bool:
-    """False when a barrier or update rule (an inner optimizer or outer rule) was swapped
-    without `algorithm.name=`: the run is then no longer the named preset and is labelled by
-    its parts (`<barrier>+<update>`, `<outer>+<inner>`)."""
-    overrides = list(overrides)
-    parts = ("algorithm/barrier=", "algorithm/update=", "algorithm/inner=", "algorithm/outer=")
-    swapped = any(o.startswith(parts) for o in overrides)
+    """False when a part of the algorithm (`algorithm/<part>=`: a barrier, update rule,
+    inner optimizer, outer rule, gossip rule, pipeline schedule or stage optimizer, or one a
+    plugin adds) was swapped without `algorithm.name=`: the run is then no longer the named
+    preset and is labelled by its parts (`<barrier>+<update>`, `<outer>+<inner>`, ...)."""
+    overrides = [o.lstrip("+~") for o in overrides]
+    swapped = any(o.startswith("algorithm/") and "=" in o for o in overrides)
     return not swapped or any(o.startswith("algorithm.name=") for o in overrides)

@@ -200,3 +200,22 @@ def test_pipeline_presets_share_one_setup_file():
 )
 def test_the_cli_labels_a_run_by_its_parts_once_a_barrier_or_rule_is_swapped(overrides, label):
     assert run_config(overrides).algorithm.label == label
+
+
+@pytest.mark.parametrize(
+    "overrides,label",
+    [
+        (["algorithm=sgp", "algorithm/gossip=dpsgd"], "dpsgd+momentum"),
+        (["algorithm=nesterov_pp", "algorithm/optimizer=adamw"], "async_1f1b+adamw"),
+        (["algorithm=diloco", "algorithm/inner=sgd"], "nesterov+sgd"),
+        (["algorithm=ssp", "algorithm/update=dana"], "ssp+dana"),
+        (["algorithm=sgp", "algorithm/gossip=dpsgd", "algorithm.name=mine"], "mine"),
+        (["algorithm=sgp", "algorithm.gossip.overlap=1"], "sgp"),  # a setting, not a part
+    ],
+)
+def test_a_run_whose_algorithm_part_was_swapped_is_labelled_by_its_parts(overrides, label):
+    """Every slot an engine composes, not only barrier and update: `algorithm=sgp
+    algorithm/gossip=dpsgd` runs D-PSGD, and must not be reported as SGP."""
+    from tests.conftest import compose
+
+    assert compose(overrides).algorithm.label == label
