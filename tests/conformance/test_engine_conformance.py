@@ -17,7 +17,7 @@ from stalebench import experiment
 from stalebench.config import ENGINES
 from stalebench.errors import ConfigError
 from stalebench.plugins import load as load_plugins
-from tests.conftest import compose, preset_engines, run_job
+from tests.conftest import compose, preset_engines
 
 load_plugins()
 
