@@ -1,6 +1,6 @@
 """Sweeps through Hydra's other launchers: joblib runs jobs in parallel on one machine, real
 multi-process jobs side by side without colliding (each its own directory, store port and
-process group); the SLURM launcher (submitit) composes with the settings the README shows."""
+process group); the SLURM launcher (submitit) composes with the settings docs/usage.md shows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.integration.test_cli import FAST, stalebench
 
 pytestmark = pytest.mark.slow
 
-# the README's SLURM example, as overrides
+# docs/usage.md's SLURM example, as overrides
 SLURM = [
     "hydra/launcher=submitit_slurm",
     "hydra.launcher.partition=gpu",

@@ -1,7 +1,7 @@
 """Every validation path, in process: each case is bad input that must be refused before
 any process starts, with a message naming the config key and the bad value. Cases that
 need a file or a registry are below the table. `python -m coverage` over tests/unit
-reports which `raise ConfigError` sites this leaves unexecuted (see the README)."""
+reports which `raise ConfigError` sites this leaves unexecuted (see docs/testing.md)."""
 
 from __future__ import annotations
 
