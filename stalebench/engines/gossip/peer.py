@@ -51,6 +51,7 @@ class Peer:
         self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
         self.rows: list[list[float]] = []
+        self.inbox = torch.empty(self.d + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
 
     def run(self) -> Op[dict[str, Any] | None]:
@@ -94,17 +95,17 @@ class Peer:
         for peer in rule.out_peers(self.rank, k):
             sends.append(((yield from world.isend(message, peer)), peer))
         self.in_flight.append((k, message, sends))
-        yield from self.settle(k - rule.delay)
+        if self.in_flight[0][0] < k - rule.delay:
+            yield from self.settle(k - rule.delay)
         wait, comm = self.carried
         comm += len(sends) * self.job.profile.push_s(self.msg_bytes, node.faults.slow_s)
         took = k >= rule.delay
         if took:  # the messages the in-peers sent at k − τ
             pull_s = self.job.profile.pull_s(self.msg_bytes)
             for peer in rule.in_peers(self.rank, k - rule.delay):
-                buf = torch.empty(self.d + 1)
-                wait += yield from world.recv(buf, peer)
+                wait += yield from world.recv(self.inbox, peer)
                 comm += pull_s
-                node.receive(buf)
+                node.receive(self.inbox)
         if rule.mixes_first:
             node.step(grad)
         self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
@@ -147,9 +148,9 @@ class Peer:
         yield from world.all_reduce(stats)
         comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
         self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
-        self.nbytes += ring_volume(z_bytes, n) + ring_volume(stats_bytes, n)
-        self.nbytes += gossip_bytes(self.rule, self.first, version, self.d)
-        if record is not None:
+        if record is not None:  # rank 0 counts every rank's bytes
+            self.nbytes += ring_volume(z_bytes, n) + ring_volume(stats_bytes, n)
+            self.nbytes += gossip_bytes(self.rule, self.first, version, self.d)
             m = len(self.rows)
             rows = stats[: n * width].view(n, self.every, len(ROW))[:, :m].numpy()
             report(record.events.emit, self.first, rows, stats[n * width : -2].numpy())
