@@ -11,8 +11,9 @@ import torch
 from stalebench.algorithms.base import UPDATES
 from stalebench.algorithms.updates import MomentumConfig, SGDConfig
 from stalebench.cluster import ClusterConfig, Profile
-from stalebench.engines.allreduce import AllReduceConfig, BucketedRing, RingAllReduce
+from stalebench.engines.allreduce import AllReduceConfig, BucketedRing
 from stalebench.engines.overlap import Layout
+from stalebench.engines.rounds import ring_volume, round_bytes
 from stalebench.runtime.link import FORWARD, LinkClock
 
 TAIL = 7  # 3·N + 1 slots for N = 2
@@ -112,8 +113,8 @@ def test_the_simulated_buckets_end_when_the_last_is_through():
     )
     assert len(net.layout.pieces) == 3
     assert net.push_s(step_s=1.0) == pytest.approx(FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0)
-    # one bucket: the one-message round's all-reduce after the whole step
+    # one bucket: the one-message round's all-reduce (gradient and tail) after the whole step
     one = BucketedRing.build(latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=1))
-    ring = RingAllReduce.build(latency_only(250), 300)
-    assert one.push_s(step_s=1.0) == pytest.approx(ring.push_s())
-    assert one.bytes_sent(5) == ring.bytes_sent(5)
+    message = round_bytes(300, 2)
+    assert one.push_s(step_s=1.0) == pytest.approx(latency_only(250).allreduce_s(message))
+    assert one.bytes_sent(5) == 5 * ring_volume(message, 2)

@@ -8,8 +8,8 @@ virtual time exactly as they would block a real worker, and `t` in the events is
 time. Deterministic for a config and seed: ties in time are broken by scheduling order.
 
 What communication costs is a `Network`: a parameter server's point-to-point messages
-(`PointToPoint`), or one ring all-reduce per synchronous round (`RingAllReduce`, for the
-allreduce engine); the port only asks it for delays, never which one it is.
+(`PointToPoint`), or the buckets' all-reduces of a synchronous round (the allreduce
+engine's rounds in pieces); the port only asks it for delays, never which one it is.
 """
 
 from __future__ import annotations
