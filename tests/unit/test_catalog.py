@@ -1,6 +1,7 @@
 """`stalebench list`: every registered component and YAML preset, one line each, plugins
 included."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,13 @@ from stalebench.models import MODELS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def listed(*imports: str) -> str:
+def listed(*imports: str, path: Path | None = None) -> str:
     code = "".join(f"import {m}; " for m in imports) + "from stalebench.cli import main; main()"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (path, ROOT) if p)}
     out = subprocess.run(
-        [sys.executable, "-c", code, "list"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, "-c", code, "list"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -37,8 +40,11 @@ def test_list_names_every_component_with_a_description():
     assert all(title in text for title in titles)
 
 
-def test_list_includes_a_plugin_registered_outside_the_package():
-    text = listed("tests.integration.test_engine_registry")
+def test_list_includes_a_plugin_registered_outside_the_package(tmp_path):
+    """The engine guide's example (docs/engines.md), as a user's module outside the package."""
+    guide = (ROOT / "docs" / "engines.md").read_text()
+    (tmp_path / "guide_engine.py").write_text(guide.split("```python\n", 1)[1].split("```", 1)[0])
+    text = listed("guide_engine", path=tmp_path)
     (line,) = [ln for ln in text.splitlines() if ln.split()[:1] == ["sequential"]]
     assert "One process trains alone" in line
 
