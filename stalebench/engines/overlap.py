@@ -135,7 +135,7 @@ class Rounds:
     and the update once a round's pieces are in."""
 
     def __init__(self, job: Job, rank: int, net, net_params, params, rule, network: Shaped):
-        eng, n = job.cfg.engine, job.cfg.cluster.num_workers
+        eng, n = job.cfg.engine, job.num_workers
         self.p3, self.n, self.rank = eng.schedule == "p3", n, rank
         nominal = measure_step(job, rank, net, net_params, network)  # before any hook
         sizes = [p.numel() for p in net_params]
@@ -247,7 +247,7 @@ def build_replica(job: Job, device: torch.device):
     CPU the net's parameters are views of θ, so an update needs no copy."""
     model = job.model()
     params = parameters_to_vector(model.parameters()).detach().clone()
-    rule = UPDATES.build(job.cfg.algorithm.update, params, job.cfg.cluster.num_workers)
+    rule = UPDATES.build(job.cfg.algorithm.update, params, job.num_workers)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: DDP's tensors
     net = job.model().to(device)
     if device.type == "cpu":
@@ -258,7 +258,7 @@ def build_replica(job: Job, device: torch.device):
 def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
     """One replica of engine=allreduce with its rounds in pieces (the one-message round's
     `replica`, with `Rounds` in place of the single all-reduce)."""
-    n = job.cfg.cluster.num_workers
+    n = job.num_workers
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
     batches, profile, faults = job.batches(rank), job.profile, Faults(job.profile, rank)

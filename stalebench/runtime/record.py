@@ -52,7 +52,7 @@ class RunRecord:
         """Record a worker the run goes on without (`gone`: how many it has lost, this one
         included); losing the last one ends the run."""
         self.events.emit("worker", t, worker=lost.worker, event="lost", reason=str(lost))
-        if gone == self.job.cfg.cluster.num_workers:
+        if gone == self.job.num_workers:
             raise RunError(f"every worker is lost (the last: {lost})")
 
     def finish(

@@ -209,3 +209,26 @@ def test_no_engine_imports_another_engines_package():
                 if other not in SHARED_ENGINE_MODULES | {me} and (me, other) not in BORROWED:
                     found.append(f"{'/'.join(rel)}:{node.lineno} imports {node.module}")
     assert not found, found
+
+
+def test_the_number_of_workers_has_one_source_the_engines():
+    """Engines and runtimes read how many workers compute from the engine (`job.num_workers`,
+    `Engine.num_workers`), never from `cluster.num_workers` directly: an engine whose
+    computing processes are not the cluster's workers (a pipeline's stages, one process)
+    would otherwise shard, count and build by the wrong number. Only the base's default reads
+    the cluster (and messages, which name the key the user set)."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] not in ("engines", "runtime") or rel == Path("engines/base.py"):
+            continue
+        quoted = {
+            id(n) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            if id(node) in quoted:
+                continue
+            if isinstance(node, ast.Attribute) and node.attr == "num_workers":
+                if isinstance(node.value, ast.Attribute) and node.value.attr == "cluster":
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, found

@@ -37,7 +37,7 @@ ROW = ("t", "loss", "compute_s", "wait_s", "comm_s", "paused_s", "lag")
 
 
 def mixing(job: Job) -> Mixing:
-    return GOSSIP.build(job.cfg.algorithm.gossip, job.cfg.cluster.num_workers)
+    return GOSSIP.build(job.cfg.algorithm.gossip, job.num_workers)
 
 
 class Node:

@@ -63,7 +63,7 @@ class Worker:
 
     def __init__(self, job: Job, rank: int, run_dir: Path, transport: Transport):
         cfg, e = job.cfg, job.cfg.engine
-        self.job, self.rank, self.m, self.e = job, rank, cfg.cluster.num_workers, e
+        self.job, self.rank, self.m, self.e = job, rank, job.num_workers, e
         self.net = Net(job, job.device(rank))
         self.theta = self.net.flat.detach().cpu().clone()  # θ₀, the same in every process
         self.rep = Replica(job, rank, self.theta, self.net)

@@ -155,7 +155,7 @@ class Exchange:
     simulator."""
 
     def __init__(self, job: Job, theta: torch.Tensor, wire: Wire):
-        a, m = job.cfg.algorithm, job.cfg.cluster.num_workers
+        a, m = job.cfg.algorithm, job.num_workers
         self.rule: OuterRule = OUTER.build(a.outer, theta, m)
         self.num_workers, self.wire, self.d = m, wire, theta.numel()
         self.gathers = wire.gathers  # int8: the payload is all-gathered, not all-reduced
@@ -297,7 +297,7 @@ class Arrivals:
 
     def __init__(self, job: Job, theta: torch.Tensor):
         a, e = job.cfg.algorithm, job.cfg.engine
-        self.num_workers = job.cfg.cluster.num_workers
+        self.num_workers = job.num_workers
         self.rule: OuterRule = OUTER.build(a.outer, theta, self.num_workers)
         self.theta, self.steps, self.dynamic = theta, a.outer.inner_steps, e.dynamic_local
         self.version = 0

@@ -56,7 +56,7 @@ class Server:
 
     def __init__(self, job: Job, run_dir: Path, transport: Transport):
         self.job, self.cfg, self.transport = job, job.cfg, transport
-        self.m = job.cfg.cluster.num_workers
+        self.m = job.num_workers
         self.record = RunRecord(job, run_dir)
         self.net = Net(job, torch.device("cpu"))
         self.theta = self.net.flat.detach().clone()
@@ -158,7 +158,7 @@ def work(job: Job, worker: int, transport: Transport) -> None:
     d = net.flat.numel()
     rep, wire = Replica(job, worker, net.flat.detach().cpu(), net), wire_of(job, net)
     transport = Shaped(transport, profile, rep.faults)
-    rule = OUTER.build(cfg.algorithm.outer, torch.zeros(d), cfg.cluster.num_workers)
+    rule = OUTER.build(cfg.algorithm.outer, torch.zeros(d), job.num_workers)
     inbox, header = torch.empty(REPLY + d), torch.zeros(HEADER)
     warm = (job.splits.x_train[:1], job.splits.y_train[:1])
     gradient(net.model, net.params, warm, net.device)

@@ -60,7 +60,7 @@ def setup(job: Job, run_dir: Path):
 
 
 def simulate(job: Job, run_dir: Path) -> dict[str, Any]:
-    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
+    cfg, m, profile, e = job.cfg, job.num_workers, job.profile, job.cfg.engine
     record, net, theta, reps = setup(job, run_dir)
     plan = Plan(e.mode, cfg.algorithm.outer.inner_steps, e.fragments, e.delay, theta.numel())
     parts = [plan.part(p) for p in range(plan.fragments)]
@@ -143,7 +143,7 @@ def simulate_async(job: Job, run_dir: Path) -> dict[str, Any]:
     """engine.mode=async on the virtual clock: a worker's round (its H steps at the profile's
     step times, and pauses) is computed when it receives θ, and its Δ arrives at the server
     the push delay after; arrivals are applied in time order (ties: in scheduling order)."""
-    cfg, m, profile, e = job.cfg, job.cfg.cluster.num_workers, job.profile, job.cfg.engine
+    cfg, m, profile, e = job.cfg, job.num_workers, job.profile, job.cfg.engine
     record, net, theta, reps = setup(job, run_dir)
     server = Arrivals(job, theta)
     wire = Wire(e.quantize, segments([p.numel() for p in net.params], slice(0, theta.numel())))

@@ -45,7 +45,7 @@ class Port(Protocol):
 
 def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, ParameterServer]:
     """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
-    cfg, n = job.cfg, job.cfg.cluster.num_workers
+    cfg, n = job.cfg, job.num_workers
     model = job.model()
     params = parameters_to_vector(model.parameters()).detach().clone()
     barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)

@@ -64,7 +64,7 @@ class Server:
     def __init__(self, job: Job, run_dir: Path, transport: Transport):
         cfg = job.cfg
         self.job, self.cfg, self.transport = job, cfg, transport
-        self.n = cfg.cluster.num_workers
+        self.n = job.num_workers
         resume = checkpoint.load(run_dir) if cfg.resume else None
         self.record = RunRecord(job, run_dir, resume=resume)
         self.model, self.ps = build_server(job, self.record.events.emit)
@@ -212,7 +212,7 @@ def work(job: Job, rank: int, transport: Transport) -> None:
     of a lost worker — its index, clock and the run time come in its first reply — or for
     the end of the run."""
     cfg, profile = job.cfg, job.profile
-    spare = rank > cfg.cluster.num_workers
+    spare = rank > job.num_workers
     transport = Shaped(transport, profile)
     device = job.device(rank - 1)
     model = job.model().to(device)

@@ -117,7 +117,7 @@ class SimPort:
                 [b.detach().clone() for b in self.compute.buffers()],
                 Faults(job.profile, w),
             )
-            for w in range(cfg.cluster.num_workers)
+            for w in range(job.num_workers)
         ]
         self.queue = EventQueue()  # a push arriving at the server, by worker
         self.t = 0.0
