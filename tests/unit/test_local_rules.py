@@ -265,10 +265,8 @@ def test_merges_keep_the_steps_since_the_send_or_mix_by_alpha():
     from stalebench.engines.local.round import Exchange
 
     job = SimpleNamespace(
-        cfg=SimpleNamespace(
-            algorithm=SimpleNamespace(outer=OuterConfig(name="average")),
-            cluster=SimpleNamespace(num_workers=2),
-        )
+        num_workers=2,
+        cfg=SimpleNamespace(algorithm=SimpleNamespace(outer=OuterConfig(name="average"))),
     )
     ex = Exchange(job, vec(0.0), Wire("none", [(0, 1)]))
     # sent at θ = 1 with x_sent = 0.5 (Δ = 0.5); since then x moved to 0.25; θ became 0.4
