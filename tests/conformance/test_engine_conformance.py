@@ -59,9 +59,8 @@ def run(tmp_path, name: str, runtime: str, *overrides: str):
     overrides = [*example(name), f"runtime={runtime}", *overrides]
     cfg = compose(overrides)
     cfg.run_dir = str(tmp_path)
-    engine = experiment.prepare(cfg)
-    summary = experiment.run(cfg)
-    return summary, engine
+    engine = experiment.prepare(cfg)  # once: the run below is in a fresh directory
+    return experiment.launch(cfg, engine), engine
 
 
 @pytest.mark.slow

@@ -95,8 +95,7 @@ class Peer:
         for peer in rule.out_peers(self.rank, k):
             sends.append(((yield from world.isend(message, peer)), peer))
         self.in_flight.append((k, message, sends))
-        if self.in_flight[0][0] < k - rule.delay:
-            yield from self.settle(k - rule.delay)
+        yield from self.settle(k - rule.delay)
         wait, comm = self.carried
         comm += len(sends) * self.job.profile.push_s(self.msg_bytes, node.faults.slow_s)
         took = k >= rule.delay
