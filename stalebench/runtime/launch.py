@@ -95,8 +95,11 @@ def run_rank(
     try:
         if engine.has_program:
             record = RunRecord(job, run_dir) if rank == 0 else None
-            world = RealWorld(rank, world_size, transport, job.profile, record)
-            summary = run_program(engine.program(job, world))
+            world = RealWorld(rank, world_size, transport, job.profile, record, run_dir)
+            try:
+                summary = run_program(engine.program(job, world))
+            finally:
+                world.close()
         else:
             summary = engine.run_rank(job, rank, ctx)
         status = f": {summary['status']}" if summary else ""

@@ -52,6 +52,10 @@ class SimWorld(World):
     def now(self) -> float:
         return self.clock
 
+    @property
+    def events(self):
+        return self.sim.record.events
+
     def shared(self, key: str, build: Callable[[], T]) -> T:
         if key not in self.sim.shared:
             self.sim.shared[key] = build()

@@ -29,10 +29,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from stalebench.metrics.events import EventLog
 from stalebench.runtime.faults import Faults, Shaped, pad_to
 from stalebench.runtime.transport import Transport
 
@@ -73,6 +75,12 @@ class World:
 
     def now(self) -> float:
         """Run time: seconds since every rank started (real or virtual)."""
+        raise NotImplementedError
+
+    @property
+    def events(self) -> EventLog:
+        """The run's events.jsonl, for a rank that writes its own events (rank 0's is
+        `record.events`; the others append to the same file once `begin` has passed)."""
         raise NotImplementedError
 
     def shared(self, key: str, build: Callable[[], T]) -> T:
@@ -119,11 +127,26 @@ class RealWorld(World):
     """A process of the real runtime: gloo messages through the profile's `Shaped` network,
     time by `time.perf_counter` from the barrier that starts the run."""
 
-    def __init__(self, rank: int, size: int, transport: Transport, profile: Profile, record):
+    def __init__(
+        self, rank: int, size: int, transport: Transport, profile: Profile, record, run_dir: Path
+    ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.net = Shaped(transport, profile)
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
+        self._events = record.events if record is not None else None
+        self.run_dir = run_dir
+
+    @property
+    def events(self) -> EventLog:
+        if self._events is None:
+            self._events = EventLog(self.run_dir / "events.jsonl")
+        return self._events
+
+    def close(self) -> None:
+        """Close what this rank opened (its own events.jsonl handle)."""
+        if self._events is not None and self.record is None:
+            self._events.close()
 
     @property
     def faults(self) -> Faults | None:  # type: ignore[override]

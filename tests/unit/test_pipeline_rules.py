@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ from stalebench.algorithms.pipeline import (
     stage_hyper,
 )
 from stalebench.data import Chars, CharsConfig, generated_corpus
-from stalebench.engines.pipeline.run import build_stages, microbatches
-from stalebench.engines.pipeline.stage import Timeline, ops, split
+from stalebench.engines.pipeline.program import build_stages, microbatches
+from stalebench.engines.pipeline.stage import ops, split
 from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.metrics.events import read_events
@@ -183,16 +184,25 @@ def test_gpipe_op_order_flushes_every_step():
     assert got == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2), ("U", 0), ("F", 3)]
 
 
-def test_timeline_1f1b_is_fully_busy_and_gpipe_pays_the_bubble():
-    f, b, K, M = 1.0, 2.0, 4, 4
-    tl = Timeline(PipelineConfig(stages=K), f, b)
-    # after warm-up every stage updates once per f + b (100 % utilization)
-    gaps = {tl.update_time(k, n + 1) - tl.update_time(k, n) for k in range(K) for n in (20, 30)}
-    assert gaps == {f + b}
-    g = Timeline(PipelineConfig(stages=K, schedule="gpipe", microbatches=M), f, b)
-    # fill and drain: a step takes (M + K − 1)(f + b)
-    assert g.update_time(0, 1) - g.update_time(0, 0) == (M + K - 1) * (f + b)
-    assert g.update_time(0, 0) == (M + K - 1) * (f + b)
+def update_times(events: list[dict], stage: int) -> list[float]:
+    ups = [e for e in events if e["kind"] == "update" and e["worker"] == stage]
+    return [e["t"] for e in sorted(ups, key=lambda e: e["version"])]
+
+
+def test_in_the_simulator_1f1b_is_fully_busy_and_gpipe_pays_the_bubble(tmp_path):
+    # compute_ms = 30: a microbatch's forward f = 10 ms, backward b = 20 ms on each stage
+    K, M, step = 4, 4, 0.030
+    _, events = sim(tmp_path / "1f1b", "budget.max_updates=40", "cluster.compute_ms=30")
+    for k in range(K):  # after warm-up every stage updates once per f + b (fully busy)
+        t = update_times(events, k)
+        assert [round(b - a, 9) for a, b in pairwise(t[10:])] == [step] * 29
+    # the last stage's first update: the forward through all K stages, then its backward
+    assert update_times(events, K - 1)[0] == pytest.approx(K * step / 3 + 2 * step / 3)
+    gpipe = ["algorithm=gpipe", f"algorithm.pipeline.microbatches={M}", "cluster.compute_ms=120"]
+    _, events = sim(tmp_path / "gpipe", "budget.max_updates=5", *gpipe)
+    t = update_times(events, 0)  # fill and drain: a step takes (M + K − 1)(f + b)
+    assert t[0] == pytest.approx((M + K - 1) * step)
+    assert [round(b - a, 9) for a, b in pairwise(t)] == [round((M + K - 1) * step, 9)] * 4
 
 
 def test_split_spreads_blocks_and_keeps_embedding_and_head_at_the_ends():
@@ -249,7 +259,7 @@ def reference_run(cfg, stash: bool, steps: int) -> list[float]:
     AdamW steps its current weights."""
     job = Job.build(cfg)
     pipe = cfg.algorithm.pipeline
-    _, modules = build_stages(job)
+    _, modules, _ = build_stages(job)
     K = pipe.stages
     names = [[n for n, _ in mod.named_parameters()] for mod in modules]
     hist = [[[p.detach().clone() for p in mod.parameters()]] for mod in modules]

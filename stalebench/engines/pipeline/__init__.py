@@ -1,10 +1,8 @@
-"""engine=pipeline: the model cut into K stages, one process each (set by the pipeline
-presets). `stage` holds the pure parts (a stage's numerics, the op order, the timeline);
-`real` drives them in processes, `sim` in the simulator, `run` holds what both share."""
+"""engine=pipeline: the model cut into K stages, one rank each (set by the pipeline
+presets). `stage` holds the pure parts (a stage's numerics, its op order); `program` is what
+a stage's rank does, in both runtimes."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from stalebench.algorithms.pipeline import OPTIMIZERS
 from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
@@ -79,12 +77,7 @@ class PipelineEngine(Engine):
             )
         split(model, pipe.stages)
 
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        from stalebench.engines.pipeline.real import stage_process
+    def program(self, job, world):
+        from stalebench.engines.pipeline.program import StageProgram
 
-        return stage_process(job, rank, ctx.run_dir, ctx.transport)
-
-    def simulate(self, job, run_dir) -> dict[str, Any]:
-        from stalebench.engines.pipeline.sim import simulate
-
-        return simulate(job, run_dir)
+        return StageProgram(job, world).run()

@@ -1,12 +1,10 @@
-"""The pipeline engine's pure parts: a stage's numerics, each stage's op order, and the
-timeline those ops make.
+"""The pipeline engine's pure parts: a stage's numerics and each stage's op order.
 
 A `Stage` holds one contiguous slice of the model, its optimizer, and the points (weight
 versions) its in-flight microbatches were forwarded with. Both runtimes drive stages
-through the same three calls, `forward`, `backward`, `apply`, so the single-process
-simulation and the multi-process pipeline compute the same numbers by construction
-(docs/algorithms.md §10.7): the sim calls them in microbatch order with the version each stage
-would hold at that moment, the real runtime in 1F1B order with the version it does hold.
+through the same three calls, `forward`, `backward`, `apply`, in the order of its
+schedule (`ops`), from one program (`program.py`): the simulator and the processes compute
+the same numbers by construction (docs/algorithms.md §10.7).
 
 A backward recomputes the stage's forward from its stored input (PipeDream's
 `--recompute`): with weight stashing at the point the forward used, without it at the
@@ -171,48 +169,3 @@ def ops(stage: int, pipe: PipelineConfig) -> Iterator[tuple[str, int]]:
         yield ("B", m)
         yield ("U", m)
         m += 1
-
-
-class Timeline:
-    """When each stage's updates happen on a virtual clock, given per-microbatch op costs
-    (forward f, backward b seconds per stage) and the dependencies F(k−1, m) → F(k, m) and
-    B(k+1, m) → B(k, m) (the last stage's backward follows its forward). Ops are replayed
-    in each stage's order, so a schedule's bubbles appear by themselves."""
-
-    def __init__(self, pipe: PipelineConfig, f: float, b: float):
-        self.pipe, self.cost = pipe, {"F": f, "B": b, "U": 0.0}
-        k_all = range(pipe.stages)
-        self.orders = [ops(k, pipe) for k in k_all]
-        self.pending = [next(o) for o in self.orders]
-        self.free = [0.0] * pipe.stages
-        self.done: dict[tuple[str, int, int], float] = {}
-        self.updates: list[list[float]] = [[] for _ in k_all]
-
-    def _ready(self, k: int, op: str, m: int) -> float | None:
-        if op == "F":
-            return 0.0 if k == 0 else self.done.get(("F", k - 1, m))
-        if op == "B":
-            dep = ("F", k, m) if k == self.pipe.stages - 1 else ("B", k + 1, m)
-            return self.done.get(dep)
-        return 0.0
-
-    def update_time(self, stage: int, n: int) -> float:
-        """Time at which `stage` completes its update number n (0-based)."""
-        while len(self.updates[stage]) <= n:
-            progressed = False
-            for k in range(self.pipe.stages):
-                op, m = self.pending[k]
-                ready = self._ready(k, op, m)
-                if ready is None:
-                    continue
-                end = max(ready, self.free[k]) + self.cost[op]
-                self.free[k] = end
-                if op == "U":
-                    self.updates[k].append(end)
-                else:
-                    self.done[(op, k, m)] = end
-                self.pending[k] = next(self.orders[k])
-                progressed = True
-            if not progressed:
-                raise RuntimeError("pipeline timeline is stuck: a schedule deadlocks")
-        return self.updates[stage][n]
