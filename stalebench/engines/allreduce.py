@@ -10,16 +10,15 @@ profile's network is paid by the world (a ring all-reduce of that whole message 
 round), its faults and step times by the compute step.
 
 `engine.bucket_mb > 0` sends the round in pieces that overlap backward, and with
-`engine.schedule=p3` the next forward pass too (stalebench.engines.overlap): those rounds
-are not yet a program. Their simulator is the parameter server's loop with a synchronous
-barrier, its communication charged as the buckets' all-reduces (`BucketedRing`, not P3),
-its events reported as this engine reports them (`RoundReport`).
+`engine.schedule=p3` the next forward pass too. In real processes those rounds are not yet
+a program: `overlapped` (stalebench.engines.overlap) posts the pieces from backward hooks on
+a link thread. In the simulator they run as `replica`, the round's all-reduce lasting what
+the buckets take behind the modelled backward (`BucketedRing`; fifo only, not P3).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,9 +35,6 @@ from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World
-
-Emit = Callable[..., Any]  # emit(kind, t, **fields)
-
 
 SCHEDULES = ("fifo", "p3")
 
@@ -118,18 +114,13 @@ class AllReduceEngine(DataParallel):
 
     @property
     def has_program(self) -> bool:
-        return not self.cfg.bucket_mb  # the rounds in pieces: still run_rank and simulate
+        # the rounds in pieces of real processes: still `overlapped` (run_rank)
+        return not (self.cfg.bucket_mb and self.run.runtime == "real")
 
     def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
         from stalebench.engines.overlap import overlapped
 
         return overlapped(job, rank, ctx.run_dir, ctx.transport)
-
-    def simulate(self, job, run_dir) -> dict[str, Any]:
-        from stalebench.engines.ps.sim import simulate
-
-        sizes = [p.numel() for p in job.model().parameters()]
-        return simulate(job, run_dir, lambda prof, _: BucketedRing.build(prof, sizes, self.cfg))
 
 
 def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
@@ -142,7 +133,10 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
     d, batches = params.numel(), job.batches(rank)
     buf = torch.zeros(round_slots(d, n))
-    world.faults = Faults(profile, rank)
+    world.faults = faults = Faults(profile, rank)
+    eng = job.cfg.engine
+    sizes = [p.numel() for p in net_params]
+    buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
     status, error, stop, version, bytes_sent, t_last = "completed", None, False, 0, 0, 0.0
     x, y = job.splits.x_train[:1], job.splits.y_train[:1]
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
@@ -162,7 +156,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             buf[d + 3 * rank : d + 3 * rank + 3] = torch.tensor([compute, loss, paused])
             buf[-1] = float(stop)
             reduce_start = world.now()
-            yield from world.all_reduce(buf)  # the profile's ring time, or gloo's if longer
+            lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
+            yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
                 break
             rule.step(params, buf[:d].div_(n), -1, 0)
@@ -188,65 +183,29 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
 @dataclasses.dataclass(frozen=True)
 class BucketedRing:
     """engine.bucket_mb > 0 (schedule=fifo) in the simulator: the buckets' ring all-reduces
-    run one after another, each once the previous is done and the slowest worker's backward
-    has made it (`Pace`'s model, `Layout.ready_at`); the round ends when the last is in.
-
-    As a push delay that depends on the step time c: the round ends at e(c), the last
-    bucket's end, so a worker's push takes e(c) − c; e grows with c, so under a full barrier
-    the round ends at max_w e(c_w) = e(max c), as the real engine's."""
+    run one after another, each once the previous is done and the backward of a step of c
+    seconds has made it (`Pace`'s model, `Layout.ready_at`); the round's communication ends
+    at e(c), the last bucket's end. e grows with c, so the round ends at max_r e(c_r) =
+    e(max c), as the real engine's."""
 
     layout: Layout
     order: tuple[int, ...]
     ready: tuple[float, ...]  # in steps
     profile: Profile
-    num_workers: int
 
     @classmethod
-    def build(cls, profile: Profile, sizes: list[int], cfg: AllReduceConfig) -> BucketedRing:
-        n = profile.cfg.num_workers
-        layout = Layout.build(sizes, n, max(1, int(cfg.bucket_mb * 2**20 / 4)), p3=False)
+    def build(
+        cls, profile: Profile, sizes: list[int], cfg: AllReduceConfig, num_workers: int
+    ) -> BucketedRing:
+        piece = max(1, int(cfg.bucket_mb * 2**20 / 4))
+        layout = Layout.build(sizes, num_workers, piece, p3=False)
         order = layout.order(profile, 1.0, p3=False)
-        return cls(layout, tuple(order), tuple(layout.ready_at()), profile, n)
+        return cls(layout, tuple(order), tuple(layout.ready_at()), profile)
 
-    def push_s(self, slow_s: float = 0.0, step_s: float = 0.0) -> float:
+    def comm_s(self, step_s: float, slow_s: float = 0.0) -> float:
+        """e(c) − c: how long the round's communication lasts past a step of `step_s`."""
         end = 0.0
         for k in self.order:
             lo, hi = self.layout.pieces[k]
             end = max(end, self.ready[k] * step_s) + self.profile.allreduce_s(4 * (hi - lo), slow_s)
         return end - step_s
-
-    def pull_s(self) -> float:
-        return 0.0
-
-    def bytes_sent(self, updates: int) -> int:
-        return updates * ring_volume(4 * self.layout.size, self.num_workers)
-
-    def reporting(self, emit: Emit) -> Emit:
-        return RoundReport(emit, self.num_workers, lambda slowest: self.push_s(0.0, slowest))
-
-
-class RoundReport:
-    """Update events as the allreduce engine reports them: a round's events go out together
-    once its slowest worker is known, each with wait_s = slowest − own compute (the wait of
-    this round, not of the previous one as a server reports it) and comm_s = the all-reduce.
-    """
-
-    def __init__(self, emit: Emit, num_workers: int, comm_s: Callable[[float], float]):
-        self.emit, self.num_workers, self.comm_s = emit, num_workers, comm_s  # of the slowest
-        self.round: list[tuple[float, dict[str, Any]]] = []
-
-    def __call__(self, kind: str, t: float, **fields: Any) -> None:
-        if kind != "update":
-            self.emit(kind, t, **fields)
-            return
-        self.round.append((t, fields))
-        if len(self.round) < self.num_workers:
-            return  # a round's updates are emitted back to back: the rest follow at once
-        slowest = max(f["compute_s"] for _, f in self.round)
-        for at, f in self.round:
-            self.emit(
-                "update",
-                at,
-                **{**f, "wait_s": slowest - f["compute_s"], "comm_s": self.comm_s(slowest)},
-            )
-        self.round.clear()

@@ -149,11 +149,12 @@ class Shaped(Transport):
         _sleep(self.profile.allreduce_s(_size(buf), self.slow_s))
         self.inner.all_reduce(buf)
 
-    def all_reduce_start(self, buf: torch.Tensor) -> Pending:
+    def all_reduce_start(self, buf: torch.Tensor, seconds: float | None = None) -> Pending:
         """The all-reduce goes on while the caller computes; its wait() returns no sooner
-        than the profile's ring all-reduce time after the start."""
+        than `seconds` after the start (default: the profile's ring all-reduce time)."""
         start, inner = time.perf_counter(), self.inner.all_reduce_start(buf)
-        seconds = self.profile.allreduce_s(_size(buf), self.slow_s)
+        if seconds is None:
+            seconds = self.profile.allreduce_s(_size(buf), self.slow_s)
 
         def wait() -> None:
             inner.wait()

@@ -99,8 +99,10 @@ class SimWorld(World):
         self.clock = max(self.clock, arrival) + self.profile.pull_s(nbytes(buf))
         return waited
 
-    def all_reduce(self, buf: torch.Tensor) -> Op[None]:
-        yield ("all_reduce", buf, self.profile.allreduce_s(nbytes(buf), self._slow_s()))
+    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
+        if seconds is None:
+            seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
+        yield ("all_reduce", buf, seconds)
 
 
 class Simulator:

@@ -117,9 +117,10 @@ class World:
         returns the seconds waited for the message to arrive (not counting the delay)."""
         raise NotImplementedError
 
-    def all_reduce(self, buf: torch.Tensor) -> Op[None]:
+    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
         """Sum `buf` over every rank, in place (the simulator sums in rank order); it lasts
-        the profile's ring all-reduce time, or the real transfer's if that is longer."""
+        `seconds` (default: the profile's ring all-reduce time for its size, as slowed by
+        this rank's faults), or the real transfer's if that is longer."""
         raise NotImplementedError
 
 
@@ -198,8 +199,8 @@ class RealWorld(World):
         return max(time.perf_counter() - start - pull_s, 0.0)
 
     @blocking
-    def all_reduce(self, buf: torch.Tensor) -> None:
-        self.net.all_reduce_start(buf).wait()  # the profile's time, or gloo's if longer
+    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> None:
+        self.net.all_reduce_start(buf, seconds).wait()  # the profile's time, or gloo's
 
 
 def run_program(program: Op[T]) -> T:

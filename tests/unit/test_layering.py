@@ -186,8 +186,6 @@ def test_the_cycle_check_finds_a_circle():
 
 
 SHARED_ENGINE_MODULES = {"base", "common", "rounds"}  # the layer every engine may use
-# what is left to make a program: engine=allreduce's simulator is still the ps server's loop
-BORROWED = {("allreduce", "ps")}
 
 
 def test_no_engine_imports_another_engines_package():
@@ -206,7 +204,7 @@ def test_no_engine_imports_another_engines_package():
             ):
                 other = node.module.split(".")[2]
                 other = own.get(other, other)
-                if other not in SHARED_ENGINE_MODULES | {me} and (me, other) not in BORROWED:
+                if other not in SHARED_ENGINE_MODULES | {me}:
                     found.append(f"{'/'.join(rel)}:{node.lineno} imports {node.module}")
     assert not found, found
 

@@ -13,7 +13,7 @@ from stalebench.algorithms.updates import MomentumConfig, SGDConfig
 from stalebench.cluster import ClusterConfig, Profile
 from stalebench.engines.allreduce import AllReduceConfig, BucketedRing
 from stalebench.engines.overlap import Layout
-from stalebench.engines.rounds import ring_volume, round_bytes
+from stalebench.engines.rounds import round_bytes
 from stalebench.runtime.link import FORWARD, LinkClock
 
 TAIL = 7  # 3·N + 1 slots for N = 2
@@ -109,12 +109,11 @@ def test_the_simulated_buckets_end_when_the_last_is_through():
     # the three pieces above as fifo buckets, made at 0.556, 0.778, 1.0 of a 1 s step,
     # 0.5 s each: the link ends at 1.056, 1.556, 2.056; the push is what follows the step
     net = BucketedRing.build(
-        latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=400 / 2**20)
+        latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=400 / 2**20), 2
     )
     assert len(net.layout.pieces) == 3
-    assert net.push_s(step_s=1.0) == pytest.approx(FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0)
+    assert net.comm_s(step_s=1.0) == pytest.approx(FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0)
     # one bucket: the one-message round's all-reduce (gradient and tail) after the whole step
-    one = BucketedRing.build(latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=1))
+    one = BucketedRing.build(latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=1), 2)
     message = round_bytes(300, 2)
-    assert one.push_s(step_s=1.0) == pytest.approx(latency_only(250).allreduce_s(message))
-    assert one.bytes_sent(5) == 5 * ring_volume(message, 2)
+    assert one.comm_s(step_s=1.0) == pytest.approx(latency_only(250).allreduce_s(message))
