@@ -23,3 +23,7 @@ class EventQueue:
         """The earliest event: (virtual time, item)."""
         t, _, item = heapq.heappop(self._heap)
         return t, item
+
+    def first(self) -> float:
+        """The earliest event's time (inf when none is left)."""
+        return self._heap[0][0] if self._heap else float("inf")

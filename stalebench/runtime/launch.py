@@ -31,7 +31,7 @@ from stalebench.config import RunConfig
 from stalebench.errors import RunError
 from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
-from stalebench.runtime import forkserver, nodes
+from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.signals import die_with_parent
@@ -94,8 +94,11 @@ def run_rank(
     summary = None
     try:
         if engine.has_program:
-            record = RunRecord(job, run_dir) if rank == 0 else None
-            world = RealWorld(rank, world_size, transport, job.profile, record, run_dir)
+            resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
+            record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
+            world = RealWorld(
+                rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s
+            )
             try:
                 summary = run_program(engine.program(job, world))
             finally:

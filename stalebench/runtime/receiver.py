@@ -70,20 +70,19 @@ class Inbox:
     def __init__(
         self,
         transport: Transport,
-        num_workers: int,
+        peers: dict[int, int],
         make: Callable[[int], list[torch.Tensor]],
         now: Callable[[], float],
         timeout_s: float,
     ):
+        """`peers`: each worker's index → its rank."""
         self.queue: queue.Queue = queue.Queue()
         self.transport, self.make = transport, make
-        self.receivers = [
-            Receiver(transport, w, make, self.queue, w + 1) for w in range(num_workers)
-        ]
+        self.receivers = {w: Receiver(transport, w, make, self.queue, r) for w, r in peers.items()}
         self.now, self.timeout_s = now, timeout_s
 
     def start(self) -> None:
-        for r in self.receivers:
+        for r in self.receivers.values():
             r.start()
 
     def replace(self, worker: int, rank: int) -> None:
@@ -98,7 +97,9 @@ class Inbox:
         ran out first; a RunError naming the worker when one stays silent too long."""
         timeout = self.timeout_s
         while True:
-            awaited = [r for r in self.receivers if r.worker in active and r.armed_at is not None]
+            awaited = [
+                r for r in self.receivers.values() if r.worker in active and r.armed_at is not None
+            ]
             first = min(awaited, key=lambda r: r.armed_at, default=None)
             now = self.now()
             wait = first.armed_at + timeout - now if first else timeout

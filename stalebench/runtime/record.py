@@ -29,6 +29,7 @@ class RunRecord:
         self, job: Job, run_dir: Path, flush_s: float = 0.0, resume: dict[str, Any] | None = None
     ):
         self.job, self.run_dir = job, Path(run_dir)
+        self.resumed = resume  # the checkpoint this run goes on from, if any
         # set by the simulator: `t` is virtual (the end event says so), and its own real
         # time goes to summary.json only
         self.virtual_time = False

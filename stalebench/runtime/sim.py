@@ -6,13 +6,19 @@ Compute and a fault's pause only move its clock (its step's gradient is computed
 on a model the ranks share); a send stamps the message with the sender's clock plus the
 push delay, and a receive takes it at the later of the two clocks plus the pull delay; a
 collective ends for every rank at the latest of their clocks plus each one's cost. Ranks
-that can run are taken in the order of their clocks, ties in the order they became ready,
-so a config and a seed give one history (`events.jsonl` byte for byte).
+that can run are taken in the order of the times they go on at, ties in the order they
+became ready, so a config and a seed give one history (`events.jsonl` byte for byte).
+
+A listening rank (a server) takes its peers' messages in the order they arrive (ties in the
+order they were sent): it takes the first only once no rank that runs before it could still
+send an earlier one, i.e. when it is itself the next to go on. A lost peer's loss reaches
+it as a message would, at the time it was lost.
 
 A rank that is lost (a `die` fault, an error) stops; when every rank left waits for
 something that will never come, each gets that loss as the error a real rank gets once its
 timeout passes, in rank order. Whatever ends the run, summary.json is written: by rank 0's
-program, or here when rank 0's program itself failed.
+program, or here when rank 0's program itself failed. A simulated run keeps no checkpoints:
+it is rerun from the start, in seconds, deterministically.
 
 What the real runtime does around a process is done here once for the whole run: the
 thread count, events flushed every 0.2 s of real time (a write per event would cost more
@@ -23,6 +29,9 @@ set-up built, and the simulator's own real time reported in summary.json (`sim_l
 from __future__ import annotations
 
 import gc
+import heapq
+import itertools
+import math
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -35,8 +44,9 @@ from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.metrics.summary import stop
 from stalebench.runtime.clock import EventQueue
+from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord
-from stalebench.runtime.world import Op, T, World, nbytes
+from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
 Program = Callable[[Job, World], Op[Any]]
 
@@ -61,12 +71,12 @@ class SimWorld(World):
             self.sim.shared[key] = build()
         return self.sim.shared[key]
 
-    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
+    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> Op[None]:
         yield ("begin",)  # no warm-up on a virtual clock; every rank starts at 0, together
 
-    def strike(self) -> Op[float]:
+    def strike(self, on_pause: Pause | None = None) -> Op[float]:
         assert self.faults is not None, "set world.faults before its first step"
-        start = self.faults.strike(self.clock, lambda at, s: None)
+        start = self.faults.strike(self.clock, on_pause or (lambda at, s: None))
         paused, self.clock = start - self.clock, start
         return paused
         yield
@@ -80,7 +90,8 @@ class SimWorld(World):
         return self.faults.slow_s if self.faults is not None else 0.0
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
-        self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
+        if not self.hub:
+            self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
         self.sim.post(self.rank, dst, self.clock, buf)
         return
         yield
@@ -89,20 +100,71 @@ class SimWorld(World):
         return  # a message is in its receiver's mailbox once sent
         yield
 
-    def recv(self, buf: torch.Tensor, src: int) -> Op[float]:
+    def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> Op[float]:
         box = self.sim.mail[(src, self.rank)]
         if not box:
             yield ("recv", src)
         arrival, message = box.popleft()
         buf.copy_(message)
         waited = max(arrival - self.clock, 0.0)
-        self.clock = max(self.clock, arrival) + self.profile.pull_s(nbytes(buf))
+        self.clock = max(self.clock, arrival)
+        if not self.hub:
+            self.clock += self.profile.pull_s(nbytes(buf))
         return waited
+
+    def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
+        listener = SimListener(self, peers)
+        self.sim.listeners[self.rank] = listener
+        return listener
 
     def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
         if seconds is None:
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
         yield ("all_reduce", buf, seconds)
+
+
+class SimListener(Listener):
+    """A rank's ear on the virtual clock: its peers' messages (and losses) by arrival, ties
+    in the order they were sent; each message is the sender's buffer, read in place."""
+
+    def __init__(self, world: SimWorld, peers: dict[int, int]):
+        self.world, self.sim = world, world.sim
+        self.peer_of = {rank: peer for peer, rank in peers.items()}
+        self.heap: list[tuple[float, int, int, Any]] = []  # (arrival, order, rank, message)
+        self.due = math.inf  # when the scheduler resumes it, while it waits
+
+    def take(self, arrival: float, src: int, message: Any) -> None:
+        heapq.heappush(self.heap, (arrival, next(self.sim.order), src, message))
+
+    def next(self, active: set[int], until: float = 0.0) -> Op[tuple[int, list] | None]:
+        world, heap, woken = self.world, self.heap, -math.inf
+        while True:
+            while heap and self.peer_of.get(heap[0][2]) not in active:
+                heapq.heappop(heap)  # from a peer told to stop, or replaced: not awaited
+            if not heap:
+                woken = yield ("listen", math.inf)
+                continue
+            arrival, _, src, message = heap[0]
+            at = max(world.clock, arrival)
+            if not (at <= woken or at < self.sim.ready.first()):
+                # a rank that goes on before `at` may still send an earlier message: resumed
+                # at `at` (the time it is woken for), every rank left goes on no sooner
+                woken = yield ("listen", at)
+                continue
+            if until and arrival > until:
+                world.clock = max(world.clock, until)
+                return None
+            heapq.heappop(heap)
+            world.clock, peer = at, self.peer_of[src]
+            if isinstance(message, BaseException):
+                if isinstance(message, WorkerLost) and message.worker == peer:
+                    raise message
+                raise WorkerLost(peer, str(message))
+            return peer, [message]
+
+    def replace(self, peer: int, rank: int) -> None:
+        self.peer_of = {r: p for r, p in self.peer_of.items() if p != peer}
+        self.peer_of[rank] = peer
 
 
 class Simulator:
@@ -112,21 +174,41 @@ class Simulator:
         self.job, self.size = job, size
         self.record = RunRecord(job, run_dir, flush_s=0.2)
         self.record.virtual_time = True
+        self.record.checkpoints.every_s = 0.0  # rerun from the start instead
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
         self.shared: dict[str, Any] = {}
         self.mail: defaultdict[tuple[int, int], deque] = defaultdict(deque)
-        self.ready = EventQueue()  # (rank, what to throw into it or None), by its clock
+        self.listeners: dict[int, SimListener] = {}
+        self.order = itertools.count()  # of the messages sent
+        # (rank, what to throw into it or None, the listener wake it is or None), by the
+        # time the rank goes on at
+        self.ready = EventQueue()
+        self.wakes = itertools.count()  # a listener's latest wake; the earlier are void
         self.waiting: dict[int, tuple] = {}  # rank → what it waits for
         self.gathering: list[tuple[int, torch.Tensor, float]] = []
         self.lost: dict[int, BaseException] = {}
         self.results: dict[int, Any] = {}
         self.begun = 0  # ranks set up and waiting for the others to start
 
-    def post(self, src: int, dst: int, arrival: float, buf: torch.Tensor) -> None:
+    def post(self, src: int, dst: int, arrival: float, buf: Any) -> None:
+        listener = self.listeners.get(dst)
+        if listener is not None and src in listener.peer_of:
+            listener.take(arrival, src, buf)
+            if self.waiting.get(dst) is not None and self.waiting[dst][0] == "listen":
+                self._listen(dst, max(self.worlds[dst].clock, arrival))
+            return
         self.mail[(src, dst)].append((arrival, buf))
         if self.waiting.get(dst) == ("recv", src):
             del self.waiting[dst]
-            self.ready.push(self.worlds[dst].clock, (dst, None))
+            self.ready.push(max(self.worlds[dst].clock, arrival), (dst, None, None))
+
+    def _listen(self, rank: int, at: float) -> None:
+        """The listening rank goes on at `at`, if that is sooner than it would."""
+        listener = self.listeners[rank]
+        if at < listener.due:
+            wake = next(self.wakes)
+            listener.due, self.waiting[rank] = at, ("listen", wake)
+            self.ready.push(at, (rank, None, wake))
 
     def run(self, program: Program) -> dict[str, Any]:
         torch.set_num_threads(self.job.cfg.num_threads)
@@ -134,13 +216,18 @@ class Simulator:
         self.record.timing = lambda: {"sim_loop_s": time.perf_counter() - self.started}
         programs = [program(self.job, world) for world in self.worlds]
         for rank in range(self.size):
-            self.ready.push(0.0, (rank, None))
+            self.ready.push(0.0, (rank, None, None))
         gc.freeze()  # the set-up's objects live all run: keep the collector off them
         try:
             while self.ready or self.waiting:
                 while self.ready:
-                    _, (rank, error) = self.ready.pop()
-                    self._resume(programs[rank], rank, error)
+                    at, (rank, error, wake) = self.ready.pop()
+                    if wake is None:
+                        self._resume(programs[rank], rank, error)
+                    elif self.waiting.get(rank) == ("listen", wake):  # else void
+                        del self.waiting[rank]
+                        self.listeners[rank].due = math.inf
+                        self._resume(programs[rank], rank, None, at)
                 self._time_out()
         finally:
             gc.unfreeze()
@@ -151,17 +238,25 @@ class Simulator:
         return stop(self.record.run_dir, self.job.meta, "failed", str(error),
                     cfg.budget.target_accuracy)  # fmt: skip
 
-    def _resume(self, program: Op[Any], rank: int, error: BaseException | None) -> None:
+    def _resume(
+        self, program: Op[Any], rank: int, error: BaseException | None, value: Any = None
+    ) -> None:
         try:
-            request = program.send(None) if error is None else program.throw(error)
+            request = program.send(value) if error is None else program.throw(error)
         except StopIteration as done:
             self.results[rank] = done.value
             return
         except Exception as exc:  # the rank is lost (an interrupt is no Exception: it ends all)
             self.lost[rank] = exc
+            for dst, listener in self.listeners.items():  # its listeners hear of it then
+                if rank in listener.peer_of:
+                    self.post(rank, dst, self.worlds[rank].clock, exc)
             return
         if request[0] == "recv":
             self.waiting[rank] = request
+        elif request[0] == "listen":
+            self.waiting[rank] = ("listen", None)
+            self._listen(rank, request[1])
         elif request[0] == "begin":
             self._begin(rank)
         else:
@@ -175,7 +270,7 @@ class Simulator:
             return
         for r in range(self.size):
             del self.waiting[r]
-            self.ready.push(0.0, (r, None))
+            self.ready.push(0.0, (r, None, None))
         gc.freeze()  # what the ranks built lives all run: keep the collector off it
         self.started = time.perf_counter()
 
@@ -195,7 +290,7 @@ class Simulator:
             buf.copy_(total)
             self.worlds[r].clock = done
             del self.waiting[r]
-            self.ready.push(done, (r, None))
+            self.ready.push(done, (r, None, None))
         self.gathering = []
 
     def _time_out(self) -> None:
@@ -209,7 +304,9 @@ class Simulator:
             error = cause or RunError(
                 f"rank {rank} waits forever ({what[0]}): every other rank ended or waits too"
             )
-            self.ready.push(self.worlds[rank].clock, (rank, RunError(str(error))))
+            if what[0] == "listen":
+                self.listeners[rank].due = math.inf
+            self.ready.push(self.worlds[rank].clock, (rank, RunError(str(error)), None))
         self.gathering = []
 
 

@@ -21,7 +21,12 @@ never asks which runtime it is in.
 The profile's network is paid inside the world, as the `Shaped` transport pays it: a send
 the push direction's delay for its size (one send after the other), a receive the pull
 direction's once the message is in, an all-reduce the ring's time, each slowed by the
-rank's `slow` faults in force (`faults`, set once the program has built them).
+rank's `slow` faults in force (`faults`, set once the program has built them). A hub (a
+parameter server: `hub = True`) pays nothing: the workers at the other ends of its links
+pay both directions, the push to it and the pull from it.
+
+A rank that hears from many peers in whatever order they send (a server) listens to them
+(`listen`): the next message from any of them, a lost one's loss in its place.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Generator
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,6 +42,7 @@ import torch
 
 from stalebench.metrics.events import EventLog
 from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.transport import Transport
 
 if TYPE_CHECKING:
@@ -44,6 +51,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Op = Generator[Any, Any, T]  # what a world's waiting operation is: `yield from` it
+Pause = Callable[[float, float], None]  # pause(at, seconds)
+PATIENT = timedelta(days=1)  # a receive that waits as long as the run lasts (a spare's)
 
 
 def nbytes(buf: torch.Tensor) -> int:
@@ -72,6 +81,7 @@ class World:
     profile: Profile
     record: RunRecord | None
     faults: Faults | None = None
+    hub = False  # a parameter server's rank: its side of every link costs nothing
 
     def now(self) -> float:
         """Run time: seconds since every rank started (real or virtual)."""
@@ -88,14 +98,21 @@ class World:
         rank, the simulator all of them: one model to compute every rank's gradients)."""
         raise NotImplementedError
 
-    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
-        """Every rank starts the run's clock together; `warm_up` (a first step, off the
-        clock) runs before where it costs real time."""
+    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+        """A buffer for the messages `src` sends `dst` (this rank is one of them), read in
+        place by the receiver (`Transport.mailbox`)."""
+        return torch.zeros(size)
+
+    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> Op[None]:
+        """Every rank starts the run's clock together, reading rank 0's `at` (a resumed
+        run's checkpoint time; the simulator never resumes); `warm_up` (a first step, off
+        the clock) runs before where it costs real time."""
         raise NotImplementedError
 
-    def strike(self) -> Op[float]:
-        """Strike this rank's faults due at its next step (`Faults.strike`): a pause waits,
-        a death raises `WorkerDied`. Returns the seconds paused."""
+    def strike(self, on_pause: Pause | None = None) -> Op[float]:
+        """Strike this rank's faults due at its next step (`Faults.strike`): a pause calls
+        `on_pause(at, seconds)`, then waits; a death raises `WorkerDied`. Returns the
+        seconds paused."""
         raise NotImplementedError
 
     def compute(self, step: Callable[[], T], step_s: float) -> Op[tuple[T, float]]:
@@ -112,9 +129,19 @@ class World:
         """Wait until the send `work` to `dst` is delivered."""
         raise NotImplementedError
 
-    def recv(self, buf: torch.Tensor, src: int) -> Op[float]:
+    def send(self, buf: torch.Tensor, dst: int) -> Op[None]:
+        """`isend`, then `wait`."""
+        yield from self.wait((yield from self.isend(buf, dst)), dst)
+
+    def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> Op[float]:
         """Receive the next message from rank `src` into `buf`, then pay the pull delay;
-        returns the seconds waited for the message to arrive (not counting the delay)."""
+        returns the seconds waited for the message to arrive (not counting the delay). It
+        waits at most timeout_s, or as long as the run lasts when `patient` (a spare)."""
+        raise NotImplementedError
+
+    def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
+        """A `Listener` to `peers` (the program's name for each → its rank); `make(rank)`
+        gives the buffers a message from that rank is received into."""
         raise NotImplementedError
 
     def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
@@ -129,9 +156,17 @@ class RealWorld(World):
     time by `time.perf_counter` from the barrier that starts the run."""
 
     def __init__(
-        self, rank: int, size: int, transport: Transport, profile: Profile, record, run_dir: Path
+        self,
+        rank: int,
+        size: int,
+        transport: Transport,
+        profile: Profile,
+        record,
+        run_dir: Path,
+        timeout_s: float,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
+        self.transport, self.timeout_s = transport, timeout_s
         self.net = Shaped(transport, profile)
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
@@ -165,17 +200,32 @@ class RealWorld(World):
             self._shared[key] = build()
         return self._shared[key]
 
-    @blocking
-    def begin(self, warm_up: Callable[[], Any]) -> None:
-        warm_up()
-        self.net.barrier()
-        self.t0 = time.perf_counter()
+    @property
+    def link(self) -> Transport:
+        """The transport this rank's messages go through: the profile's, or a hub's free."""
+        return self.transport if self.hub else self.net
+
+    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+        return self.transport.mailbox(src, dst, size, header)
 
     @blocking
-    def strike(self) -> float:
+    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> None:
+        warm_up()
+        start = torch.tensor([at if self.rank == 0 else 0.0], dtype=torch.float64)
+        self.transport.all_reduce(start)  # every rank is here: rank 0's `at`
+        self.t0 = time.perf_counter() - float(start[0])
+
+    @blocking
+    def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "set world.faults before its first step"
+
+        def pause(at: float, seconds: float) -> None:
+            if on_pause is not None:
+                on_pause(at, seconds)
+            time.sleep(seconds)
+
         now = self.now()
-        return self.faults.strike(now, lambda at, s: time.sleep(s)) - now
+        return self.faults.strike(now, pause) - now
 
     @blocking
     def compute(self, step: Callable[[], T], step_s: float) -> tuple[T, float]:
@@ -186,21 +236,65 @@ class RealWorld(World):
 
     @blocking
     def isend(self, buf: torch.Tensor, dst: int) -> Any:
-        return self.net.isend(buf, dst)
+        return self.link.isend(buf, dst)
 
     @blocking
     def wait(self, work: Any, dst: int) -> None:
-        self.net.wait(work, dst)
+        self.link.wait(work, dst)
 
     @blocking
-    def recv(self, buf: torch.Tensor, src: int) -> float:
-        pull_s, start = self.profile.pull_s(nbytes(buf)), time.perf_counter()
-        self.net.recv(buf, src)  # it sleeps the pull delay after the message is in
+    def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> float:
+        pull_s = 0.0 if self.hub else self.profile.pull_s(nbytes(buf))
+        start = time.perf_counter()
+        self.link.recv(buf, src, PATIENT if patient else None)  # then sleeps the pull delay
         return max(time.perf_counter() - start - pull_s, 0.0)
+
+    def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
+        return RealListener(Inbox(self.transport, peers, make, self.now, self.timeout_s))
 
     @blocking
     def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> None:
         self.net.all_reduce_start(buf, seconds).wait()  # the profile's time, or gloo's
+
+
+class Listener:
+    """A rank's ear to its peers (`World.listen`)."""
+
+    def next(self, active: set[int], until: float = 0.0) -> Op[tuple[int, list] | None]:
+        """The next message from a peer in `active`: (peer, its buffers, read in place until
+        the reply to it); None when run time `until` (> 0) passes first. A lost or silent
+        peer raises `WorkerLost` (a real peer silent for timeout_s after `arm`)."""
+        raise NotImplementedError
+
+    def arm(self, peer: int) -> None:
+        """This rank awaits the peer's next message (it replied): its silence counts."""
+
+    def close(self, peer: int) -> None:
+        """No longer listen to the peer (told to stop, or lost)."""
+
+    def replace(self, peer: int, rank: int) -> None:
+        """The peer is rank `rank` from now on (a spare in a lost worker's place)."""
+
+
+class RealListener(Listener):
+    """A thread per peer, each waiting on its messages (`Inbox`)."""
+
+    def __init__(self, inbox: Inbox):
+        self.inbox = inbox
+        inbox.start()
+
+    @blocking
+    def next(self, active: set[int], until: float = 0.0) -> tuple[int, list] | None:
+        return self.inbox.next(active, until)
+
+    def arm(self, peer: int) -> None:
+        self.inbox.receivers[peer].arm(self.inbox.now())
+
+    def close(self, peer: int) -> None:
+        self.inbox.receivers[peer].close()
+
+    def replace(self, peer: int, rank: int) -> None:
+        self.inbox.replace(peer, rank)
 
 
 def run_program(program: Op[T]) -> T:

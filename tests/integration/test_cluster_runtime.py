@@ -194,39 +194,24 @@ def test_real_slow_sends_lengthen_that_workers_round_trips(tmp_path):
 def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     import torch
 
-    from stalebench.engines.ps.sim import SimWorker, _step
+    from stalebench.engines.ps.program import WorkerNet
     from stalebench.job import Job
-    from stalebench.runtime.record import flatten_parameters
     from tests.conftest import compose, fast_with
 
     cfg = compose(
         fast_with(["model=cnn", "model.batch_norm=true", "dataset=mnist1d", "budget.max_updates=1"])
     )
     job = Job.build(cfg)
-    model = job.model()
-    flat = flatten_parameters(model)
-    params, buffers = list(model.parameters()), list(model.buffers())
-    theta = flat.clone()
-    init = [b.clone() for b in buffers]
-    x = job.splits.x_train
-    a = SimWorker(
-        theta.clone(),
-        iter([(x[:32] * 3 + 1, job.splits.y_train[:32])] * 2),
-        [b.clone() for b in init],
-        [],
-    )
-    b = SimWorker(
-        theta.clone(),
-        iter([(x[32:64], job.splits.y_train[32:64])] * 2),
-        [b.clone() for b in init],
-        [],
-    )
-    _step(model, flat, params, buffers, a, torch.device("cpu"))
-    assert all(torch.equal(mine, first) for mine, first in zip(b.buffers, init, strict=True))
-    _step(model, flat, params, buffers, b, torch.device("cpu"))
+    net = WorkerNet(job, torch.device("cpu"))  # the simulator's one model for every worker
+    init = [b.clone() for b in net.buffers]
+    a, b = [t.clone() for t in init], [t.clone() for t in init]  # two workers' statistics
+    x, y, out = job.splits.x_train, job.splits.y_train, torch.empty(net.flat.numel())
+    net.gradient((x[:32] * 3 + 1, y[:32]), a, out)
+    assert all(torch.equal(mine, first) for mine, first in zip(b, init, strict=True))
+    net.gradient((x[32:64], y[32:64]), b, out)
     means = (
-        [m for m in a.buffers if m.dtype.is_floating_point][0],
-        [m for m in b.buffers if m.dtype.is_floating_point][0],
+        [m for m in a if m.dtype.is_floating_point][0],
+        [m for m in b if m.dtype.is_floating_point][0],
     )
     assert not torch.allclose(*means)  # each worker's statistics come from its own data
     run = run_job(

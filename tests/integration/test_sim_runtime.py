@@ -164,3 +164,62 @@ def test_gossip_waits_are_never_negative(tmp_path, preset):
     )  # fmt: skip
     waits = [e["wait_s"] for e in run.events if e["kind"] == "update"]
     assert waits and min(waits) >= 0.0 and max(waits) > 0.3
+
+
+def test_a_listener_takes_messages_in_arrival_order_and_hears_of_a_loss(tmp_path):
+    """Rank 0 listens to 1, 2 and 3: rank 2 sends first in program order but arrives last;
+    rank 3 dies at 0.25 s. The listener gets 1's message (0.1 s), then 3's loss as
+    WorkerLost naming its peer (0.25 s), then 2's message (0.5 s); it pays no delay (a hub),
+    the senders do (push latency, 7 ms)."""
+    sim, seen = simulator(tmp_path, size=4), []
+    push = sim.job.profile.push_s(8)
+
+    def program(job, world):
+        if world.rank == 0:
+            world.hub = True
+            ear = world.listen({10: 1, 20: 2, 30: 3}, lambda rank: [])
+            yield from world.begin(lambda: None)
+            active = {10, 20, 30}
+            while active:
+                try:
+                    peer, (buf,) = yield from ear.next(active)
+                    seen.append((peer, buf.tolist(), world.now()))
+                except RunError as lost:
+                    peer = lost.worker
+                    seen.append((peer, str(lost), world.now()))
+                active.discard(peer)
+            return finish(world)
+        yield from world.begin(lambda: None)
+        if world.rank == 3:
+            yield from world.compute(lambda: None, 0.25)
+            raise RunError("rank 3 is gone")
+        yield from world.compute(lambda: None, {1: 0.1, 2: 0.5}[world.rank] - push)
+        yield from world.isend(torch.tensor([float(world.rank), 0.0]), 0)
+        return None
+
+    assert sim.run(program)["status"] == "completed"
+    assert [s[0] for s in seen] == [10, 30, 20]
+    assert seen[0][1] == [1.0, 0.0] and seen[0][2] == pytest.approx(0.1)
+    assert seen[1][1] == "rank 3 is gone" and seen[1][2] == pytest.approx(0.25)
+    assert seen[2][1] == [2.0, 0.0] and seen[2][2] == pytest.approx(0.5)
+
+
+def test_the_ps_server_stops_its_workers_and_counts_its_messages_in_the_simulator(tmp_path):
+    """engine=ps's server is one program: at the end of a BSP run it tells each worker
+    waiting for a reply to stop (a `stop` event each, at the end), as in real processes,
+    and summary.json's bytes are its messages: every push in, every reply out."""
+    from stalebench import experiment
+    from stalebench.engines.ps.program import HEADER
+
+    over = ["runtime=sim", "algorithm=bsp", "cluster.num_workers=4", "budget.max_updates=20"]
+    cfg = compose(fast_with(over))
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    events = read_events(tmp_path / "events.jsonl")
+    end = [e for e in events if e.get("event") == "end"][0]
+    stops = [e for e in events if e["kind"] == "worker" and e["event"] == "stop"]
+    assert sorted(e["worker"] for e in stops) == [0, 1, 2, 3]
+    assert {e["t"] for e in stops} == {end["t"]}
+    d = sum(p.numel() for p in Job.build(cfg).model().parameters())
+    pushes, replies = 20 * 4, 4 + 19 * 4  # the last round's replies are stops instead
+    assert summary["bytes_sent"] == end["bytes_sent"] == (pushes + replies) * 4 * (HEADER + d)

@@ -177,13 +177,17 @@ def test_in_the_simulator_a_spare_takes_a_dead_workers_place_from_its_clock(tmp_
     assert summary["status"] == "completed" and summary["updates"] == 300
     lost_at = [e["t"] for e in _lost(events)]
     # worker 1 dies at its first step start after 0.1 s; its spare goes on at once and is
-    # struck by the later death; worker 2 then has no spare left
-    assert _worker_events(events) == [
+    # struck by the later death; worker 2 then has no spare left; at the end the worker
+    # whose push ended the run is told to stop (as in real processes)
+    end = [e["t"] for e in events if e.get("event") == "end"][0]
+    *seen, (t_stop, _, stop) = _worker_events(events)
+    assert seen == [
         (lost_at[0], 1, "lost"),
         (lost_at[0], 1, "replaced"),
         (lost_at[1], 2, "lost"),
         (lost_at[2], 1, "lost"),
     ]
+    assert (t_stop, stop) == (end, "stop")
     assert summary["workers_lost"] == [1, 1, 2] and summary["workers_replaced"] == [1]
     ones = [e for e in events if e["kind"] == "update" and e["worker"] == 1]
     before = [e["clock"] for e in ones if e["t"] <= lost_at[0]]

@@ -65,7 +65,8 @@ class Server:
         self.push_bytes = 4 * HEADER + self.wire.nbytes(d)
         self.pull_bytes = reply_bytes(d)
         make = lambda rank: [torch.empty(HEADER), self.wire.encode(torch.zeros(d))]  # noqa: E731
-        self.inbox = Inbox(transport, self.m, make, self.now, self.cfg.timeout_s)
+        peers = {w: w + 1 for w in range(self.m)}
+        self.inbox = Inbox(transport, peers, make, self.now, self.cfg.timeout_s)
         self.out = torch.empty(REPLY + d)
         self.active = set(range(self.m))  # workers not yet told to stop
         self.lost: set[int] = set()

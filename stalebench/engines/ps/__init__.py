@@ -1,12 +1,10 @@
 """engine=ps: a parameter server (rank 0) and N workers (ranks 1..N).
 
-The server is a pure state machine (`state`); its loop (`loop.serve`) is written once and
-driven by the real runtime over gloo (`real`) and by the simulator on a virtual clock
-(`sim`). Which algorithm runs is the barrier's and the update rule's business."""
+The server is a pure state machine (`state`) fed by its loop (`loop.serve`); the server's
+and the workers' programs (`program`) run in both runtimes. Which algorithm runs is the
+barrier's and the update rule's business."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from stalebench.algorithms.base import BARRIERS
 from stalebench.engines.base import ENGINES, EngineConfig
@@ -52,15 +50,7 @@ class ParameterServerEngine(DataParallel):
         barrier, _ = BARRIERS.get(cfg.name)
         return rank > 0 and barrier.survives_loss(cfg)
 
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        from stalebench.engines.ps.real import Server, work
+    def program(self, job, world):
+        from stalebench.engines.ps.program import Server, worker
 
-        if rank == 0:
-            return Server(job, ctx.run_dir, ctx.transport).run()
-        work(job, rank, ctx.transport)
-        return None
-
-    def simulate(self, job, run_dir) -> dict[str, Any]:
-        from stalebench.engines.ps.sim import simulate
-
-        return simulate(job, run_dir)
+        return Server(job, world).run() if world.rank == 0 else worker(job, world)

@@ -1,5 +1,6 @@
-"""The parameter server's loop, written once: the real runtime drives it with messages
-over gloo, the simulator with an event queue on a virtual clock (each a `Port`)."""
+"""The parameter server's loop: the server's program (`program.Server`, its `Port`) feeds it
+the pushes its workers send, in either runtime. Its waiting calls are generators, taken
+with `yield from` (`stalebench.runtime.world`)."""
 
 from __future__ import annotations
 
@@ -15,23 +16,24 @@ from stalebench.engines.ps.state import ParameterServer, Push, Reply
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord, diverged, spent
+from stalebench.runtime.world import Op
 
 
 class Port(Protocol):
-    """How the server reaches its workers in one runtime."""
+    """How the server reaches its workers."""
 
     def now(self) -> float:
         """Run time: seconds since the start (real or virtual)."""
 
-    def next_push(self) -> Push | None:
+    def next_push(self) -> Op[Push | None]:
         """The next push to arrive; None when the wall budget runs out first."""
 
-    def send(self, replies: list[Reply]) -> None:
+    def send(self, replies: list[Reply]) -> Op[None]:
         """Parameters to the workers the barrier admitted: each starts its next step."""
 
-    def stop(self, waiting: set[int]) -> None:
-        """The run ends: release the workers waiting for a reply (the runtime tells the rest
-        when they next push)."""
+    def stop(self, waiting: set[int]) -> Op[None]:
+        """The run ends: release the workers waiting for a reply (the rest are told when
+        they next push)."""
 
     def forget(self, worker: int) -> None:
         """The worker is lost: no longer wait for it, nor send to it."""
@@ -56,51 +58,53 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
 
 def serve(
     ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig, t: float = 0.0
-) -> str:
+) -> Op[str]:
     """From run time `t` (a resumed run's checkpoint, else 0), feed every arriving push to
     the server and send its replies, snapshot θ, and keep the budget; returns the status:
     completed or diverged. A lost worker (`WorkerLost`) ends the run unless the barrier
     lets the others go on without it."""
     record.snapshots.maybe(t, ps.version, ps.params)
-    port.send(ps.start(t))
+    yield from port.send(ps.start(t))
     while True:
         try:
-            status = _serve_one(ps, port, record, budget)
+            status = yield from _serve_one(ps, port, record, budget)
         except WorkerLost as lost:
             if not ps.barrier.survives_loss(ps.barrier.cfg):
                 raise
-            _lose(ps, port, record, lost)
+            yield from _lose(ps, port, record, lost)
             continue
         if status:
             return status
         port.checkpoint()
 
 
-def _serve_one(ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig):
+def _serve_one(
+    ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig
+) -> Op[str | None]:
     """One push in, its replies out; the status once the run ends, else None."""
-    push = port.next_push()
+    push = yield from port.next_push()
     if push is None:  # the wall budget ran out while no push arrived
-        port.stop(set(ps.held))
+        yield from port.stop(set(ps.held))
         return "completed"
     replies = ps.on_push(push, port.now())
     t = port.now()
     snapped = record.snapshots.maybe(t, ps.version, ps.params)
     status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
     if status or spent(budget, ps.version, t):  # θ is checked at snapshots
-        port.stop(set(ps.held) | {r.worker for r in replies})
+        yield from port.stop(set(ps.held) | {r.worker for r in replies})
         return status or "completed"
-    port.send(replies)
+    yield from port.send(replies)
     return None
 
 
-def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> None:
+def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> Op[None]:
     """Go on without the worker, or with a spare in its place."""
     w, now = lost.worker, port.now()
     port.forget(w)
     spare = port.replace(w)
     record.worker_lost(now, lost, len(ps.lost) + (spare is None))
-    port.send(ps.lose(w, now))
+    yield from port.send(ps.lose(w, now))
     record.snapshots.maybe(now, ps.version, ps.params)  # the round it completed, if any
     if spare is not None:
         record.events.emit("worker", now, worker=w, event="replaced", by=spare)
-        port.send(ps.rejoin(w, now))
+        yield from port.send(ps.rejoin(w, now))

@@ -1,0 +1,267 @@
+"""engine=ps's two roles, written once for both runtimes (`stalebench.runtime.world`).
+
+The server (rank 0, a hub: its workers pay the network both ways) runs the loop of
+`loop.serve` with itself as the port: it listens to every worker, feeds each push to the
+state machine and sends the replies it returns. A worker (ranks 1..N) reads θ, strikes its
+faults, computes a gradient on the next minibatch of its shard lasting the profile's step
+time, and pushes it with the version read; until told to stop. The ranks after the N
+workers are spares: set up, they wait, as long as the run lasts, for a lost worker's place
+— its index, clock and the run time come in their first reply — or for the end.
+
+Wire format: one float32 tensor per message, HEADER slots then a model-sized payload; the
+header's int slots through an int32 view, its float64 slots (float32 slots 2–7) through a
+float64 view, so clocks, losses and times cross exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from stalebench.algorithms.base import UPDATES
+from stalebench.engines.ps.loop import build_server, serve
+from stalebench.engines.ps.state import Push, Reply
+from stalebench.errors import RunError
+from stalebench.job import Job
+from stalebench.runtime.faults import Faults, WorkerLost
+from stalebench.runtime.record import flatten_parameters, gradient
+from stalebench.runtime.world import Op, World, nbytes
+
+log = logging.getLogger("stalebench")
+
+HEADER = 8  # float32 slots before the payload of every message
+# a push: ints clock, version read; float64s loss, compute_s, rtt_s (the worker's time from
+# its previous push, or the start, to receiving these parameters)
+# a reply: ints kind, version, the worker's clock (a resumed run's workers start at their
+# checkpointed clocks), the worker's index, the minibatch size of its step; float64 slot 2:
+# the run time the worker starts at (the run's start, or when a spare joined)
+PARAMS, STOP = 2, 3
+
+
+class Header:
+    """A message's header slots as numpy views of its (CPU) buffer: int slots `i`, float64
+    slots `d`, each read or written without a torch operation; `payload` the rest."""
+
+    def __init__(self, buf: torch.Tensor):
+        f = buf[:HEADER].numpy()
+        self.i, self.d, self.payload = f.view(np.int32), f[2:].view(np.float64), buf[HEADER:]
+
+
+class Server:
+    """Rank 0: the `serve` loop's port. It also tells the workers still computing to stop
+    once the run has ended, and writes the run directory."""
+
+    def __init__(self, job: Job, world: World):
+        cfg, n = job.cfg, job.num_workers
+        self.job, self.cfg, self.world, self.n = job, cfg, world, n
+        world.hub = True
+        self.record = record = world.record
+        self.model, self.ps = build_server(job, record.events.emit)
+        self.started_at, self.bytes = 0.0, 0  # run time and bytes before this process
+        if record.resumed:
+            self.ps.resume(record.resumed["state"]["ps"])
+            self.started_at = record.resumed["t"]
+            self.bytes = record.resumed["state"]["bytes_sent"]
+        d = self.ps.params.numel()
+        self.message_bytes = 4 * (HEADER + d)
+        probe: dict = {}  # a rule whose workers keep state (DANA-Slim's momentum): no checkpoints
+        UPDATES.get(cfg.algorithm.update.name)[0].worker_message(
+            cfg.algorithm.update, torch.zeros(d), probe
+        )
+        self.worker_state = bool(probe)
+        ranks = range(1, n + 1 + cfg.cluster.spares)
+        # a mailbox each way per rank: a push is read in place until the reply to it
+        pushes = {r: world.mailbox(r, 0, HEADER + d, HEADER) for r in ranks}
+        self.replies = {r: world.mailbox(0, r, HEADER + d, HEADER) for r in ranks}
+        self.heads = {r: Header(box) for r, box in self.replies.items()}
+        self.pushed: dict[int, Header] = {}  # the header of each buffer a push came in
+        peers = {w: w + 1 for w in range(n)}
+        self.listener = world.listen(peers, lambda rank: [pushes[rank]])
+        self.active = set(range(n))  # workers not yet sent STOP
+        self.rank = list(range(1, n + 1))  # each worker's rank: a spare's once replaced
+        self.spares = list(range(n + 1, n + 1 + cfg.cluster.spares))
+        self.joined_at: dict[int, float] = {}  # run time a spare took a worker's place
+
+    def run(self) -> Op[dict[str, Any]]:
+        world, ps, status, error = self.world, self.ps, "completed", None
+        yield from world.begin(lambda: None, self.started_at)
+        try:
+            yield from self.stop(set(ps.lost))  # a resumed run: the workers lost before stay out
+            status = yield from serve(ps, self, self.record, self.cfg.budget, self.started_at)
+        except Exception as exc:
+            status, error = "failed", str(exc)
+            log.error("server: %s", exc, exc_info=True)
+        t_end = world.now()
+        if status == "failed":
+            yield from self.stop(set(ps.held))
+        while self.active and status != "failed":  # a push that crossed the end: discard it
+            try:
+                item = yield from self.listener.next(self.active)
+            except WorkerLost as lost:  # lost after the run ended: nothing to undo
+                log.warning("server: after the end, %s", lost)
+                self.forget(lost.worker)
+                continue
+            self.active.discard(item[0])
+            yield from self._stop_ranks([self.rank[item[0]]])
+        yield from self._stop_ranks(self.spares)  # the spares never needed
+        return self.record.finish(
+            self.model, ps.params, ps.version, t_end, status, error, bytes_sent=self.bytes
+        )
+
+    def now(self) -> float:
+        return self.world.now()
+
+    def checkpoint(self) -> None:
+        t, checkpoints = self.now(), self.record.checkpoints
+        if not checkpoints.due(t):
+            return
+        if self.worker_state:  # e.g. DANA-Slim's momentum, on the workers: none is saved
+            log.warning("server: the workers keep state of their own: no checkpoints")
+            checkpoints.every_s = 0.0
+            return
+        checkpoints.save(t, self.ps.version, {"ps": self.ps.state(), "bytes_sent": self.bytes})
+
+    def next_push(self) -> Op[Push | None]:
+        item = yield from self.listener.next(self.active, self.cfg.budget.max_wall_s)
+        if item is None:
+            return None
+        w, (buf,) = item
+        h = self.pushed.get(buf.data_ptr())
+        if h is None:
+            h = self.pushed[buf.data_ptr()] = Header(buf)
+        self.bytes += self.message_bytes
+        (clock, version), (loss, compute_s, rtt_s) = h.i[:2].tolist(), h.d.tolist()
+        return Push(w, clock, version, h.payload, loss, compute_s, rtt_s)
+
+    def send(self, replies: list[Reply]) -> Op[None]:
+        for r in replies:
+            w, rank = r.worker, self.rank[r.worker]
+            out, h = self.replies[rank], self.heads[rank]
+            h.i[:5] = PARAMS, r.version, self.ps.clocks[w], w, r.batch
+            h.d[2] = self.joined_at.get(w, self.started_at)
+            h.payload.copy_(r.params)
+            try:
+                yield from self.world.send(out, rank)
+                self.bytes += self.message_bytes
+            except RunError as exc:  # it died since its push: the listener reports the loss
+                log.warning("server: %s", exc)
+            self.listener.arm(w)
+
+    def forget(self, worker: int) -> None:
+        self.active.discard(worker)
+        self.listener.close(worker)
+
+    def replace(self, worker: int) -> str | None:
+        if not self.spares:
+            return None
+        rank = self.spares.pop(0)
+        self.rank[worker], self.joined_at[worker] = rank, self.now()
+        self.listener.replace(worker, rank)
+        self.active.add(worker)
+        return f"spare {rank - 1 - self.n} (rank {rank})"
+
+    def stop(self, waiting: set[int]) -> Op[None]:
+        """Tell the workers waiting for a reply to stop; the others (still computing) are
+        told at their next push."""
+        for w in sorted(waiting & self.active):
+            self.forget(w)
+            if (yield from self._stop_ranks([self.rank[w]])):
+                self.record.events.emit("worker", self.now(), worker=w, event="stop")
+
+    def _stop_ranks(self, ranks: list[int]) -> Op[bool]:
+        stopped = True
+        for rank in ranks:
+            self.heads[rank].i[:3] = STOP, self.ps.version, 0
+            try:
+                yield from self.world.send(self.replies[rank], rank)
+            except Exception as exc:  # best effort on the failure path
+                log.warning("could not stop rank %d: %s", rank, exc)
+                stopped = False
+        return stopped
+
+
+class WorkerNet:
+    """The model a process's workers compute gradients on (in the simulator, all of them):
+    its θ a view of the inbox's payload on the CPU, so a received θ needs no copy."""
+
+    def __init__(self, job: Job, device: torch.device, mailbox=torch.zeros):
+        """`mailbox(size)`: the buffer θ is received in (a reply's header, then θ)."""
+        self.device = device
+        self.model = job.model().to(self.device)
+        self.inbox = mailbox(HEADER + sum(p.numel() for p in self.model.parameters()))
+        self.in_place = self.device.type == "cpu"
+        self.flat = flatten_parameters(self.model, self.inbox[HEADER:] if self.in_place else None)
+        self.params, self.buffers = list(self.model.parameters()), list(self.model.buffers())
+
+    def gradient(self, batch, buffers: list[torch.Tensor], out: torch.Tensor):
+        """The gradient (into `out`) and loss at the θ received, with a worker's own
+        BatchNorm statistics, which it updates."""
+        if not self.in_place:
+            self.flat.copy_(self.inbox[HEADER:])
+        for mine, shared in zip(buffers, self.buffers, strict=True):
+            shared.copy_(mine)
+        grad, loss = gradient(self.model, self.params, batch, self.device, out)
+        for mine, shared in zip(buffers, self.buffers, strict=True):
+            mine.copy_(shared)
+        return grad, loss
+
+
+def worker(job: Job, world: World) -> Op[None]:
+    """Rank r: worker r − 1, or a spare (r > N) until a lost worker's place is its own."""
+    cfg, profile, rank = job.cfg, job.profile, world.rank
+    spare = rank > job.num_workers
+    inbox = lambda size: world.mailbox(0, rank, size, HEADER)  # noqa: E731
+    net = world.shared("net", lambda: WorkerNet(job, job.device(rank - 1), inbox))
+    buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm statistics
+    out = world.mailbox(rank, 0, net.inbox.numel(), HEADER)
+    head, sent = Header(net.inbox), Header(out)
+    rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
+    rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
+    x, y = (
+        job.splits.x_train[: cfg.dataset.batch_size],
+        job.splits.y_train[: cfg.dataset.batch_size],
+    )
+    yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
+    batches, faults, clock, pushed_at = None, None, 0, world.now()
+    while True:
+        yield from world.recv(net.inbox, 0, patient=spare and faults is None)
+        received = world.now()
+        kind, version, its_clock, its_index, batch = head.i[:5].tolist()
+        if kind == STOP:
+            return None
+        if faults is None:  # the first reply: who it is, its clock, the run time it starts at
+            w, clock, started_at = its_index, its_clock, float(head.d[2])
+            world.faults = faults = Faults(profile, w, started_at, clock, replaced=spare)
+            batches = job.batches(w)
+            for _ in range(clock):  # a resumed worker or a spare: where the worker was
+                next(batches)
+            while profile.steps[w] < clock:
+                profile.step_s(w)
+            pushed_at = received if spare else pushed_at
+
+        def pause(at: float, seconds: float, w: int = w) -> None:
+            world.events.emit("worker", at, worker=w, event="pause", duration_s=seconds)
+
+        yield from world.strike(pause)
+        step_s = profile.step_s(w)
+        if batch and batch != cfg.dataset.batch_size:  # re-assigned (DBS): its time is
+            step_s *= batch / cfg.dataset.batch_size  # for dataset.batch_size samples
+        if batch and batch != batches.size:
+            batches.size = batch
+
+        def step(batches=batches) -> float:
+            grad, loss = net.gradient(next(batches), buffers, sent.payload)
+            message = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
+            if message is not grad:
+                sent.payload.copy_(message)
+            return loss
+
+        loss, compute = yield from world.compute(step, step_s)
+        sent.i[:2] = clock, version
+        sent.d[:] = loss, compute, received - pushed_at
+        yield from world.send(out, 0)
+        pushed_at = world.now() - profile.push_s(nbytes(out), faults.slow_s)
+        clock += 1
