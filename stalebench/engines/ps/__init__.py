@@ -51,6 +51,6 @@ class ParameterServerEngine(DataParallel):
         return rank > 0 and barrier.survives_loss(cfg)
 
     def program(self, job, world):
-        from stalebench.engines.ps.program import Server, worker
+        from stalebench.engines.ps.program import Server, Worker
 
-        return Server(job, world).run() if world.rank == 0 else worker(job, world)
+        return (Server if world.rank == 0 else Worker)(job, world).run()

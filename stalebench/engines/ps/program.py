@@ -209,59 +209,73 @@ class WorkerNet:
         return grad, loss
 
 
-def worker(job: Job, world: World) -> Op[None]:
-    """Rank r: worker r − 1, or a spare (r > N) until a lost worker's place is its own."""
-    cfg, profile, rank = job.cfg, job.profile, world.rank
-    spare = rank > job.num_workers
-    inbox = lambda size: world.mailbox(0, rank, size, HEADER)  # noqa: E731
-    net = world.shared("net", lambda: WorkerNet(job, job.device(rank - 1), inbox))
-    buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm statistics
-    out = world.mailbox(rank, 0, net.inbox.numel(), HEADER)
-    head, sent = Header(net.inbox), Header(out)
-    rule_cls, _ = UPDATES.get(cfg.algorithm.update.name)
-    rule_state: dict = {}  # the update rule's worker-side state (e.g. DANA-Slim's momentum)
-    x, y = (
-        job.splits.x_train[: cfg.dataset.batch_size],
-        job.splits.y_train[: cfg.dataset.batch_size],
-    )
-    yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
-    batches, faults, clock, pushed_at = None, None, 0, world.now()
-    while True:
-        yield from world.recv(net.inbox, 0, patient=spare and faults is None)
-        received = world.now()
-        kind, version, its_clock, its_index, batch = head.i[:5].tolist()
-        if kind == STOP:
-            return None
-        if faults is None:  # the first reply: who it is, its clock, the run time it starts at
-            w, clock, started_at = its_index, its_clock, float(head.d[2])
-            world.faults = faults = Faults(profile, w, started_at, clock, replaced=spare)
-            batches = job.batches(w)
-            for _ in range(clock):  # a resumed worker or a spare: where the worker was
-                next(batches)
-            while profile.steps[w] < clock:
-                profile.step_s(w)
-            pushed_at = received if spare else pushed_at
+class Worker:
+    """Rank r: worker r − 1, or a spare (r > N) until a lost worker's place is its own (its
+    index, clock and start time come in its first reply)."""
 
-        def pause(at: float, seconds: float, w: int = w) -> None:
-            world.events.emit("worker", at, worker=w, event="pause", duration_s=seconds)
+    def __init__(self, job: Job, world: World):
+        self.job, self.world, self.cfg, self.profile = job, world, job.cfg, job.profile
+        rank = world.rank
+        self.spare = rank > job.num_workers
+        inbox = lambda size: world.mailbox(0, rank, size, HEADER)  # noqa: E731
+        self.net = world.shared("net", lambda: WorkerNet(job, job.device(rank - 1), inbox))
+        self.buffers = [b.detach().clone() for b in self.net.buffers]  # its own BatchNorm
+        self.out = world.mailbox(rank, 0, self.net.inbox.numel(), HEADER)
+        self.head, self.sent = Header(self.net.inbox), Header(self.out)
+        self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
+        self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
+        self.w, self.clock, self.batches = -1, 0, None
 
-        yield from world.strike(pause)
-        step_s = profile.step_s(w)
-        if batch and batch != cfg.dataset.batch_size:  # re-assigned (DBS): its time is
-            step_s *= batch / cfg.dataset.batch_size  # for dataset.batch_size samples
-        if batch and batch != batches.size:
-            batches.size = batch
+    def run(self) -> Op[None]:
+        world, head, sent, net = self.world, self.head, self.sent, self.net
+        first = slice(0, self.cfg.dataset.batch_size)  # a step off the clock: set-up
+        sample = (self.job.splits.x_train[first], self.job.splits.y_train[first])
+        yield from world.begin(lambda: gradient(net.model, net.params, sample, net.device))
+        pushed_at = world.now()
+        while True:
+            yield from world.recv(net.inbox, 0, patient=self.spare and self.w < 0)
+            received = world.now()
+            kind, version, clock, index, batch = head.i[:5].tolist()
+            if kind == STOP:
+                return None
+            if self.w < 0:  # the first reply: who it is
+                self.join(index, clock, float(head.d[2]))
+                pushed_at = received if self.spare else pushed_at
+            yield from world.strike(self.pause)
+            loss, compute = yield from world.compute(self.step, self.step_s(batch))
+            sent.i[:2] = self.clock, version
+            sent.d[:] = loss, compute, received - pushed_at
+            yield from world.send(self.out, 0)
+            pushed_at = world.now() - self.profile.push_s(nbytes(self.out), self.faults.slow_s)
+            self.clock += 1
 
-        def step(batches=batches) -> float:
-            grad, loss = net.gradient(next(batches), buffers, sent.payload)
-            message = rule_cls.worker_message(cfg.algorithm.update, grad, rule_state)
-            if message is not grad:
-                sent.payload.copy_(message)
-            return loss
+    def join(self, w: int, clock: int, started_at: float) -> None:
+        """Worker w from step `clock` and run time `started_at` (a resumed run's worker, a
+        spare in a lost worker's place: where that worker was)."""
+        self.w, self.clock, profile = w, clock, self.profile
+        self.faults = Faults(profile, w, started_at, clock, replaced=self.spare)
+        self.world.faults, self.batches = self.faults, self.job.batches(w)
+        for _ in range(clock):
+            next(self.batches)
+        while profile.steps[w] < clock:
+            profile.step_s(w)
 
-        loss, compute = yield from world.compute(step, step_s)
-        sent.i[:2] = clock, version
-        sent.d[:] = loss, compute, received - pushed_at
-        yield from world.send(out, 0)
-        pushed_at = world.now() - profile.push_s(nbytes(out), faults.slow_s)
-        clock += 1
+    def pause(self, at: float, seconds: float) -> None:
+        self.world.events.emit("worker", at, worker=self.w, event="pause", duration_s=seconds)
+
+    def step_s(self, batch: int) -> float:
+        """The profile's time for this step, and its minibatch size (a barrier may re-assign
+        it: DBS; the profile's time is for dataset.batch_size samples)."""
+        step_s, size = self.profile.step_s(self.w), self.cfg.dataset.batch_size
+        if batch and batch != size:
+            step_s *= batch / size
+        if batch and batch != self.batches.size:
+            self.batches.size = batch
+        return step_s
+
+    def step(self) -> float:
+        grad, loss = self.net.gradient(next(self.batches), self.buffers, self.sent.payload)
+        message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
+        if message is not grad:
+            self.sent.payload.copy_(message)
+        return loss
