@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +39,7 @@ class CharsConfig(DatasetConfig):
         self.at_least_one("corpus_words", "corpus_branching")
 
 
+@functools.lru_cache(maxsize=4)  # every process builds its splits more than once
 def generated_corpus(num_chars: int, seed: int, num_words: int = 120, branching: int = 4) -> str:
     """A seeded source with structure at two scales: `num_words` random words spelled from
     26 letters, strung by a sparse first-order Markov chain over words (each word is followed
@@ -48,12 +51,17 @@ def generated_corpus(num_chars: int, seed: int, num_words: int = 120, branching:
     words = ["".join(rng.choice(letters, size=rng.integers(2, 8))) for _ in range(num_words)]
     successors = rng.integers(0, len(words), size=(len(words), branching))
     weights = rng.dirichlet(np.ones(branching), size=len(words))
+    # rng.choice(branching, p=weights[w]) as numpy draws it (one uniform against the
+    # normalised cumulative weights), without its per-call checks: the same stream, faster
+    cdf = weights.cumsum(axis=1)
+    cdf /= cdf[:, -1:]
+    cdf_rows, succ_rows = cdf.tolist(), successors.tolist()
     out, size, w = [], 0, int(rng.integers(len(words)))
     while size < num_chars:
         sentence = []
         for _ in range(int(rng.integers(4, 13))):
             sentence.append(words[w])
-            w = int(successors[w, rng.choice(branching, p=weights[w])])
+            w = succ_rows[w][bisect.bisect_right(cdf_rows[w], rng.random())]
         text = " ".join(sentence).capitalize() + ". "
         out.append(text)
         size += len(text)

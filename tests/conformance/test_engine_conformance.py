@@ -26,6 +26,7 @@ SMALL = [
     "budget.max_wall_s=0",
     "eval.every_s=0",
     "eval.every_updates=6",
+    "eval.train_samples=0",
     "logger=none",
     "timeout_s=60",
 ]
