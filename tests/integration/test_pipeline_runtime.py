@@ -75,9 +75,16 @@ def gaps(events: list[dict], stage: int) -> list[float]:
 
 
 @pytest.mark.timeout(120)
-def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path):
+@pytest.mark.parametrize("runtime", ["real", "sim"])
+def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path, runtime):
+    # one program in both runtimes: stage 0 stops feeding once the budget is spent, and
+    # every stage drains what it holds (in the simulator on its own virtual clock)
     summary, events = run(
-        tmp_path, "algorithm=pipedream", "budget.max_updates=0", "budget.max_wall_s=3"
+        tmp_path,
+        "algorithm=pipedream",
+        "budget.max_updates=0",
+        "budget.max_wall_s=3",
+        f"runtime={runtime}",
     )
     assert summary["status"] == "completed", summary["error"]
     last = [
