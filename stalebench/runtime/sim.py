@@ -58,6 +58,7 @@ class SimWorld(World):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
         self.clock = 0.0
+        self.pending: list[Deferred] = []  # lazy steps not yet run, oldest first
 
     def now(self) -> float:
         return self.clock
@@ -81,10 +82,21 @@ class SimWorld(World):
         return paused
         yield
 
-    def compute(self, step: Callable[[], T], step_s: float) -> Op[tuple[T, float]]:
+    def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         self.clock += step_s
+        if lazy:
+            self.pending.append(Deferred(step))
+            return None, step_s
+        self.settle()
         return step(), step_s
         yield
+
+    def settle(self) -> None:
+        """Run this rank's lazy steps not yet run, before it computes anew or joins a
+        collective (a lazy step reads only what the rank's own steps change)."""
+        for deferred in self.pending:
+            deferred.run()
+        self.pending.clear()
 
     def _slow_s(self) -> float:
         return self.faults.slow_s if self.faults is not None else 0.0
@@ -92,7 +104,7 @@ class SimWorld(World):
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
         if not self.hub:
             self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
-        self.sim.post(self.rank, dst, self.clock, buf)
+        self.sim.post(self.rank, dst, self.clock, buf, tuple(self.pending))
         return
         yield
 
@@ -104,7 +116,9 @@ class SimWorld(World):
         box = self.sim.mail[(src, self.rank)]
         if not box:
             yield ("recv", src)
-        arrival, message = box.popleft()
+        arrival, message, deferred = box.popleft()
+        for step in deferred:
+            step.run()
         buf.copy_(message)
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
@@ -118,9 +132,24 @@ class SimWorld(World):
         return listener
 
     def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
+        self.settle()
         if seconds is None:
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
         yield ("all_reduce", buf, seconds)
+
+
+class Deferred:
+    """A lazy step (`World.compute(lazy=True)`), run once, by whoever needs it first."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: Callable[[], Any]):
+        self.step: Callable[[], Any] | None = step
+
+    def run(self) -> None:
+        if self.step is not None:
+            step, self.step = self.step, None
+            step()
 
 
 class SimListener(Listener):
@@ -130,13 +159,16 @@ class SimListener(Listener):
     def __init__(self, world: SimWorld, peers: dict[int, int]):
         self.world, self.sim = world, world.sim
         self.peer_of = {rank: peer for peer, rank in peers.items()}
-        self.heap: list[tuple[float, int, int, Any]] = []  # (arrival, order, rank, message)
+        # (arrival, order, rank, message, the lazy steps that write it)
+        self.heap: list[tuple[float, int, int, Any, tuple]] = []
         self.due = math.inf  # when the scheduler resumes it, while it waits
 
-    def take(self, arrival: float, src: int, message: Any) -> None:
-        heapq.heappush(self.heap, (arrival, next(self.sim.order), src, message))
+    def take(self, arrival: float, src: int, message: Any, deferred: tuple) -> None:
+        heapq.heappush(self.heap, (arrival, next(self.sim.order), src, message, deferred))
 
-    def next(self, active: set[int], until: float = 0.0) -> Op[tuple[int, list] | None]:
+    def next(
+        self, active: set[int], until: float = 0.0, read: bool = True
+    ) -> Op[tuple[int, list] | None]:
         world, heap, woken = self.world, self.heap, -math.inf
         while True:
             while heap and self.peer_of.get(heap[0][2]) not in active:
@@ -144,7 +176,7 @@ class SimListener(Listener):
             if not heap:
                 woken = yield ("listen", math.inf)
                 continue
-            arrival, _, src, message = heap[0]
+            arrival, _, src, message, deferred = heap[0]
             at = max(world.clock, arrival)
             if not (at <= woken or at < self.sim.ready.first()):
                 # a rank that goes on before `at` may still send an earlier message: resumed
@@ -156,6 +188,8 @@ class SimListener(Listener):
                 return None
             heapq.heappop(heap)
             world.clock, peer = at, self.peer_of[src]
+            for step in deferred if read else ():
+                step.run()
             if isinstance(message, BaseException):
                 if isinstance(message, WorkerLost) and message.worker == peer:
                     raise message
@@ -190,14 +224,14 @@ class Simulator:
         self.results: dict[int, Any] = {}
         self.begun = 0  # ranks set up and waiting for the others to start
 
-    def post(self, src: int, dst: int, arrival: float, buf: Any) -> None:
+    def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
         listener = self.listeners.get(dst)
         if listener is not None and src in listener.peer_of:
-            listener.take(arrival, src, buf)
+            listener.take(arrival, src, buf, deferred)
             if self.waiting.get(dst) is not None and self.waiting[dst][0] == "listen":
                 self._listen(dst, max(self.worlds[dst].clock, arrival))
             return
-        self.mail[(src, dst)].append((arrival, buf))
+        self.mail[(src, dst)].append((arrival, buf, deferred))
         if self.waiting.get(dst) == ("recv", src):
             del self.waiting[dst]
             self.ready.push(max(self.worlds[dst].clock, arrival), (dst, None, None))

@@ -115,9 +115,16 @@ class World:
         seconds paused."""
         raise NotImplementedError
 
-    def compute(self, step: Callable[[], T], step_s: float) -> Op[tuple[T, float]]:
+    def compute(
+        self, step: Callable[[], T], step_s: float, lazy: bool = False
+    ) -> Op[tuple[T | None, float]]:
         """Run `step` (a gradient), lasting at least `step_s` (the profile's step time);
-        returns its result and the seconds it took."""
+        returns its result and the seconds it took. `lazy`: the program does not use the
+        result: `step` writes into the message this rank sends next and reads only what
+        this rank's own steps change. The simulator then runs it when that message is first
+        read, or before this rank's next step or collective, never if neither comes (a
+        step under way when the run ends), and returns None for it; real processes run it
+        now."""
         raise NotImplementedError
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[Any]:
@@ -228,7 +235,7 @@ class RealWorld(World):
         return self.faults.strike(now, pause) - now
 
     @blocking
-    def compute(self, step: Callable[[], T], step_s: float) -> tuple[T, float]:
+    def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         start = time.perf_counter()
         out = step()
         pad_to(start, step_s)
@@ -260,10 +267,13 @@ class RealWorld(World):
 class Listener:
     """A rank's ear to its peers (`World.listen`)."""
 
-    def next(self, active: set[int], until: float = 0.0) -> Op[tuple[int, list] | None]:
+    def next(
+        self, active: set[int], until: float = 0.0, read: bool = True
+    ) -> Op[tuple[int, list] | None]:
         """The next message from a peer in `active`: (peer, its buffers, read in place until
         the reply to it); None when run time `until` (> 0) passes first. A lost or silent
-        peer raises `WorkerLost` (a real peer silent for timeout_s after `arm`)."""
+        peer raises `WorkerLost` (a real peer silent for timeout_s after `arm`). `read`:
+        False when the caller will not read the message (it only learns who sent one)."""
         raise NotImplementedError
 
     def arm(self, peer: int) -> None:
@@ -284,7 +294,7 @@ class RealListener(Listener):
         inbox.start()
 
     @blocking
-    def next(self, active: set[int], until: float = 0.0) -> tuple[int, list] | None:
+    def next(self, active: set[int], until: float = 0.0, read: bool = True):
         return self.inbox.next(active, until)
 
     def arm(self, peer: int) -> None:

@@ -99,7 +99,7 @@ class Server:
             yield from self.stop(set(ps.held))
         while self.active and status != "failed":  # a push that crossed the end: discard it
             try:
-                item = yield from self.listener.next(self.active)
+                item = yield from self.listener.next(self.active, read=False)
             except WorkerLost as lost:  # lost after the run ended: nothing to undo
                 log.warning("server: after the end, %s", lost)
                 self.forget(lost.worker)
@@ -184,23 +184,21 @@ class Server:
 
 
 class WorkerNet:
-    """The model a process's workers compute gradients on (in the simulator, all of them):
-    its θ a view of the inbox's payload on the CPU, so a received θ needs no copy."""
+    """The model a process's workers compute gradients on (in the simulator, all of them),
+    and the buffer their replies arrive in (a header, then θ), each read at once."""
 
     def __init__(self, job: Job, device: torch.device, mailbox=torch.zeros):
-        """`mailbox(size)`: the buffer θ is received in (a reply's header, then θ)."""
+        """`mailbox(size)`: the buffer replies are received in."""
         self.device = device
         self.model = job.model().to(self.device)
-        self.inbox = mailbox(HEADER + sum(p.numel() for p in self.model.parameters()))
-        self.in_place = self.device.type == "cpu"
-        self.flat = flatten_parameters(self.model, self.inbox[HEADER:] if self.in_place else None)
+        self.flat = flatten_parameters(self.model)
+        self.inbox = mailbox(HEADER + self.flat.numel())
         self.params, self.buffers = list(self.model.parameters()), list(self.model.buffers())
 
-    def gradient(self, batch, buffers: list[torch.Tensor], out: torch.Tensor):
-        """The gradient (into `out`) and loss at the θ received, with a worker's own
-        BatchNorm statistics, which it updates."""
-        if not self.in_place:
-            self.flat.copy_(self.inbox[HEADER:])
+    def gradient(self, theta: torch.Tensor, batch, buffers: list[torch.Tensor], out: torch.Tensor):
+        """The gradient (into `out`) and loss at a worker's θ, with its own BatchNorm
+        statistics, which it updates."""
+        self.flat.copy_(theta)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             shared.copy_(mine)
         grad, loss = gradient(self.model, self.params, batch, self.device, out)
@@ -220,11 +218,15 @@ class Worker:
         inbox = lambda size: world.mailbox(0, rank, size, HEADER)  # noqa: E731
         self.net = world.shared("net", lambda: WorkerNet(job, job.device(rank - 1), inbox))
         self.buffers = [b.detach().clone() for b in self.net.buffers]  # its own BatchNorm
+        self.theta = torch.empty(self.net.flat.numel())  # the θ of its step
         self.out = world.mailbox(rank, 0, self.net.inbox.numel(), HEADER)
         self.head, self.sent = Header(self.net.inbox), Header(self.out)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
-        self.w, self.clock, self.batches = -1, 0, None
+        self.w, self.clock = -1, 0
+        # a worker's shard is its rank's (set up before the clock starts); a spare's is the
+        # lost worker's, read once it takes that place
+        self.batches = None if self.spare else job.batches(rank - 1)
 
     def run(self) -> Op[None]:
         world, head, sent, net = self.world, self.head, self.sent, self.net
@@ -241,10 +243,12 @@ class Worker:
             if self.w < 0:  # the first reply: who it is
                 self.join(index, clock, float(head.d[2]))
                 pushed_at = received if self.spare else pushed_at
+            yield from world.compute(self.load, 0.0)
             yield from world.strike(self.pause)
-            loss, compute = yield from world.compute(self.step, self.step_s(batch))
+            # the gradient goes into the push, which the simulator computes once it is read
+            _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
             sent.i[:2] = self.clock, version
-            sent.d[:] = loss, compute, received - pushed_at
+            sent.d[1:] = compute, received - pushed_at
             yield from world.send(self.out, 0)
             pushed_at = world.now() - self.profile.push_s(nbytes(self.out), self.faults.slow_s)
             self.clock += 1
@@ -254,7 +258,8 @@ class Worker:
         spare in a lost worker's place: where that worker was)."""
         self.w, self.clock, profile = w, clock, self.profile
         self.faults = Faults(profile, w, started_at, clock, replaced=self.spare)
-        self.world.faults, self.batches = self.faults, self.job.batches(w)
+        self.world.faults = self.faults
+        self.batches = self.batches or self.job.batches(w)
         for _ in range(clock):
             next(self.batches)
         while profile.steps[w] < clock:
@@ -273,9 +278,15 @@ class Worker:
             self.batches.size = batch
         return step_s
 
-    def step(self) -> float:
-        grad, loss = self.net.gradient(next(self.batches), self.buffers, self.sent.payload)
+    def load(self) -> None:
+        """θ from the reply into the worker's own copy (after its last step has run)."""
+        self.theta.copy_(self.net.inbox[HEADER:])
+
+    def step(self) -> None:
+        """The push: the gradient at θ on the next minibatch (or what the rule makes of it,
+        on the worker), and the minibatch's loss."""
+        net, sent = self.net, self.sent
+        grad, sent.d[0] = net.gradient(self.theta, next(self.batches), self.buffers, sent.payload)
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:
-            self.sent.payload.copy_(message)
-        return loss
+            sent.payload.copy_(message)
