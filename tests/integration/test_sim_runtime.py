@@ -223,3 +223,35 @@ def test_the_ps_server_stops_its_workers_and_counts_its_messages_in_the_simulato
     d = sum(p.numel() for p in Job.build(cfg).model().parameters())
     pushes, replies = 20 * 4, 4 + 19 * 4  # the last round's replies are stops instead
     assert summary["bytes_sent"] == end["bytes_sent"] == (pushes + replies) * 4 * (HEADER + d)
+
+
+def test_a_lazy_step_runs_when_its_message_is_read_and_never_if_it_is_not(tmp_path):
+    """compute(lazy=True): the clock moves at once, the step runs only when the message the
+    rank sent after it is read (rank 1's, read by rank 0) — or never (rank 2's, which
+    rank 0 takes with read=False). The message carries what the step wrote."""
+    sim, ran = simulator(tmp_path, size=3), []
+
+    def program(job, world):
+        if world.rank == 0:
+            world.hub = True
+            ear = world.listen({1: 1, 2: 2}, lambda rank: [])
+            yield from world.begin(lambda: None)
+            peer, (buf,) = yield from ear.next({1, 2})
+            assert (peer, buf.tolist(), ran) == (1, [1.0], [1])
+            peer, _ = yield from ear.next({2}, read=False)
+            assert peer == 2 and ran == [1]
+            return finish(world)
+        yield from world.begin(lambda: None)
+        out = torch.zeros(1)
+
+        def step() -> None:
+            ran.append(world.rank)
+            out.fill_(float(world.rank))
+
+        result, took = yield from world.compute(step, 0.1 * world.rank, lazy=True)
+        assert (result, took, ran) == (None, 0.1 * world.rank, [])
+        yield from world.isend(out, 0)
+        return None
+
+    assert sim.run(program)["status"] == "completed"
+    assert ran == [1]
