@@ -74,14 +74,15 @@ class Net:
         self.device = device
 
     def gradient_at(
-        self, x: torch.Tensor, buffers: list[torch.Tensor], batch
+        self, x: torch.Tensor, buffers: list[torch.Tensor], batch, out: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, float]:
-        """The gradient and loss of `batch` at θ = x, with the BatchNorm statistics
-        `buffers` (the caller's own, left as the forward pass updated them)."""
+        """The gradient (into `out`, if given) and loss of `batch` at θ = x, with the
+        BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
+        them)."""
         self.flat.copy_(x)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             shared.copy_(mine)
-        out = gradient(self.model, self.params, batch, self.device)
+        grad = gradient(self.model, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             mine.copy_(shared)
-        return out
+        return grad

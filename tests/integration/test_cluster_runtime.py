@@ -194,7 +194,7 @@ def test_real_slow_sends_lengthen_that_workers_round_trips(tmp_path):
 def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
     import torch
 
-    from stalebench.engines.ps.program import WorkerNet
+    from stalebench.engines.common import Net
     from stalebench.job import Job
     from tests.conftest import compose, fast_with
 
@@ -202,14 +202,14 @@ def test_sim_keeps_batch_norm_statistics_per_worker(tmp_path):
         fast_with(["model=cnn", "model.batch_norm=true", "dataset=mnist1d", "budget.max_updates=1"])
     )
     job = Job.build(cfg)
-    net = WorkerNet(job, torch.device("cpu"))  # the simulator's one model for every worker
+    net = Net(job, torch.device("cpu"))  # the simulator's one model for every worker
     init = [b.clone() for b in net.buffers]
     a, b = [t.clone() for t in init], [t.clone() for t in init]  # two workers' statistics
     x, y, out = job.splits.x_train, job.splits.y_train, torch.empty(net.flat.numel())
     theta = net.flat.clone()
-    net.gradient(theta, (x[:32] * 3 + 1, y[:32]), a, out)
+    net.gradient_at(theta, a, (x[:32] * 3 + 1, y[:32]), out)
     assert all(torch.equal(mine, first) for mine, first in zip(b, init, strict=True))
-    net.gradient(theta, (x[32:64], y[32:64]), b, out)
+    net.gradient_at(theta, b, (x[32:64], y[32:64]), out)
     means = (
         [m for m in a if m.dtype.is_floating_point][0],
         [m for m in b if m.dtype.is_floating_point][0],

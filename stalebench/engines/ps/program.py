@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from stalebench.algorithms.base import UPDATES
+from stalebench.engines.common import Net
 from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerLost
-from stalebench.runtime.record import flatten_parameters, gradient
+from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World, nbytes
 
 log = logging.getLogger("stalebench")
@@ -183,30 +184,6 @@ class Server:
         return stopped
 
 
-class WorkerNet:
-    """The model a process's workers compute gradients on (in the simulator, all of them),
-    and the buffer their replies arrive in (a header, then θ), each read at once."""
-
-    def __init__(self, job: Job, device: torch.device, mailbox=torch.zeros):
-        """`mailbox(size)`: the buffer replies are received in."""
-        self.device = device
-        self.model = job.model().to(self.device)
-        self.flat = flatten_parameters(self.model)
-        self.inbox = mailbox(HEADER + self.flat.numel())
-        self.params, self.buffers = list(self.model.parameters()), list(self.model.buffers())
-
-    def gradient(self, theta: torch.Tensor, batch, buffers: list[torch.Tensor], out: torch.Tensor):
-        """The gradient (into `out`) and loss at a worker's θ, with its own BatchNorm
-        statistics, which it updates."""
-        self.flat.copy_(theta)
-        for mine, shared in zip(buffers, self.buffers, strict=True):
-            shared.copy_(mine)
-        grad, loss = gradient(self.model, self.params, batch, self.device, out)
-        for mine, shared in zip(buffers, self.buffers, strict=True):
-            mine.copy_(shared)
-        return grad, loss
-
-
 class Worker:
     """Rank r: worker r − 1, or a spare (r > N) until a lost worker's place is its own (its
     index, clock and start time come in its first reply)."""
@@ -215,12 +192,15 @@ class Worker:
         self.job, self.world, self.cfg, self.profile = job, world, job.cfg, job.profile
         rank = world.rank
         self.spare = rank > job.num_workers
-        inbox = lambda size: world.mailbox(0, rank, size, HEADER)  # noqa: E731
-        self.net = world.shared("net", lambda: WorkerNet(job, job.device(rank - 1), inbox))
-        self.buffers = [b.detach().clone() for b in self.net.buffers]  # its own BatchNorm
-        self.theta = torch.empty(self.net.flat.numel())  # the θ of its step
-        self.out = world.mailbox(rank, 0, self.net.inbox.numel(), HEADER)
-        self.head, self.sent = Header(self.net.inbox), Header(self.out)
+        # the model a process's workers compute on (in the simulator, all of them), and the
+        # buffer replies arrive in (a header, then θ), read at once
+        self.net = net = world.shared("net", lambda: Net(job, job.device(rank - 1)))
+        size = HEADER + net.flat.numel()
+        self.inbox = world.shared("inbox", lambda: world.mailbox(0, rank, size, HEADER))
+        self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
+        self.theta = torch.empty(net.flat.numel())  # the θ of its step
+        self.out = world.mailbox(rank, 0, size, HEADER)
+        self.head, self.sent = Header(self.inbox), Header(self.out)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
         self.w, self.clock = -1, 0
@@ -235,7 +215,7 @@ class Worker:
         yield from world.begin(lambda: gradient(net.model, net.params, sample, net.device))
         pushed_at = world.now()
         while True:
-            yield from world.recv(net.inbox, 0, patient=self.spare and self.w < 0)
+            yield from world.recv(self.inbox, 0, patient=self.spare and self.w < 0)
             received = world.now()
             kind, version, clock, index, batch = head.i[:5].tolist()
             if kind == STOP:
@@ -280,13 +260,15 @@ class Worker:
 
     def load(self) -> None:
         """θ from the reply into the worker's own copy (after its last step has run)."""
-        self.theta.copy_(self.net.inbox[HEADER:])
+        self.theta.copy_(self.inbox[HEADER:])
 
     def step(self) -> None:
         """The push: the gradient at θ on the next minibatch (or what the rule makes of it,
         on the worker), and the minibatch's loss."""
         net, sent = self.net, self.sent
-        grad, sent.d[0] = net.gradient(self.theta, next(self.batches), self.buffers, sent.payload)
+        grad, sent.d[0] = net.gradient_at(
+            self.theta, self.buffers, next(self.batches), sent.payload
+        )
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:
             sent.payload.copy_(message)
