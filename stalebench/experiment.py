@@ -163,12 +163,10 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     with recording_interrupts(cfg, engine.num_workers):
         if cfg.runtime == "sim":
-            job = Job.build(cfg, engine.num_workers, engine.one_stream)
-            if engine.has_program:
-                from stalebench.runtime import sim
+            from stalebench.runtime import sim
 
-                return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
-            return engine.simulate(job, Path(cfg.run_dir))
+            job = Job.build(cfg, engine.num_workers, engine.one_stream)
+            return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
         from stalebench.runtime import launch as real
 
         return real.launch(cfg, engine, plugins.load)

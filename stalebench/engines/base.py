@@ -19,8 +19,9 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
   world it sees (`stalebench.runtime.world`): rank 0 owns the run directory
   (`world.record`) and returns the summary, the others return None. The real runtime runs
   one rank per process, the simulator every rank in one process on a virtual clock;
-- until every engine is a program: `run_rank(job, rank, ctx)`, one process of the real
-  runtime, and `simulate(job, run_dir)`, the whole run in the simulator.
+- `run_rank(job, rank, ctx)`: one process of the real runtime that is not (yet) a program
+  (`has_program` False there: engine=allreduce's rounds in pieces, whose backward hooks
+  post the pieces); the simulator runs programs only.
 
 The runtime gives every engine the cluster profile: a transport that pays the profile's
 network delays, the worker's faults, and its step times (`stalebench.runtime.faults`).
@@ -36,7 +37,6 @@ from stalebench.config import ENGINES, EngineConfig, RunConfig
 from stalebench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     from stalebench.data import Splits
     from stalebench.job import Job
@@ -152,6 +152,3 @@ class Engine:
 
     def run_rank(self, job: Job, rank: int, ctx: RankContext) -> dict[str, Any] | None:
         raise NotImplementedError(f"engine={self.name} has no real runtime")
-
-    def simulate(self, job: Job, run_dir: Path) -> dict[str, Any]:
-        raise NotImplementedError(f"engine={self.name} has no simulator")

@@ -111,6 +111,7 @@ class Shaped(Transport):
 
     def __init__(self, inner: Transport, profile: Profile, faults: Faults | None = None):
         self.inner, self.profile, self.faults = inner, profile, faults
+        self.linked = 0.0  # when the collectives under way end, as priced: the next starts then
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.inner.mailbox(src, dst, size, header)
@@ -151,21 +152,23 @@ class Shaped(Transport):
 
     def all_reduce_start(self, buf: torch.Tensor, seconds: float | None = None) -> Pending:
         """The all-reduce goes on while the caller computes; its wait() returns no sooner
-        than `seconds` after the start (default: the profile's ring all-reduce time)."""
-        start, inner = time.perf_counter(), self.inner.all_reduce_start(buf)
+        than `seconds` (default: the profile's ring all-reduce time) after it starts: now,
+        or when the collectives started before it end (they run one after another)."""
         if seconds is None:
             seconds = self.profile.allreduce_s(_size(buf), self.slow_s)
+        return self._paced(self.inner.all_reduce_start(buf), seconds)
 
-        def wait() -> None:
-            inner.wait()
-            pad_to(start, seconds)
+    def all_gather_start(
+        self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None
+    ) -> Pending:
+        """As all_reduce_start (default: the profile's ring all-gather time)."""
+        if seconds is None:
+            seconds = self.profile.allgather_s(_size(buf), self.slow_s)
+        return self._paced(self.inner.all_gather_start(out, buf), seconds)
 
-        return Pending(wait)
-
-    def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
-        """As all_reduce_start, at the profile's ring all-gather time."""
-        start, inner = time.perf_counter(), self.inner.all_gather_start(out, buf)
-        seconds = self.profile.allgather_s(_size(buf), self.slow_s)
+    def _paced(self, inner: Pending, seconds: float) -> Pending:
+        start = max(time.perf_counter(), self.linked)
+        self.linked = start + seconds
 
         def wait() -> None:
             inner.wait()

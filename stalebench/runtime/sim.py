@@ -58,6 +58,7 @@ class SimWorld(World):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
         self.clock = 0.0
+        self.linked = 0.0  # when this rank's collectives under way end: the next starts then
         self.pending: list[Deferred] = []  # lazy steps not yet run, oldest first
 
     def now(self) -> float:
@@ -131,11 +132,64 @@ class SimWorld(World):
         self.sim.listeners[self.rank] = listener
         return listener
 
-    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
-        self.settle()
+    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True):
         if seconds is None:
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
-        yield ("all_reduce", buf, seconds)
+        return (yield from self._collective(Collective.SUM, buf, None, seconds, wait))
+
+    def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
+        if seconds is None:
+            seconds = self.profile.allgather_s(nbytes(buf), self._slow_s())
+        return (yield from self._collective(Collective.GATHER, buf, out, seconds, wait))
+
+    def _collective(self, kind: str, buf, out, seconds: float, wait: bool) -> Op[Any]:
+        self.settle()
+        self.linked = max(self.clock, self.linked) + seconds
+        handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait)
+        if not wait:
+            return handle
+        yield ("collective",)  # resumed at its end, with the ranks that waited for it
+        return self._ended(handle)
+
+    def complete(self, handle: Collective) -> Op[float]:
+        if handle.done is None:
+            self.sim.await_(self.rank, handle)
+            yield ("collective",)
+        return self._ended(handle)
+
+    def _ended(self, handle: Collective) -> float:
+        waited = max(handle.done - self.clock, 0.0)
+        self.clock = max(self.clock, handle.done)
+        return waited
+
+
+class Collective:
+    """The k-th collective of every rank: what each brought, and when it ends (once all
+    have come: the latest of their starts plus each one's cost)."""
+
+    SUM, GATHER = "all_reduce", "all_gather"
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.came: list[tuple[int, torch.Tensor, Any, float]] = []  # rank, buf, out, end
+        self.waiters: list[int] = []
+        self.done: float | None = None
+
+    def finish(self) -> float:
+        """Every rank's result in place (a sum in rank order, or every rank's piece)."""
+        came = sorted(self.came, key=lambda c: c[0])
+        if self.kind == Collective.SUM:
+            total = came[0][1].clone()
+            for _, buf, _, _ in came[1:]:
+                total += buf
+            for _, buf, _, _ in came:
+                buf.copy_(total)
+        else:
+            for _, _, out, _ in came:
+                for piece, (_, buf, _, _) in zip(out, came, strict=True):
+                    piece.copy_(buf)
+        self.done = max(end for *_, end in came)
+        return self.done
 
 
 class Deferred:
@@ -219,7 +273,8 @@ class Simulator:
         self.ready = EventQueue()
         self.wakes = itertools.count()  # a listener's latest wake; the earlier are void
         self.waiting: dict[int, tuple] = {}  # rank → what it waits for
-        self.gathering: list[tuple[int, torch.Tensor, float]] = []
+        self.collectives: dict[int, Collective] = {}  # by index, until every rank came
+        self.issued = [0] * size  # collectives each rank has started
         self.lost: dict[int, BaseException] = {}
         self.results: dict[int, Any] = {}
         self.begun = 0  # ranks set up and waiting for the others to start
@@ -293,8 +348,7 @@ class Simulator:
             self._listen(rank, request[1])
         elif request[0] == "begin":
             self._begin(rank)
-        else:
-            self._gather(rank, request[1], request[2])
+        # else a collective: the rank waits for it (`collective`, `await_`)
 
     def _begin(self, rank: int) -> None:
         """Every rank set up: the run starts, in rank order (the simulator's own time, for
@@ -308,24 +362,31 @@ class Simulator:
         gc.freeze()  # what the ranks built lives all run: keep the collector off it
         self.started = time.perf_counter()
 
-    def _gather(self, rank: int, buf: torch.Tensor, cost: float) -> None:
-        """An all-reduce: once every rank has come, each holds the sum (in rank order) at
-        the latest of their clocks plus its own cost."""
-        self.waiting[rank] = ("all_reduce",)
-        self.gathering.append((rank, buf, cost))
-        if len(self.gathering) < self.size:
-            return
-        came = sorted(self.gathering, key=lambda g: g[0])
-        total = came[0][1].clone()
-        for _, buf, _ in came[1:]:
-            total += buf
-        done = max(self.worlds[r].clock + cost for r, _, cost in came)
-        for r, buf, _ in came:
-            buf.copy_(total)
-            self.worlds[r].clock = done
+    def collective(
+        self, rank: int, kind: str, buf, out, end: float, wait: bool
+    ) -> Collective:  # fmt: skip
+        """`rank` starts its next collective, ending at `end` on its own (`wait`: and waits
+        for it); once every rank has started it, the ranks waiting for it go on at its end,
+        in rank order."""
+        k, self.issued[rank] = self.issued[rank], self.issued[rank] + 1
+        c = self.collectives.setdefault(k, Collective(kind))
+        if c.kind != kind:
+            raise RunError(f"rank {rank}'s collective {k} is an {kind}, another rank's an {c.kind}")
+        c.came.append((rank, buf, out, end))
+        if wait:
+            self.await_(rank, c)
+        if len(c.came) < self.size:
+            return c
+        del self.collectives[k]
+        done = c.finish()
+        for r in sorted(c.waiters):
             del self.waiting[r]
-            self.ready.push(done, (r, None, None))
-        self.gathering = []
+            self.ready.push(max(self.worlds[r].clock, done), (r, None, None))
+        return c
+
+    def await_(self, rank: int, c: Collective) -> None:
+        self.waiting[rank] = ("collective",)
+        c.waiters.append(rank)
 
     def _time_out(self) -> None:
         """Every rank left waits for what will never come: each gets the loss that caused it
@@ -341,7 +402,6 @@ class Simulator:
             if what[0] == "listen":
                 self.listeners[rank].due = math.inf
             self.ready.push(self.worlds[rank].clock, (rank, RunError(str(error)), None))
-        self.gathering = []
 
 
 def simulate(program: Program, job: Job, run_dir: Path, size: int) -> dict[str, Any]:

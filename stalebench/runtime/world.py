@@ -151,10 +151,27 @@ class World:
         gives the buffers a message from that rank is received into."""
         raise NotImplementedError
 
-    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> Op[None]:
+    def all_reduce(
+        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True
+    ) -> Op[Any]:
         """Sum `buf` over every rank, in place (the simulator sums in rank order); it lasts
-        `seconds` (default: the profile's ring all-reduce time for its size, as slowed by
-        this rank's faults), or the real transfer's if that is longer."""
+        `seconds` from this rank's start (default: the profile's ring all-reduce time for
+        its size, as slowed by this rank's faults), or the real transfer's if that is
+        longer. Returns the seconds this rank waited for it; with `wait=False`, at once a
+        handle for `complete`, the collective going on while the rank computes (`buf`
+        untouched until then). A rank's collectives run in the order it starts them."""
+        raise NotImplementedError
+
+    def all_gather(
+        self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None,
+        wait: bool = True,
+    ) -> Op[Any]:  # fmt: skip
+        """Every rank's `buf` into `out` (one tensor per rank, in rank order), as
+        `all_reduce` (default time: the profile's ring all-gather)."""
+        raise NotImplementedError
+
+    def complete(self, handle: Any) -> Op[float]:
+        """Wait for a collective started with `wait=False`; the seconds waited."""
         raise NotImplementedError
 
 
@@ -260,8 +277,23 @@ class RealWorld(World):
         return RealListener(Inbox(self.transport, peers, make, self.now, self.timeout_s))
 
     @blocking
-    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None) -> None:
-        self.net.all_reduce_start(buf, seconds).wait()  # the profile's time, or gloo's
+    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True):
+        pending = self.net.all_reduce_start(buf, seconds)  # the profile's time, or gloo's
+        return self._complete(pending) if wait else pending
+
+    @blocking
+    def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
+        pending = self.net.all_gather_start(out, buf, seconds)
+        return self._complete(pending) if wait else pending
+
+    @blocking
+    def complete(self, handle: Any) -> float:
+        return self._complete(handle)
+
+    def _complete(self, pending: Any) -> float:
+        start = time.perf_counter()
+        pending.wait()
+        return time.perf_counter() - start
 
 
 class Listener:

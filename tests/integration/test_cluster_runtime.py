@@ -162,13 +162,14 @@ def test_sim_slow_sends_lengthen_that_workers_round_trips_from_its_step(tmp_path
     "args,messages",
     [
         (["engine=allreduce", "algorithm=bsp"], 6),  # a ring all-reduce: 2(N − 1) sends
-        (["algorithm=diloco", "algorithm.outer.inner_steps=1"], 6),  # one fused all-reduce
+        # two all-reduces a round: the statistics, then the payload
+        (["algorithm=diloco", "algorithm.outer.inner_steps=1"], 12),
     ],
     ids=["allreduce", "local"],
 )
 def test_sim_a_slow_sender_slows_every_ring_step_of_the_round(tmp_path, args, messages):
-    """From worker 1's step 3 every round ends 2(N − 1) × 40 ms later: each of the ring's
-    steps waits for its chunk."""
+    """From worker 1's step 3 every round ends 2(N − 1) × 40 ms later per all-reduce: each
+    of the ring's steps waits for its chunk."""
     base = ["runtime=sim", *args, "cluster=homogeneous", "budget.max_updates=8"]
     plain, slow = (run_job(tmp_path / k, [*base, *f]) for k, f in [("p", []), ("s", [SLOW])])
     ends = [[e["t"] for e in ups(r) if e["worker"] == 0] for r in (plain, slow)]

@@ -255,3 +255,34 @@ def test_a_lazy_step_runs_when_its_message_is_read_and_never_if_it_is_not(tmp_pa
 
     assert sim.run(program)["status"] == "completed"
     assert ran == [1]
+
+
+def test_a_ranks_collectives_run_one_after_another_and_complete_when_the_last_rank_comes(
+    tmp_path,
+):
+    """all_reduce and all_gather with wait=False: each rank goes on computing; the first
+    collective ends at the latest start plus its cost, the second starts when the first
+    ends on that rank (as gloo runs a rank's collectives in order); `complete` returns the
+    seconds waited, and the results are the rank-order sum and every rank's piece."""
+    sim, seen = simulator(tmp_path, size=3), {}
+
+    def program(job, world):
+        r = world.rank
+        yield from world.begin(lambda: None)
+        yield from world.compute(lambda: None, 0.1 * r)  # rank r starts at 0.1·r
+        total = torch.tensor([float(r + 1)])
+        pieces = [torch.zeros(2) for _ in range(3)]
+        first = yield from world.all_reduce(total, 0.5, wait=False)
+        second = yield from world.all_gather(pieces, torch.tensor([r, 10.0 * r]), 0.25, False)
+        yield from world.compute(lambda: None, 0.05)  # overlaps the collectives
+        waited = [(yield from world.complete(first)), (yield from world.complete(second))]
+        seen[r] = (total.item(), [p.tolist() for p in pieces], waited, world.now())
+        return finish(world)
+
+    assert sim.run(program)["status"] == "completed"
+    for r, (total, pieces, waited, now) in seen.items():
+        assert total == 1.0 + 2.0 + 3.0
+        assert pieces == [[0.0, 0.0], [1.0, 10.0], [2.0, 20.0]]
+        # the all-reduce ends at 0.2 + 0.5 (rank 2's start), the gather 0.25 after it
+        assert now == pytest.approx(0.95)
+        assert waited == pytest.approx([0.7 - (0.1 * r + 0.05), 0.25])

@@ -2,14 +2,13 @@
 its own replica, then the replicas are reconciled by the outer rule (local SGD, DiLoCo,
 EASGD, LSGD: `algorithm/inner=`, `algorithm/outer=`).
 
-`round` holds what both runtimes share (a replica, the wire format, the exchange's
-arithmetic); `real` runs it in one process per worker over gloo all-reduces, `sim` on the
-virtual clock."""
+`round` holds the arithmetic (a replica, the wire format, the exchange); `program` is a
+worker of the collective modes and `server` the asynchronous mode's server and worker,
+each written once for both runtimes."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
@@ -121,22 +120,9 @@ class LocalEngine(Engine):
             )
         self.check_shards(splits)
 
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        if self.asynchronous:
-            from stalebench.engines.local.server import Server, work
+    def program(self, job, world):
+        from stalebench.engines.local import program, server
 
-            if rank == 0:
-                return Server(job, ctx.run_dir, ctx.transport).run()
-            return work(job, rank - 1, ctx.transport)
-        from stalebench.engines.local.real import worker
-
-        return worker(job, rank, ctx.run_dir, ctx.transport)
-
-    def simulate(self, job, run_dir) -> dict[str, Any]:
-        if self.asynchronous:
-            from stalebench.engines.local.sim import simulate_async
-
-            return simulate_async(job, run_dir)
-        from stalebench.engines.local.sim import simulate
-
-        return simulate(job, run_dir)
+        if not self.asynchronous:
+            return program.member(job, world)
+        return server.Server(job, world).run() if world.rank == 0 else server.worker(job, world)

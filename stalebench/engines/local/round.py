@@ -6,12 +6,13 @@ next θ and the next replicas (`Exchange`), and the asynchronous server's (`Arri
 A round of the collective modes, for every outer rule:
 
 1. each worker takes H inner steps on its replica x_i (from θ, or where the rule left it);
-2. the round's statistics (`STATS` floats per worker and rank 0's clock: compute time,
-   mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error) are all-reduced;
+2. the round's statistics are all-reduced, exact (float64): `STATS` per worker (compute
+   time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error) and when the
+   worker's exchange ends, as the profile prices it from its send (the latest of these
+   decides the wall budget);
 3. so is the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a rule that
-   follows leaders, Δ_l of each group's leader in that group's slot (the statistics go
-   first, to pick the leaders). A float32 mean payload carries the statistics behind it,
-   one all-reduce for both (`fused`); an int8 payload is all-gathered instead;
+   follows leaders, Δ_l of each group's leader in that group's slot (the statistics first,
+   to pick the leaders); an int8 payload is all-gathered instead;
 4. every worker applies the same arithmetic (`Exchange.new_theta`, `merge`), so θ stays
    identical everywhere.
 """
@@ -28,12 +29,12 @@ from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
 
-STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error
+STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error; then its end
 WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 
 def stats_slots(num_workers: int) -> int:
-    return STATS * num_workers + 1  # and rank 0's clock, which decides the wall budget
+    return (STATS + 1) * num_workers  # and each worker's end of the exchange
 
 
 class Replica:
@@ -163,29 +164,20 @@ class Exchange:
         self.leaders: list[int] = []
         self.best = 0
 
-    @property
-    def fused(self) -> bool:
-        """One all-reduce carries payload and statistics: a float32 mean payload."""
-        return self.rule.exchange == "mean" and self.wire.dtype == torch.float32
-
-    def comm_s(self, profile, slow_s: float = 0.0) -> float:
-        """The round's collectives, as the profile prices them (`slow_s`: the most a slow
-        fault adds to a message of one of the workers)."""
-        if self.fused:
-            return profile.allreduce_s(self.payload_bytes + self.stats_bytes, slow_s)
+    def comm_s(self, profile, slow_s: float = 0.0) -> tuple[float, float]:
+        """The round's two collectives, one after the other, as the profile prices them
+        (`slow_s`: what a slow fault adds to each of this worker's messages): the
+        statistics' all-reduce, then the payload's."""
         payload = profile.allgather_s if self.gathers else profile.allreduce_s
-        return profile.allreduce_s(self.stats_bytes, slow_s) + payload(self.payload_bytes, slow_s)
+        return profile.allreduce_s(self.stats_bytes, slow_s), payload(self.payload_bytes, slow_s)
 
     def volume(self) -> int:
         """Bytes all workers together send in the round's collectives: 2(M − 1) times the
         message for a ring all-reduce, M(M − 1) pieces for a ring all-gather."""
         m = self.num_workers
-        if self.fused:
-            return ring_volume(self.payload_bytes + self.stats_bytes, m)
-        payload = m * (m - 1) * self.payload_bytes if self.gathers else None
-        if payload is None:
-            payload = ring_volume(self.payload_bytes, m)
-        return ring_volume(self.stats_bytes, m) + payload
+        if self.gathers:
+            return ring_volume(self.stats_bytes, m) + m * (m - 1) * self.payload_bytes
+        return ring_volume(self.stats_bytes, m) + ring_volume(self.payload_bytes, m)
 
     @property
     def payload_bytes(self) -> int:
@@ -194,7 +186,7 @@ class Exchange:
 
     @property
     def stats_bytes(self) -> int:
-        return 4 * stats_slots(self.num_workers)
+        return 8 * stats_slots(self.num_workers)
 
     def choose(self, losses: list[float]) -> None:
         """Before the payload: a rule that follows leaders picks them from the losses."""

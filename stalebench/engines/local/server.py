@@ -1,49 +1,42 @@
-"""engine.mode=async in the real runtime: asynchronous local SGD. Rank 0 serves: it applies
-each worker's Δ the moment it arrives (`round.Arrivals`) and replies with θ and the
-worker's next H; ranks 1..M are workers, each taking its H inner steps from the θ it was
-last sent and pushing Δ = θ_read − x. Nobody waits for anybody: a paused worker only
-delays its own pushes.
+"""engine.mode=async, asynchronous local SGD, as two programs written once for both
+runtimes (`stalebench.runtime.world`). Rank 0 serves (a hub: its workers pay the network
+both ways): it applies each worker's Δ the moment it arrives (`round.Arrivals`) and replies
+with θ and the worker's next H; ranks 1..M are workers, each taking its H inner steps from
+the θ it was last sent and pushing Δ = θ_read − x. Nobody waits for anybody: a paused
+worker only delays its own pushes, a lost one is recorded and the others go on. When the
+budget is spent the worker that pushed is told to stop, and every other at its next push
+(discarded).
 
-On the wire (the profile's delays paid by the transport): a push is a float32 header
-(`round.HEADER`) then Δ in the wire's format; a reply a float32 header (`round.REPLY`)
-then θ. When the budget is spent the worker that pushed is told to stop, and every other
-at its next push (discarded).
+Wire format: one float32 tensor per message. A push is `HEADER` slots — float64s compute_s,
+loss, paused_s, rtt_s (the worker's time from its previous push, or the start, to
+receiving θ), ‖Δ‖ and the wire's error, then int32s clock, version read and H — then Δ in
+the wire's type, in the bytes that follow. A reply is `REPLY` int32 slots (kind, version,
+next H) then θ.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-import time
-import traceback
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.common import Net
-from stalebench.engines.local.round import (
-    HEADER,
-    PARAMS,
-    PUSH,
-    REPLY,
-    STOP,
-    Arrivals,
-    Replica,
-    Wire,
-    async_event,
-    reply_bytes,
-    segments,
-)
+from stalebench.engines.local.round import Arrivals, Replica, Wire, async_event, segments
 from stalebench.errors import RunError
 from stalebench.job import Job
-from stalebench.runtime.faults import Shaped, WorkerLost, pad_to
-from stalebench.runtime.receiver import Inbox
-from stalebench.runtime.record import RunRecord, diverged, gradient, spent
-from stalebench.runtime.transport import Transport
+from stalebench.runtime.faults import WorkerLost
+from stalebench.runtime.record import diverged, gradient, spent
+from stalebench.runtime.world import Op, World
 
 log = logging.getLogger("stalebench")
+
+HEADER = 16  # float32 slots: 6 float64s, 3 int32s, one unused (the payload 8-byte aligned)
+REPLY = 4  # int32 slots: kind, version, next H, unused
+PARAMS, STOP = 2, 3
 
 
 def wire_of(job: Job, net: Net) -> Wire:
@@ -51,126 +44,143 @@ def wire_of(job: Job, net: Net) -> Wire:
     return Wire(job.cfg.engine.quantize, segments([p.numel() for p in net.params], slice(0, d)))
 
 
+class Push:
+    """A push's views of its message: `d` the float64 slots, `i` the int32 ones, `delta` the
+    payload in the wire's type."""
+
+    def __init__(self, buf: torch.Tensor, wire: Wire, d: int):
+        f = buf[:HEADER].numpy()
+        self.d, self.i = f[:12].view(np.float64), f[12:15].view(np.int32)
+        self.delta = buf[HEADER:].view(torch.uint8)[: wire.nbytes(d)].view(wire.dtype)
+
+    @staticmethod
+    def size(wire: Wire, d: int) -> int:
+        return HEADER + -(-wire.nbytes(d) // 4)  # float32 slots
+
+
 class Server:
     """Rank 0: θ, the outer rule, and the run directory."""
 
-    def __init__(self, job: Job, run_dir: Path, transport: Transport):
-        self.job, self.cfg, self.transport = job, job.cfg, transport
-        self.m = job.num_workers
-        self.record = RunRecord(job, run_dir)
-        self.net = Net(job, torch.device("cpu"))
+    def __init__(self, job: Job, world: World):
+        self.job, self.cfg, self.world, self.m = job, job.cfg, world, job.num_workers
+        world.hub = True
+        self.record = world.record
+        self.net = Net(job, torch.device("cpu"))  # its own: in the simulator workers share one
         self.theta = self.net.flat.detach().clone()
         self.arrivals = Arrivals(job, self.theta)
         self.wire, d = wire_of(job, self.net), self.theta.numel()
-        self.push_bytes = 4 * HEADER + self.wire.nbytes(d)
-        self.pull_bytes = reply_bytes(d)
-        make = lambda rank: [torch.empty(HEADER), self.wire.encode(torch.zeros(d))]  # noqa: E731
-        peers = {w: w + 1 for w in range(self.m)}
-        self.inbox = Inbox(transport, peers, make, self.now, self.cfg.timeout_s)
-        self.out = torch.empty(REPLY + d)
+        size = Push.size(self.wire, d)
+        self.message_bytes = 4 * (size + REPLY + d)  # a push and its reply
+        ranks = range(1, self.m + 1)
+        pushes = {r: world.mailbox(r, 0, size, HEADER) for r in ranks}
+        self.pushed: dict[int, Push] = {}  # the views of each buffer a push came in
+        self.replies = {r: world.mailbox(0, r, REPLY + d, REPLY) for r in ranks}
+        self.listener = world.listen({w: w + 1 for w in range(self.m)}, lambda r: [pushes[r]])
         self.active = set(range(self.m))  # workers not yet told to stop
         self.lost: set[int] = set()
         self.rounds = [0] * self.m
 
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def run(self) -> dict[str, Any]:
-        status, error, a = "completed", None, self.arrivals
-        self.t0 = time.perf_counter()
+    def run(self) -> Op[dict[str, Any]]:
+        world, a, status, error = self.world, self.arrivals, "completed", None
+        yield from world.begin(lambda: None)
+        self.record.snapshots.maybe(0.0, 0, self.theta)
         try:
-            self.inbox.start()
             for w in range(self.m):
-                self.reply(w, PARAMS, a.steps)
-            while (item := self.next(self.cfg.budget.max_wall_s)) is not None:
-                w, (header, payload) = item
-                if header[0] != PUSH:
-                    raise RunError(f"worker {w} sent message kind {header[0]:g}, expected a push")
-                status = self.arrive(w, header, payload)
-                if status != "completed" or spent(self.cfg.budget, a.version, self.now()):
-                    self.reply(w, STOP, 0)
+                yield from self.reply(w, PARAMS, a.steps)
+            while (item := (yield from self.next(self.cfg.budget.max_wall_s))) is not None:
+                w, push = item
+                status = self.arrive(w, push)
+                if status != "completed" or spent(self.cfg.budget, a.version, world.now()):
+                    yield from self.reply(w, STOP, 0)
                     break
-                self.reply(w, PARAMS, a.next_steps(w))
-            t_end = self.now()
-            while self.active and (item := self.next(0.0)):  # a push that crossed our
-                self.reply(item[0], STOP, 0)  # decision to stop: discarded
+                yield from self.reply(w, PARAMS, a.next_steps(w))
+            t_end = world.now()
+            while self.active and (item := (yield from self.next(0.0, read=False))):
+                yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
         except Exception as exc:
-            status, error, t_end = "failed", str(exc), self.now()
-            log.error("server: %s\n%s", exc, traceback.format_exc())
+            status, error, t_end = "failed", str(exc), world.now()
+            log.error("server: %s", exc, exc_info=True)
         return self.record.finish(
             self.net.model, self.theta, a.version, t_end, status, error,
-            bytes_sent=a.version * (self.push_bytes + self.pull_bytes),
+            bytes_sent=a.version * self.message_bytes,
         )  # fmt: skip
 
-    def next(self, max_wall_s: float):
-        """The next push, or None when the wall budget runs out first. A lost worker is
-        recorded and the others go on (nobody waits for it); losing all fails the run."""
-        while True:
+    def next(self, until: float, read: bool = True) -> Op[tuple[int, Push] | None]:
+        """The next push and its worker, or None when run time `until` passes first. A
+        lost worker is recorded and the others go on; losing all fails the run."""
+        while self.active:
             try:
-                return self.inbox.next(self.active, max_wall_s)
+                item = yield from self.listener.next(self.active, until, read)
             except WorkerLost as lost:
                 self.active.discard(lost.worker)
-                self.inbox.receivers[lost.worker].close()
+                self.listener.close(lost.worker)
                 self.lost.add(lost.worker)
-                self.record.worker_lost(self.now(), lost, len(self.lost))
-                if not self.active:
-                    return None
+                self.record.worker_lost(self.world.now(), lost, len(self.lost))
+                continue
+            if item is None:
+                return None
+            w, (buf,) = item
+            if buf.data_ptr() not in self.pushed:
+                self.pushed[buf.data_ptr()] = Push(buf, self.wire, self.theta.numel())
+            return w, self.pushed[buf.data_ptr()]
+        return None
 
-    def arrive(self, w: int, header: torch.Tensor, payload: torch.Tensor) -> str:
+    def arrive(self, w: int, push: Push) -> str:
         """Apply worker w's push; its events; the run's status after it."""
-        _, clock, read, steps, compute, loss, paused, rtt, err = header.tolist()
-        delta = self.wire.decode(payload)
-        lag = self.arrivals.apply(w, delta, int(read), int(steps), compute)
-        t, version = self.now(), self.arrivals.version
+        record = self.record
+        compute, loss, paused, rtt, norm, err = push.d.tolist()
+        clock, read, steps = push.i.tolist()
+        lag = self.arrivals.apply(w, self.wire.decode(push.delta), read, steps, compute)
+        t, version = self.world.now(), self.arrivals.version
         if paused > 0:
-            self.record.events.emit("worker", t, worker=w, event="pause", duration_s=paused)
-        stats = [compute, loss, paused, float(delta.norm()), err]
-        nbytes = self.push_bytes + self.pull_bytes
-        fields = async_event(w, int(clock), version, lag, stats, int(steps), rtt, nbytes)
-        self.record.events.emit("update", t, **fields)
-        self.record.snapshots.maybe(t, version, self.theta)
+            record.events.emit("worker", t, worker=w, event="pause", duration_s=paused)
+        stats = [compute, loss, paused, norm, err]
+        fields = async_event(w, clock, version, lag, stats, steps, rtt, self.message_bytes)
+        record.events.emit("update", t, **fields)
+        record.snapshots.maybe(t, version, self.theta)
         self.rounds[w] += 1
         return "diverged" if diverged(loss, self.theta) else "completed"
 
-    def reply(self, w: int, kind: float, steps: int) -> None:
-        self.out[:REPLY] = torch.tensor([kind, self.arrivals.version, steps, 0.0])
+    def reply(self, w: int, kind: int, steps: int) -> Op[None]:
+        out = self.replies[w + 1]
+        out[:REPLY].numpy().view(np.int32)[:3] = kind, self.arrivals.version, steps
         if kind == STOP:
             self.active.discard(w)
-            self.inbox.receivers[w].close()
-            try:
-                self.transport.send(self.out, w + 1)
-                self.record.events.emit("worker", self.now(), worker=w, event="stop")
-            except Exception as exc:  # best effort: the run is ending
-                log.warning("could not stop worker %d: %s", w, exc)
-            return
-        self.out[REPLY:] = self.theta
+            self.listener.close(w)
+        else:
+            out[REPLY:] = self.theta
         try:
-            self.transport.send(self.out, w + 1)
-        except RunError as exc:  # it died since its push: its receiver reports the loss
+            yield from self.world.send(out, w + 1)
+        except RunError as exc:  # it died since its push: the listener reports the loss
             log.warning("server: %s", exc)
-        self.inbox.receivers[w].arm(self.now())
-
-
-def work(job: Job, worker: int, transport: Transport) -> None:
-    """Rank worker + 1: from each θ it is sent, H inner steps (each at the profile's step
-    time, faults striking at step starts), then push Δ; until told to stop."""
-    cfg, profile = job.cfg, job.profile
-    net = Net(job, job.device(worker))
-    d = net.flat.numel()
-    rep, wire = Replica(job, worker, net.flat.detach().cpu(), net), wire_of(job, net)
-    transport = Shaped(transport, profile, rep.faults)
-    rule = OUTER.build(cfg.algorithm.outer, torch.zeros(d), job.num_workers)
-    inbox, header = torch.empty(REPLY + d), torch.zeros(HEADER)
-    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
-    gradient(net.model, net.params, warm, net.device)
-    clock, delta, pushed_at, t0 = 0, None, None, None
-    while True:
-        transport.recv(inbox, 0)
-        received = time.perf_counter()
-        t0 = received if t0 is None else t0
-        kind, version, steps = inbox[:3].tolist()
-        if kind == STOP:
             return
+        if kind == STOP:
+            self.record.events.emit("worker", self.world.now(), worker=w, event="stop")
+        else:
+            self.listener.arm(w)
+
+
+def worker(job: Job, world: World) -> Op[None]:
+    """Rank w + 1: from each θ it is sent, H inner steps (each at the profile's step time,
+    faults striking at step starts), then push Δ; until told to stop."""
+    w, profile = world.rank - 1, job.profile
+    net = world.shared("net", lambda: Net(job, job.device(w)))
+    d = net.flat.numel()
+    rep, wire = Replica(job, w, net.flat.detach().cpu(), net), wire_of(job, net)
+    world.faults = rep.faults
+    rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d), job.num_workers)
+    inbox = world.mailbox(0, world.rank, REPLY + d, REPLY)
+    message = world.mailbox(world.rank, 0, Push.size(wire, d), HEADER)
+    push = Push(message, wire, d)
+    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
+    yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
+    clock, delta, pushed_at = 0, None, 0.0
+    while True:
+        yield from world.recv(inbox, 0)
+        received = world.now()
+        kind, version, steps = inbox[:REPLY].numpy().view(np.int32)[:3].tolist()
+        if kind == STOP:
+            return None
         theta = inbox[REPLY:]
         if delta is None:
             rep.x.copy_(theta)
@@ -178,18 +188,16 @@ def work(job: Job, worker: int, transport: Transport) -> None:
             rule.replica(rep.x, delta, theta)
         rep.inner.new_round()
         compute, paused, losses = 0.0, 0.0, []
-        for _ in range(int(steps)):
-            now = time.perf_counter() - t0
-            paused += rep.faults.strike(now, lambda at, s: time.sleep(s)) - now
-            start, target_s = time.perf_counter(), profile.step_s(worker)
-            losses.append(rep.step(net))
-            pad_to(start, target_s)
-            compute += time.perf_counter() - start
+        for _ in range(steps):
+            paused += yield from world.strike()
+            loss, seconds = yield from world.compute(lambda: rep.step(net), profile.step_s(w))
+            losses.append(loss)
+            compute += seconds
         delta = theta - rep.x
-        rtt = received - pushed_at if pushed_at is not None else 0.0
-        loss = statistics.fmean(losses)
-        err = wire.error(delta)
-        header[:] = torch.tensor([PUSH, clock, version, steps, compute, loss, paused, rtt, err])
-        pushed_at = time.perf_counter()
-        transport.send_all([header, wire.encode(delta)], 0)
+        push.delta.copy_(wire.encode(delta))
+        loss, norm = statistics.fmean(losses), float(delta.norm())
+        push.d[:] = compute, loss, paused, received - pushed_at, norm, wire.error(delta)
+        push.i[:] = clock, version, steps
+        pushed_at = world.now()
+        yield from world.send(message, 0)
         clock += 1

@@ -1,0 +1,176 @@
+"""engine=local's collective modes (sync, streaming, overlap) as one program per worker, the
+same in both runtimes (`stalebench.runtime.world`).
+
+Step by step, as `Plan` says: a fragment's send starts its two collectives — the round's
+statistics (float64, exact: `STATS` per worker, and when its exchange ends as the profile
+prices it) and the payload (the wire's Δ, all-reduced; int8 all-gathered) — and its merge
+waits for them and applies the outer step. In sync mode the merge follows the send at
+once; with a delay the collectives run while the inner steps go on. A rule that follows
+leaders learns the losses first (its statistics, then its payload; sync mode only).
+
+Every rank decides to stop from what all ranks share after a merge (the outer steps, the
+losses, θ, and the latest priced end of the exchange, which decides the wall budget), so
+all stop after the same merge without a further message. Rank 0 reports each round and
+writes the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+import torch
+
+from stalebench.engines.common import Net
+from stalebench.engines.local.round import (
+    STATS,
+    Exchange,
+    Plan,
+    Replica,
+    Wire,
+    report,
+    segments,
+    stats_row,
+)
+from stalebench.job import Job
+from stalebench.runtime.faults import WorkerDied
+from stalebench.runtime.record import diverged, gradient, spent
+from stalebench.runtime.world import Op, World
+
+
+@dataclasses.dataclass
+class Sent:
+    """A fragment's exchange under way: its buffers, this worker's Δ, the collectives."""
+
+    payload: torch.Tensor | list[torch.Tensor]  # the sum, or (int8) every worker's piece
+    stats: torch.Tensor
+    delta: torch.Tensor
+    pending: list[Any]
+    waited_s: float  # seconds the send itself waited (a leaders exchange runs in full)
+    steps: int
+
+
+class Member:
+    """One worker: its replica, θ (the same on every rank), the fragments' exchanges, and
+    the collectives under way."""
+
+    def __init__(self, job: Job, world: World):
+        e, rank = job.cfg.engine, world.rank
+        self.job, self.world, self.rank, self.m, self.e = job, world, rank, job.num_workers, e
+        self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
+        self.theta = net.flat.detach().cpu().clone()  # θ₀, the same on every rank
+        self.rep = Replica(job, rank, self.theta, net)
+        world.faults = self.rep.faults
+        self.plan = Plan(e.mode, job.cfg.algorithm.outer.inner_steps, e.fragments, e.delay,
+                         self.theta.numel())  # fmt: skip
+        self.parts = [self.plan.part(p) for p in range(self.plan.fragments)]
+        sizes = [p.numel() for p in net.params]
+        self.exs = [
+            Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
+            for part in self.parts
+        ]
+        self.status, self.version, self.nbytes = "completed", 0, 0
+        self.sent: dict[int, Sent] = {}
+        self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
+
+    def run(self) -> Op[dict[str, Any] | None]:
+        job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
+        error = None
+        warm = (job.splits.x_train[:1], job.splits.y_train[:1])
+        yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
+        if world.record is not None:
+            world.record.snapshots.maybe(0.0, 0, self.theta)
+        step, stop = 0, False
+        try:
+            while self.status == "completed" and not stop:
+                if step % plan.steps == 0:
+                    rep.inner.new_round()
+                self.paused += yield from world.strike()
+                loss, compute_s = yield from world.compute(
+                    lambda: rep.step(net), job.profile.step_s(self.rank)
+                )
+                self.losses.append(loss)
+                self.compute += compute_s
+                step += 1
+                if plan.delay == 0:  # a merge follows its send at once
+                    yield from self.send(plan.sends(step))
+                for p in plan.merges(step):
+                    stop = (yield from self.merge(p)) or stop
+                if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
+                    yield from self.send(plan.sends(step))
+            for s in self.sent.values():  # started by every rank: finish them before leaving
+                for handle in s.pending:
+                    yield from world.complete(handle)
+        except WorkerDied:
+            raise  # it is lost; the others lose it in the next collective
+        except Exception as exc:
+            self.status, error = "failed", str(exc)
+            if world.record is None:
+                raise
+        if world.record is None:
+            return None
+        for kept, last in zip(net.buffers, rep.buffers, strict=True):
+            kept.copy_(last)  # rank 0's BatchNorm statistics, for the evaluation
+        return world.record.finish(
+            net.model, self.theta, self.version, world.now(), self.status, error,
+            bytes_sent=self.nbytes,
+        )  # fmt: skip
+
+    def send(self, fragments: list[int]) -> Op[None]:
+        """Start the exchanges of `fragments`, with the statistics since the last send."""
+        world, m, rank = self.world, self.m, self.rank
+        for p in fragments:
+            ex = self.exs[p]
+            delta = self.theta[self.parts[p]] - self.rep.x[self.parts[p]]
+            stats_s, payload_s = ex.comm_s(world.profile, world.faults.slow_s)
+            row = stats_row(self.compute, statistics.fmean(self.losses), self.paused, delta,
+                            ex.wire)  # fmt: skip
+            row.append(world.now() + stats_s + payload_s)  # when its exchange ends, priced
+            stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
+            stats[rank] = torch.tensor(row, dtype=torch.float64)
+            waited, pending = 0.0, []
+            if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
+                waited += yield from world.all_reduce(stats, stats_s)
+                ex.choose(stats[:, 1].tolist())
+                payload = ex.contribution(rank, delta)
+                waited += yield from world.all_reduce(payload, payload_s)
+            else:
+                pending.append((yield from world.all_reduce(stats, stats_s, wait=False)))
+                payload = ex.contribution(rank, delta)
+                if ex.gathers:  # int8: every worker's piece, summed after decoding
+                    pieces = [torch.empty_like(payload) for _ in range(m)]
+                    handle = yield from world.all_gather(pieces, payload, payload_s, False)
+                    pending.append(handle)
+                    payload = pieces
+                else:
+                    pending.append((yield from world.all_reduce(payload, payload_s, wait=False)))
+            self.sent[p] = Sent(payload, stats, delta, pending, waited, len(self.losses))
+            self.compute, self.paused, self.losses = 0.0, 0.0, []
+
+    def merge(self, p: int) -> Op[bool]:
+        """Wait for fragment p's exchange and apply it; True when the run is to stop."""
+        s, ex, part, theta, m = self.sent.pop(p), self.exs[p], self.parts[p], self.theta, self.m
+        blocked = s.waited_s
+        for handle in s.pending:
+            blocked += yield from self.world.complete(handle)
+        rows = s.stats[:, :STATS]
+        before = theta[part].clone() if self.plan.keeps_progress else None
+        leaders = ex.new_theta(theta[part], s.payload)
+        ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.rank, before, self.e.alpha)
+        self.version += 1
+        volume = ex.volume()
+        self.nbytes += volume
+        record = self.world.record
+        if record is not None:
+            t, busy = self.world.now(), rows[:, 0] + rows[:, 2]
+            comm = max(blocked - (float(busy.max()) - float(busy[0])), 0.0)
+            report(record.events.emit, t, self.version, rows.tolist(), comm, s.steps, volume // m)
+            record.snapshots.maybe(t, self.version, theta)
+        if diverged(float(rows[:, 1].sum()), theta):
+            self.status = "diverged"
+        return spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
+
+
+def member(job: Job, world: World) -> Op[dict[str, Any] | None]:
+    return Member(job, world).run()
