@@ -37,7 +37,6 @@ from stalebench.config import ENGINES, EngineConfig, RunConfig
 from stalebench.errors import ConfigError
 
 if TYPE_CHECKING:
-
     from stalebench.data import Splits
     from stalebench.job import Job
     from stalebench.runtime.launch import RankContext
