@@ -6,14 +6,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 from stalebench import plugins
-from stalebench.algorithms.base import BARRIERS, UPDATES
-from stalebench.algorithms.gossip import GOSSIP
-from stalebench.algorithms.local import INNER, OUTER
-from stalebench.algorithms.pipeline import OPTIMIZERS
-from stalebench.config import ENGINES
-from stalebench.data import DATASETS
-from stalebench.models import MODELS
-from stalebench.registry import Registry
+from stalebench.registry import REGISTRIES, Registry
 
 
 def first_line(text: str | None, width: int = 96) -> str:
@@ -39,24 +32,31 @@ def registered(registry: Registry) -> list[tuple[str, str]]:
 
 
 def presets(group: str) -> list[tuple[str, str]]:
-    folder = files("stalebench.conf").joinpath(group)
-    found = [f for f in folder.iterdir() if f.name.endswith(".yaml")] if folder.is_dir() else []
+    """The YAML configs of a group: stalebench's and the plugins' (`plugins.conf_dirs`)."""
+    found = []
+    for conf in [files("stalebench.conf"), *plugins.conf_dirs()]:
+        folder = conf.joinpath(group)
+        if folder.is_dir():
+            found += [f for f in folder.iterdir() if f.name.endswith(".yaml")]
     return sorted((f.name.removesuffix(".yaml"), yaml_summary(f.read_text())) for f in found)
 
 
 def sections() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Engines, every kind of algorithm part (a plugin's own kinds included), presets,
+    models, datasets, clusters and sweeps."""
     plugins.load()
+
+    def named(group: str) -> tuple[str, list[tuple[str, str]]]:
+        registry = REGISTRIES[group]
+        return f"{registry.kind}s ({group}=)", registered(registry)
+
+    parts = [named(group) for group in REGISTRIES if group.startswith("algorithm/")]
     return [
-        ("engines (engine=)", registered(ENGINES)),
-        ("barriers (algorithm/barrier=)", registered(BARRIERS)),
-        ("update rules (algorithm/update=)", registered(UPDATES)),
-        ("pipeline optimizers (algorithm/optimizer=)", registered(OPTIMIZERS)),
-        ("inner optimizers (algorithm/inner=)", registered(INNER)),
-        ("outer rules (algorithm/outer=)", registered(OUTER)),
-        ("gossip rules (algorithm/gossip=)", registered(GOSSIP)),
+        named("engine"),
+        *parts,
         ("algorithm presets (algorithm=)", presets("algorithm")),
-        ("models (model=)", registered(MODELS)),
-        ("datasets (dataset=)", registered(DATASETS)),
+        named("model"),
+        named("dataset"),
         ("cluster profiles (cluster=)", presets("cluster")),
         ("sweeps (+sweep=)", presets("sweep")),
     ]

@@ -135,7 +135,7 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
     sinks: list[Sink] = []
     if cfg.logger.name != "none":
         b = cfg.budget
-        sinks.append(Progress(cfg.algorithm.label, b.max_updates, b.max_wall_s))
+        sinks.append(Progress(cfg.label, b.max_updates, b.max_wall_s))
     if cfg.logger.name == "wandb":
         multirun = hc.mode == RunMode.MULTIRUN
         try:
@@ -144,11 +144,11 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
                     project=cfg.logger.project,
                     mode=cfg.logger.wandb_mode,
                     run_dir=Path(cfg.run_dir),
-                    name=f"{cfg.algorithm.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
+                    name=f"{cfg.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
                     group=(cfg.sweep.name or "/".join(Path(hc.sweep.dir).parts[-2:]))
                     if multirun
                     else None,
-                    job_type=cfg.algorithm.label,
+                    job_type=cfg.label,
                     config=OmegaConf.to_container(dcfg, resolve=True),
                 )
             )
@@ -159,21 +159,12 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
     return tail
 
 
-GROUPS = (
-    "engine",
-    "algorithm",
-    "algorithm/barrier",
-    "algorithm/update",
-    "algorithm/optimizer",
-    "algorithm/inner",
-    "algorithm/outer",
-    "algorithm/gossip",
-    "model",
-    "dataset",
-    "cluster",
-    "logger",
-    "sweep",
-)
+def groups() -> set[str]:
+    """The config groups a name is chosen in: every registry's (an algorithm part's, a
+    plugin's included) and the YAML ones."""
+    from stalebench.registry import REGISTRIES
+
+    return {"algorithm", "cluster", "logger", "sweep", *REGISTRIES}
 
 
 def options(group: str) -> set[str]:
@@ -182,13 +173,16 @@ def options(group: str) -> set[str]:
 
     from hydra.core.config_store import ConfigStore
 
+    from stalebench.plugins import conf_dirs
+
     stored = ConfigStore.instance().list(group) if group in _store_groups() else []
     names = {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
-    folder = files("stalebench.conf").joinpath(group)
-    if folder.is_dir():
-        names |= {
-            f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")
-        }
+    for conf in [files("stalebench.conf"), *conf_dirs()]:  # a plugin's presets too
+        folder = conf.joinpath(group)
+        if folder.is_dir():
+            names |= {
+                f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")
+            }
     return names
 
 
@@ -210,7 +204,7 @@ def check_choices(argv: list[str]) -> None:
     each, before Hydra composes anything."""
     for arg in argv:
         group, sep, value = arg.lstrip("+~").partition("=")
-        if not sep or group not in GROUPS or value.startswith(("glob(", "choice(", "range(")):
+        if not sep or group not in groups() or value.startswith(("glob(", "choice(", "range(")):
             continue
         known = options(group)
         for name in (v.strip().strip("'\"") for v in value.split(",")):
@@ -225,8 +219,8 @@ def _remove_if_unused(run_dir: Path) -> None:
 
 
 def main() -> None:
-    register_configs()
     load_plugins()
+    register_configs()
     if sys.argv[1:] == ["list"]:
         from stalebench.catalog import render
 

@@ -10,14 +10,11 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from stalebench.algorithms.base import BarrierConfig, UpdateConfig
-from stalebench.algorithms.gossip import MixingConfig
-from stalebench.algorithms.local import InnerConfig, OuterConfig
-from stalebench.algorithms.pipeline import OptimizerConfig, PipelineConfig
+import stalebench.algorithms  # noqa: F401  (the built-in algorithm parts: registry.PARTS)
 from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import PARTS, ComponentConfig, Registry
 from stalebench.sweep import SweepConfig
 
 RUNTIMES = ("real", "sim")
@@ -38,36 +35,37 @@ ENGINES: Registry = Registry("engine", "engine", "engine")
 
 @dataclasses.dataclass
 class AlgorithmConfig:
-    # the preset's name; empty = "<barrier>+<update>" or "<schedule>+<optimizer>"
+    """`algorithm`: the preset's name (empty: the run is labelled by its parts) and an
+    optional field per algorithm part declared (`registry.PARTS`: barrier, update, pipeline,
+    optimizer, inner, outer, gossip, and any a plugin declares), which `algorithm_schema`
+    adds. Each engine's `slots` name the parts it reads."""
+
     name: str = ""
-    # data-parallel engines (ps, allreduce): when a worker may step, how a gradient is applied
-    barrier: Optional[BarrierConfig] = None  # noqa: UP045  (OmegaConf reads the annotation)
-    update: Optional[UpdateConfig] = None  # noqa: UP045
-    # engine=pipeline: the schedule, and the optimizer every stage runs on its own weights
-    pipeline: Optional[PipelineConfig] = None  # noqa: UP045
-    optimizer: Optional[OptimizerConfig] = None  # noqa: UP045
-    # engine=local: each worker's optimizer for its H local steps, and the rule that
-    # reconciles the replicas after them
-    inner: Optional[InnerConfig] = None  # noqa: UP045
-    outer: Optional[OuterConfig] = None  # noqa: UP045
-    # engine=gossip: how the nodes mix their models (the local step is `inner`)
-    gossip: Optional[MixingConfig] = None  # noqa: UP045
 
-    @property
-    def parts(self) -> tuple[str, str]:
-        """(barrier, schedule or outer rule; update rule or optimizer): the two halves of
-        the label."""
-        if self.pipeline is not None and self.optimizer is not None:
-            return self.pipeline.schedule, self.optimizer.name
-        if self.outer is not None and self.inner is not None:
-            return self.outer.name, self.inner.name
-        if self.gossip is not None and self.inner is not None:
-            return self.gossip.name, self.inner.name
-        return self.barrier.name, self.update.name
+    def __reduce__(self):  # by value: a process rebuilds it with its own schema
+        return _restore_algorithm, (dict(self.__dict__),)
 
-    @property
-    def label(self) -> str:
-        return self.name or "+".join(self.parts)
+
+def algorithm_schema() -> type[AlgorithmConfig]:
+    """AlgorithmConfig with a field per part declared so far (call it once the plugins are
+    loaded: `register_configs`)."""
+    key = tuple(PARTS.items())
+    if key not in _SCHEMAS:
+        # Optional[...] as OmegaConf reads the annotation (it does not read `X | None`)
+        fields = [(s, Optional[b], dataclasses.field(default=None)) for s, b in key]  # noqa: UP045
+        _SCHEMAS[key] = dataclasses.make_dataclass(
+            "AlgorithmConfig", fields, bases=(AlgorithmConfig,), namespace={"__module__": __name__}
+        )
+    return _SCHEMAS[key]
+
+
+_SCHEMAS: dict[tuple, type[AlgorithmConfig]] = {}
+
+
+def _restore_algorithm(fields: dict[str, Any]) -> AlgorithmConfig:
+    algorithm = object.__new__(algorithm_schema())
+    algorithm.__dict__.update(fields)
+    return algorithm
 
 
 @dataclasses.dataclass
@@ -146,7 +144,7 @@ class LoggerConfig:
 
 @dataclasses.dataclass
 class RunConfig:
-    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=lambda: algorithm_schema()())
     model: ComponentConfig = MISSING
     dataset: DatasetConfig = MISSING
     cluster: ClusterConfig = MISSING
@@ -201,6 +199,19 @@ class RunConfig:
             raise ConfigError(f"seed must be >= 0, got {self.seed}")
         check_finite(self)
 
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The labels of the algorithm's parts the engine reads, in its order (`slots`):
+        barrier and update rule, schedule and stage optimizer, outer rule and inner
+        optimizer, mixing and inner optimizer, or an engine's own."""
+        slots = ENGINES.get(self.engine.name)[0].slots
+        return tuple(getattr(getattr(self.algorithm, s), "label", "?") for s in slots)
+
+    @property
+    def label(self) -> str:
+        """The algorithm as runs are labelled: the preset's name, or its parts."""
+        return self.algorithm.name or "+".join(self.parts)
+
 
 def check_finite(obj: Any, prefix: str = "") -> None:
     """Refuse NaN and ±inf anywhere in a config: no setting means "no limit" by infinity,
@@ -221,6 +232,8 @@ def check_finite(obj: Any, prefix: str = "") -> None:
 
 
 def register_configs() -> None:
+    """The run's schema and the loggers, in Hydra's ConfigStore (after the plugins are
+    loaded, so that the schema has every algorithm part they declare)."""
     cs = ConfigStore.instance()
     cs.store(name="stalebench", node=RunConfig)
     for name in LOGGERS:

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from stalebench import plugins
-from stalebench.algorithms.base import BARRIERS, UPDATES
-from stalebench.algorithms.local import INNER, OUTER
 from stalebench.cluster import Profile
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
@@ -26,6 +24,7 @@ from stalebench.errors import ConfigError
 from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
+from stalebench.registry import PARTS, REGISTRIES
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.signals import Interrupted, interruptible
 
@@ -48,10 +47,9 @@ def prepare(cfg: RunConfig) -> Engine:
     """Everything that can be wrong with the input, checked before any process starts;
     returns the run's engine."""
     engine = engine_of(cfg)
-    a = cfg.algorithm
-    parts = ((BARRIERS, a.barrier), (UPDATES, a.update), (INNER, a.inner), (OUTER, a.outer))
-    for registry, part in parts:
-        if part is not None:
+    for slot in PARTS:  # a part set to a name no registry knows
+        part, registry = getattr(cfg.algorithm, slot), REGISTRIES.get(f"algorithm/{slot}")
+        if part is not None and registry is not None:
             registry.get(part.name)
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
     """The run's identity, as summary.json reports it (`num_workers`: the processes that
     compute, which the engine knows)."""
-    barrier, update = cfg.algorithm.parts  # in a pipeline: the schedule and the optimizer
+    barrier, update = (*cfg.parts, "", "")[:2]  # in a pipeline: the schedule, the optimizer
     return {
-        "algorithm": cfg.algorithm.label,
+        "algorithm": cfg.label,
         "barrier": barrier,
         "update_rule": update,
         "engine": cfg.engine.name,

@@ -25,13 +25,39 @@ class ComponentConfig:
 
     name: str = ""
 
+    @property
+    def label(self) -> str:
+        """How a run's label names it (`<barrier>+<update>`, ...)."""
+        return self.name
+
+
+# The algorithm's parts, `algorithm.<slot>` → the base class of its configs, in the order
+# declared: every registry of a group `algorithm/<slot>` declares its slot, a part without
+# a registry calls `algorithm_part`. The run's schema has an optional field for each
+# (`config.register_configs`), and an engine's `slots` name the parts it reads: an engine
+# that brings a kind of algorithm of its own declares it in its own package.
+PARTS: dict[str, type] = {}
+# every registry, by its config group, in the order made: what `stalebench list` shows and
+# the CLI checks names against
+REGISTRIES: dict[str, Registry] = {}
+
+
+def algorithm_part(slot: str, base: type) -> None:
+    if PARTS.setdefault(slot, base) is not base:
+        raise ValueError(f"algorithm.{slot} is already a part, of {PARTS[slot].__name__}")
+
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, group: str, config_path: str):
+    def __init__(
+        self, kind: str, group: str, config_path: str, base: type[ComponentConfig] = ComponentConfig
+    ):
         self.kind = kind  # e.g. "barrier"
         self.group = group  # Hydra config group, e.g. "algorithm/barrier"
         self.config_path = config_path  # dotted config key, e.g. "algorithm.barrier"
         self._entries: dict[str, tuple[type[T], type[ComponentConfig]]] = {}
+        REGISTRIES[group] = self
+        if group.startswith("algorithm/"):
+            algorithm_part(group.removeprefix("algorithm/"), base)
 
     def register(self, name: str, config: type[ComponentConfig]) -> Callable[[type[T]], type[T]]:
         if not (dataclasses.is_dataclass(config) and issubclass(config, ComponentConfig)):

@@ -92,8 +92,8 @@ def compose(overrides: list[str]):
     from stalebench.config import register_configs
     from stalebench.plugins import load as load_plugins
 
-    register_configs()
     load_plugins()
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("stalebench.conf", version_base=None):

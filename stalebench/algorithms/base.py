@@ -203,5 +203,9 @@ class UpdateRule:
         return grad
 
 
-BARRIERS: Registry[Barrier] = Registry("barrier", "algorithm/barrier", "algorithm.barrier")
-UPDATES: Registry[UpdateRule] = Registry("update rule", "algorithm/update", "algorithm.update")
+BARRIERS: Registry[Barrier] = Registry(
+    "barrier", "algorithm/barrier", "algorithm.barrier", BarrierConfig
+)
+UPDATES: Registry[UpdateRule] = Registry(
+    "update rule", "algorithm/update", "algorithm.update", UpdateConfig
+)

@@ -138,7 +138,9 @@ class Mixing:
         return x / w if self.debiases else x.clone()
 
 
-GOSSIP: Registry[Mixing] = Registry("gossip rule", "algorithm/gossip", "algorithm.gossip")
+GOSSIP: Registry[Mixing] = Registry(
+    "gossip rule", "algorithm/gossip", "algorithm.gossip", MixingConfig
+)
 
 
 @GOSSIP.register("pushsum", MixingConfig)

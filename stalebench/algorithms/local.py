@@ -144,7 +144,9 @@ class InnerOptimizer:
             self.opt.state.clear()
 
 
-INNER: Registry[InnerOptimizer] = Registry("inner optimizer", "algorithm/inner", "algorithm.inner")
+INNER: Registry[InnerOptimizer] = Registry(
+    "inner optimizer", "algorithm/inner", "algorithm.inner", InnerConfig
+)
 
 
 @INNER.register("sgd", InnerConfig)
@@ -269,7 +271,9 @@ class OuterRule:
         x.copy_(theta)
 
 
-OUTER: Registry[OuterRule] = Registry("outer rule", "algorithm/outer", "algorithm.outer")
+OUTER: Registry[OuterRule] = Registry(
+    "outer rule", "algorithm/outer", "algorithm.outer", OuterConfig
+)
 
 
 @OUTER.register("average", OuterConfig)

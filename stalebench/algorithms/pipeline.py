@@ -57,6 +57,11 @@ class PipelineConfig:
             )
 
     @property
+    def label(self) -> str:
+        """A run's label names the schedule (`<schedule>+<optimizer>`)."""
+        return self.schedule
+
+    @property
     def flush(self) -> bool:
         """A synchronous schedule: every step ends with all stages updated together."""
         return self.schedule == "gpipe"
@@ -119,7 +124,7 @@ class StageOptimizer:
 
 
 OPTIMIZERS: Registry[StageOptimizer] = Registry(
-    "pipeline optimizer", "algorithm/optimizer", "algorithm.optimizer"
+    "pipeline optimizer", "algorithm/optimizer", "algorithm.optimizer", OptimizerConfig
 )
 
 

@@ -49,7 +49,8 @@ NETWORK = ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps", "pull_ba
 
 
 class Engine:
-    # the AlgorithmConfig fields this engine reads; each must be set
+    # the algorithm's parts this engine reads (`registry.PARTS`), each of which must be set,
+    # in the order a run's label names them (`<barrier>+<update>`)
     slots: tuple[str, ...] = ("barrier", "update")
     # ClusterConfig fields this engine cannot model: a run that sets one is refused
     ignores: tuple[str, ...] = ()

@@ -48,8 +48,8 @@ def test_the_slurm_launcher_composes_with_the_readme_settings():
     from stalebench.config import register_configs
     from stalebench.plugins import load as load_plugins
 
-    register_configs()
     load_plugins()
+    register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("stalebench.conf", version_base=None):

@@ -87,7 +87,7 @@ def test_every_arm_of_every_sweep_composes_and_keeps_its_values(name):
             for dotted, value in values_in(arm).items():
                 if dotted not in deliberate:
                     assert lookup(cfg, dotted) == value, (name, option, dotted)
-            labels.add(cfg.algorithm.label)
+            labels.add(cfg.label)
     for claim in cfg.sweep.claims:
         for side in (claim.a, claim.b, claim.c):
             named = side.get("algorithm", claim.where.get("algorithm"))

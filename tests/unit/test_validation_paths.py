@@ -416,7 +416,7 @@ CASES = [
     ),
     (
         ["algorithm=ssp", "engine=local"],
-        "engine=local needs algorithm.inner, which algorithm=ssp does not set (it sets "
+        "engine=local needs algorithm.outer, which algorithm=ssp does not set (it sets "
         "algorithm.barrier, algorithm.update): choose a preset made for engine=local, or "
         "another engine",
     ),

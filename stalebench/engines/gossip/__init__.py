@@ -38,7 +38,7 @@ class GossipConfig(EngineConfig):
 class GossipEngine(Engine):
     """N nodes train decentralised: a local step, then gossip with their peers (SGP, D-PSGD)."""
 
-    slots = ("inner", "gossip")
+    slots = ("gossip", "inner")  # in label order: `<mixing>+<inner>`
 
     def validate(self, splits) -> None:
         super().validate(splits)

@@ -64,7 +64,7 @@ class LocalConfig(EngineConfig):
 class LocalEngine(Engine):
     """N workers take H local steps each, then reconcile their replicas (local SGD, DiLoCo)."""
 
-    slots = ("inner", "outer")
+    slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
 
     @property
     def asynchronous(self) -> bool:

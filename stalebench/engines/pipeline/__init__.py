@@ -4,10 +4,15 @@ a stage's rank does, in both runtimes."""
 
 from __future__ import annotations
 
-from stalebench.algorithms.pipeline import OPTIMIZERS
+from stalebench.algorithms.pipeline import OPTIMIZERS, PipelineConfig
 from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
+from stalebench.registry import algorithm_part
+
+# the schedule's settings, a part of the algorithm with no registry of its own (the
+# optimizer's registry declares its part)
+algorithm_part("pipeline", PipelineConfig)
 
 # cluster settings a pipeline run does not model yet: refused rather than silently ignored
 UNMODELLED = (
