@@ -43,12 +43,35 @@ import torch
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.metrics.summary import stop
-from stalebench.runtime.clock import EventQueue
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
 Program = Callable[[Job, World], Op[Any]]
+
+
+class EventQueue:
+    """Items by virtual time, ties in the order they were pushed (so a config and a seed
+    give one history)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, t: float, item: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._order), item))
+
+    def pop(self) -> tuple[float, Any]:
+        """The earliest item: (virtual time, item)."""
+        t, _, item = heapq.heappop(self._heap)
+        return t, item
+
+    def first(self) -> float:
+        """The earliest item's time (inf when none is left)."""
+        return self._heap[0][0] if self._heap else math.inf
 
 
 class SimWorld(World):
