@@ -334,3 +334,25 @@ def test_real_processes_a_pause_stalls_a_sync_round_but_not_the_async_workers(tm
     t_pause = pushed[0]["t"]
     during = [e for e in updates(asynchronous) if t_pause - 0.7 < e["t"] < t_pause]
     assert {e["worker"] for e in during} == {0, 2, 3}  # the others went on pushing
+
+
+@pytest.mark.timeout(60)
+def test_an_overlapped_merge_is_logged_at_rank_0s_clock_and_the_wall_budget_by_the_exchange(
+    tmp_path,
+):
+    """HPSGD (engine.mode=overlap), 2 workers, worker 1 three times slower, free network,
+    10 ms steps, H = 10: worker 0 sends at 0.1 s and worker 1 at 0.3 s, so the exchange
+    ends at 0.3 s; worker 0 reaches its merge after step 20 (0.2 s) and waits for it. The
+    update is logged at rank 0's clock, 0.3 s (as in real processes), not at the slowest
+    worker's (0.6 s), and what rank 0 waited is the slowest worker, not communication.
+    With budget.max_wall_s=0.3 the run ends after that merge: the exchange ended at the
+    budget."""
+    run = sim(
+        tmp_path, "overlap", "algorithm=hpsgd", "algorithm.outer.inner_steps=10",
+        "cluster.num_workers=2", "cluster.compute_ms=10", "cluster.slowdown=[1,3]",
+        "budget.max_updates=0", "budget.max_wall_s=0.3",
+    )  # fmt: skip
+    first = updates(run)[:2]
+    assert [e["t"] for e in first] == pytest.approx([0.3, 0.3])
+    assert [e["comm_s"] for e in first] == pytest.approx([0.0, 0.0])
+    assert run.summary["updates"] == 1
