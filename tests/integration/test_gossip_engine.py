@@ -115,7 +115,7 @@ def test_sgp_outruns_allreduce_under_transient_stragglers_and_osgp_outruns_sgp(t
         (["algorithm=sgp", "cluster.num_workers=1"], "cluster.num_workers=1"),
         (["algorithm=sgp", "algorithm.inner.reset=true"], "algorithm.inner.reset"),
         (["algorithm=sgp", "cluster.spares=1"], "cluster.spares"),
-        (["algorithm=bsp", "engine=gossip"], "algorithm.inner"),
+        (["algorithm=bsp", "engine=gossip"], "algorithm.gossip"),
     ],
 )
 def test_bad_input_is_refused_before_any_process_starts(overrides, key):
