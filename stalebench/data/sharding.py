@@ -128,5 +128,8 @@ class Minibatches:
                 # the whole split, gathering it all per worker and epoch would dominate
                 idx = shard[perm[start : start + self._size]]
                 start += self._size
-                x = splits.x_train[idx]
-                yield (augment(x, self.aug_gen) if augment else x), splits.y_train[idx]
+                x = splits.x_train.index_select(0, idx)  # as x_train[idx], at half the cost
+                yield (
+                    (augment(x, self.aug_gen) if augment else x),
+                    splits.y_train.index_select(0, idx),
+                )
