@@ -18,6 +18,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, ClassVar
 
+from stalebench.algorithms.torch_optim import torch_step
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -127,9 +128,7 @@ class InnerOptimizer:
         raise NotImplementedError
 
     def step(self, grad: torch.Tensor) -> None:
-        self.x.grad = grad
-        self.opt.step()
-        self.x.grad = None
+        torch_step(self.opt, [self.x], grad)
         if self.schedule is not None:
             self.schedule.step()  # the step of the next inner step
 

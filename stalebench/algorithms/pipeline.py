@@ -13,6 +13,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from stalebench.algorithms.torch_optim import torch_step
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -164,11 +165,7 @@ class _Torch(StageOptimizer):
         return {}
 
     def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
-        group = self.opt.param_groups[0]
-        group["lr"], group["betas"] = lr, (beta1, self.cfg.beta2)
-        self.param.grad = grad
-        self.opt.step()
-        self.param.grad = None
+        torch_step(self.opt, [self.param], grad, lr=lr, betas=(beta1, self.cfg.beta2))
 
 
 @OPTIMIZERS.register("adamw", AdamConfig)

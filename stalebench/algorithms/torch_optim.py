@@ -41,6 +41,24 @@ def _check_positive(key: str, value: float) -> None:
         raise ConfigError(f"algorithm.update.{key} must be > 0, got {value}")
 
 
+def torch_step(opt: torch.optim.Optimizer, tensors: Sequence[torch.Tensor], grad, **group) -> None:
+    """Step torch's optimizer `opt` over `tensors` (θ, or θ's views laid end to end) with the
+    flat gradient `grad`, which it does not keep; `group`: settings of every param group for
+    this step (a scheduled lr, betas). The one way a plain optimizer is stepped: an update
+    rule (`TorchRule`), an inner optimizer (engine=local, gossip) and a pipeline stage's."""
+    for g in opt.param_groups:
+        g.update(group)
+    lo = 0
+    for t in tensors:
+        t.grad = grad[lo : lo + t.numel()].view_as(t)
+        lo += t.numel()
+    try:
+        opt.step()
+    finally:
+        for t in tensors:
+            t.grad = None  # the caller's buffer is not kept past the step
+
+
 class TorchRule(UpdateRule):
     """A torch.optim optimizer over θ (or θ's per-tensor views), stepped with each gradient
     the engine applies; subclasses name the class (`optimizer`) and its arguments."""
@@ -89,17 +107,7 @@ class TorchRule(UpdateRule):
                 f"{type(self).__name__} steps the θ it was built over (a torch optimizer holds "
                 "its tensors): got another tensor"
             )
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr
-        lo = 0
-        for t in self.tensors:
-            t.grad = grad[lo : lo + t.numel()].view_as(t)
-            lo += t.numel()
-        try:
-            self.opt.step()
-        finally:
-            for t in self.tensors:
-                t.grad = None  # the engine's buffer is not kept past the step
+        torch_step(self.opt, self.tensors, grad, lr=self.lr)
 
 
 # ---------------------------------------------------------------------------- SGD
