@@ -193,12 +193,12 @@ class Worker:
         rank = world.rank
         self.spare = rank > job.num_workers
         # the model a process's workers compute on (in the simulator, all of them), and the
-        # buffer replies arrive in (a header, then θ), read at once
+        # buffer replies arrive in (a header, then the θ its step reads in place: the next
+        # reply comes only once the server has read the push)
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank - 1)))
         size = HEADER + net.flat.numel()
-        self.inbox = world.shared("inbox", lambda: world.mailbox(0, rank, size, HEADER))
+        self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
-        self.theta = torch.empty(net.flat.numel())  # the θ of its step
         self.out = world.mailbox(rank, 0, size, HEADER)
         self.head, self.sent = Header(self.inbox), Header(self.out)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
@@ -223,7 +223,6 @@ class Worker:
             if self.w < 0:  # the first reply: who it is
                 self.join(index, clock, float(head.d[2]))
                 pushed_at = received if self.spare else pushed_at
-            yield from world.compute(self.load, 0.0)
             yield from world.strike(self.pause)
             # the gradient goes into the push, which the simulator computes once it is read
             _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
@@ -258,16 +257,12 @@ class Worker:
             self.batches.size = batch
         return step_s
 
-    def load(self) -> None:
-        """θ from the reply into the worker's own copy (after its last step has run)."""
-        self.theta.copy_(self.inbox[HEADER:])
-
     def step(self) -> None:
         """The push: the gradient at θ on the next minibatch (or what the rule makes of it,
         on the worker), and the minibatch's loss."""
         net, sent = self.net, self.sent
         grad, sent.d[0] = net.gradient_at(
-            self.theta, self.buffers, next(self.batches), sent.payload
+            self.head.payload, self.buffers, next(self.batches), sent.payload
         )
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:
