@@ -128,6 +128,8 @@ class SimWorld(World):
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
         if not self.hub:
             self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
+        if self.pending:  # the lazy steps that write this message, and any still unrun
+            self.pending = [d for d in self.pending if d.step is not None]
         self.sim.post(self.rank, dst, self.clock, buf, tuple(self.pending))
         return
         yield

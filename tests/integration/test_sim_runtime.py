@@ -257,6 +257,33 @@ def test_a_lazy_step_runs_when_its_message_is_read_and_never_if_it_is_not(tmp_pa
     assert ran == [1]
 
 
+def test_a_message_carries_only_the_lazy_steps_not_yet_run(tmp_path):
+    """A rank that only ever computes lazily and sends (a ps worker) never settles: each
+    message must carry its own step, not every step since the start (which made the
+    simulator quadratic in a run's pushes)."""
+    sim, carried = simulator(tmp_path, size=2), []
+
+    def program(job, world):
+        if world.rank == 0:
+            world.hub = True
+            ear = world.listen({1: 1}, lambda rank: [])
+            yield from world.begin(lambda: None)
+            for _ in range(50):
+                yield from ear.next({1})
+                yield from world.send(torch.zeros(1), 1)
+            return finish(world)
+        yield from world.begin(lambda: None)
+        for _ in range(50):
+            yield from world.compute(lambda: None, 0.01, lazy=True)
+            yield from world.isend(torch.zeros(1), 0)
+            carried.append(len(sim.listeners[0].heap[0][4]))
+            yield from world.recv(torch.zeros(1), 0)
+        return None
+
+    assert sim.run(program)["status"] == "completed"
+    assert carried == [1] * 50
+
+
 def test_a_ranks_collectives_run_one_after_another_and_complete_when_the_last_rank_comes(
     tmp_path,
 ):
