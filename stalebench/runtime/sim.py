@@ -138,6 +138,8 @@ class SimWorld(World):
         return  # a message is in its receiver's mailbox once sent
         yield
 
+    send = isend  # isend, then a wait that returns at once
+
     def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> Op[float]:
         box = self.sim.mail[(src, self.rank)]
         if not box:
