@@ -103,6 +103,25 @@ def pad_to(start: float, target_s: float) -> None:
         time.sleep(remaining)
 
 
+class LinkClock:
+    """When each collective issued on one process group ends in the emulated network: the
+    group carries one at a time, so a collective starts once it is issued and the one
+    before it is through."""
+
+    def __init__(self, profile: Profile):
+        self.profile, self.free_at = profile, 0.0
+
+    def after(self, seconds: float) -> float:
+        """A collective lasting `seconds` issued now: when it ends (perf_counter seconds)."""
+        start = max(self.free_at, time.perf_counter())
+        self.free_at = start + seconds
+        return self.free_at
+
+    def issue(self, nbytes: int, slow_s: float = 0.0) -> float:
+        """A ring all-reduce of `nbytes` issued now: when it ends."""
+        return self.after(self.profile.allreduce_s(nbytes, slow_s))
+
+
 class Shaped(Transport):
     """A worker's transport with the profile's network: a send waits the push direction's
     delay for its size, a receive the pull direction's once the message is in, an
@@ -111,7 +130,7 @@ class Shaped(Transport):
 
     def __init__(self, inner: Transport, profile: Profile, faults: Faults | None = None):
         self.inner, self.profile, self.faults = inner, profile, faults
-        self.linked = 0.0  # when the collectives under way end, as priced: the next starts then
+        self.clock = LinkClock(profile)  # its collectives, one after another
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.inner.mailbox(src, dst, size, header)
@@ -127,13 +146,6 @@ class Shaped(Transport):
     def send(self, buf: torch.Tensor, dst: int) -> None:
         _sleep(self.profile.push_s(_size(buf), self.slow_s))
         self.inner.send(buf, dst)
-
-    def send_all(self, bufs: list[torch.Tensor], dst: int) -> None:
-        """Send `bufs` (of different dtypes) as one message of the profile: one delay for
-        their total size."""
-        _sleep(self.profile.push_s(sum(map(_size, bufs)), self.slow_s))
-        for buf in bufs:
-            self.inner.send(buf, dst)
 
     def isend(self, buf: torch.Tensor, dst: int):
         _sleep(self.profile.push_s(_size(buf), self.slow_s))
@@ -167,12 +179,11 @@ class Shaped(Transport):
         return self._paced(self.inner.all_gather_start(out, buf), seconds)
 
     def _paced(self, inner: Pending, seconds: float) -> Pending:
-        start = max(time.perf_counter(), self.linked)
-        self.linked = start + seconds
+        end = self.clock.after(seconds)
 
         def wait() -> None:
             inner.wait()
-            pad_to(start, seconds)
+            pad_to(0.0, end)
 
         return Pending(wait)
 

@@ -6,8 +6,9 @@ without the interpreter lock) in one order fixed at start-up: every rank must is
 collectives in the same order. The emulated network is a clock: a process group carries one
 collective at a time, so a piece's ring all-reduce (`Profile.allreduce_s`) starts once it is
 issued and the previous piece is through, and `wait` returns no sooner than it ends (nor
-before the real all-reduce is done). `LinkClock` is that arithmetic alone, for a reference
-that issues its own collectives (DDP).
+before the real all-reduce is done). `LinkClock` (`runtime/faults.py`, where `Shaped` paces
+every collective with it) is that arithmetic alone, for a reference that issues its own
+collectives (DDP).
 
 `Pace` spreads the profile's step time over the step, so that what overlaps with
 communication is the modelled computation, not a sleep after it: each module with
@@ -23,24 +24,10 @@ from collections.abc import Sequence
 
 import torch
 
-from stalebench.cluster import Profile
-from stalebench.runtime.faults import Shaped, pad_to
+from stalebench.runtime.faults import LinkClock, Shaped, pad_to
 from stalebench.runtime.transport import Pending
 
 FORWARD = 1 / 3  # the forward pass's share of a step; backward takes the rest
-
-
-class LinkClock:
-    """When each collective issued on one process group ends in the emulated network."""
-
-    def __init__(self, profile: Profile):
-        self.profile, self.free_at = profile, 0.0
-
-    def issue(self, nbytes: int, slow_s: float = 0.0) -> float:
-        """A ring all-reduce of `nbytes` issued now: when it ends (perf_counter seconds)."""
-        start = max(self.free_at, time.perf_counter())
-        self.free_at = start + self.profile.allreduce_s(nbytes, slow_s)
-        return self.free_at
 
 
 class Link:
