@@ -3,8 +3,6 @@ included (the registries after `plugins.load`, and the YAML presets and sweeps).
 
 from __future__ import annotations
 
-from importlib.resources import files
-
 from stalebench import plugins
 from stalebench.registry import REGISTRIES, Registry
 
@@ -32,12 +30,8 @@ def registered(registry: Registry) -> list[tuple[str, str]]:
 
 
 def presets(group: str) -> list[tuple[str, str]]:
-    """The YAML configs of a group: stalebench's and the plugins' (`plugins.conf_dirs`)."""
-    found = []
-    for conf in [files("stalebench.conf"), *plugins.conf_dirs()]:
-        folder = conf.joinpath(group)
-        if folder.is_dir():
-            found += [f for f in folder.iterdir() if f.name.endswith(".yaml")]
+    """The YAML configs of a group: stalebench's and the plugins'."""
+    found = plugins.yaml_files(group)
     return sorted((f.name.removesuffix(".yaml"), yaml_summary(f.read_text())) for f in found)
 
 

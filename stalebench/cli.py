@@ -169,21 +169,13 @@ def groups() -> set[str]:
 
 def options(group: str) -> set[str]:
     """Names selectable in a config group: registered schemas and YAML presets."""
-    from importlib.resources import files
-
     from hydra.core.config_store import ConfigStore
 
-    from stalebench.plugins import conf_dirs
+    from stalebench.plugins import yaml_files
 
     stored = ConfigStore.instance().list(group) if group in _store_groups() else []
     names = {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
-    for conf in [files("stalebench.conf"), *conf_dirs()]:  # a plugin's presets too
-        folder = conf.joinpath(group)
-        if folder.is_dir():
-            names |= {
-                f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml")
-            }
-    return names
+    return names | {f.name.removesuffix(".yaml") for f in yaml_files(group)}  # plugins' too
 
 
 def _store_groups() -> set[str]:

@@ -33,9 +33,9 @@ def load() -> None:
     import stalebench.models  # noqa: F401
 
     for ep in entry_points(group=GROUP):
-        module = ep.load()
-        conf = Path(getattr(module, "__file__", None) or ".").parent / "conf"
-        if getattr(module, "__file__", None) and conf.is_dir() and conf not in _conf_dirs:
+        where = getattr(ep.load(), "__file__", None)  # a namespace package has none
+        conf = Path(where).parent / "conf" if where else None
+        if conf is not None and conf.is_dir() and conf not in _conf_dirs:
             _conf_dirs.append(conf)
 
 
@@ -43,3 +43,16 @@ def conf_dirs() -> list[Path]:
     """The loaded plugins' `conf/` folders, in entry-point order."""
     load()
     return list(_conf_dirs)
+
+
+def yaml_files(group: str) -> list:
+    """The YAML configs of a config group (`algorithm`, `cluster`, `sweep`, ...):
+    stalebench's own, then the plugins'."""
+    from importlib.resources import files
+
+    found = []
+    for conf in [files("stalebench.conf"), *conf_dirs()]:
+        folder = conf.joinpath(group)
+        if folder.is_dir():
+            found += [f for f in folder.iterdir() if f.name.endswith(".yaml")]
+    return found
