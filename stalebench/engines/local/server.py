@@ -62,7 +62,7 @@ class Server:
     """Rank 0: θ, the outer rule, and the run directory."""
 
     def __init__(self, job: Job, world: World):
-        self.job, self.cfg, self.world, self.m = job, job.cfg, world, job.num_workers
+        self.cfg, self.world, self.m = job.cfg, world, job.num_workers
         world.hub = True
         self.record = world.record
         self.net = Net(job, torch.device("cpu"))  # its own: in the simulator workers share one
@@ -78,7 +78,6 @@ class Server:
         self.listener = world.listen({w: w + 1 for w in range(self.m)}, lambda r: [pushes[r]])
         self.active = set(range(self.m))  # workers not yet told to stop
         self.lost: set[int] = set()
-        self.rounds = [0] * self.m
 
     def run(self) -> Op[dict[str, Any]]:
         world, a, status, error = self.world, self.arrivals, "completed", None
@@ -138,7 +137,6 @@ class Server:
         fields = async_event(w, clock, version, lag, stats, steps, rtt, self.message_bytes)
         record.events.emit("update", t, **fields)
         record.snapshots.maybe(t, version, self.theta)
-        self.rounds[w] += 1
         return "diverged" if diverged(loss, self.theta) else "completed"
 
     def reply(self, w: int, kind: int, steps: int) -> Op[None]:
