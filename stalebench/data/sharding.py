@@ -126,7 +126,7 @@ class Minibatches:
             while start + self._size <= len(perm):
                 # the epoch's order a batch at a time: at 10,000 simulated workers sampling
                 # the whole split, gathering it all per worker and epoch would dominate
-                idx = shard[perm[start : start + self._size]]
+                idx = shard.index_select(0, perm[start : start + self._size])
                 start += self._size
                 x = splits.x_train.index_select(0, idx)  # as x_train[idx], at half the cost
                 yield (

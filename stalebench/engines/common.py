@@ -80,6 +80,8 @@ class Net:
         BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
         them)."""
         self.flat.copy_(x)
+        if not buffers:  # no BatchNorm
+            return gradient(self.model, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             shared.copy_(mine)
         grad = gradient(self.model, self.params, batch, self.device, out)

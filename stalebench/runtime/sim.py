@@ -96,6 +96,11 @@ class SimWorld(World):
             self.sim.shared[key] = build()
         return self.sim.shared[key]
 
+    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+        # one buffer for both ends, as a same-host mailbox is in real processes: a message
+        # is read where its sender wrote it
+        return self.shared(f"mailbox {src}>{dst} {size}", lambda: torch.zeros(size))
+
     def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> Op[None]:
         yield ("begin",)  # no warm-up on a virtual clock; every rank starts at 0, together
 
@@ -147,7 +152,8 @@ class SimWorld(World):
         arrival, message, deferred = box.popleft()
         for step in deferred:
             step.run()
-        buf.copy_(message)
+        if message is not buf:
+            buf.copy_(message)
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
         if not self.hub:

@@ -8,17 +8,17 @@ time, and pushes it with the version read; until told to stop. The ranks after t
 workers are spares: set up, they wait, as long as the run lasts, for a lost worker's place
 — its index, clock and the run time come in their first reply — or for the end.
 
-Wire format: one float32 tensor per message, HEADER slots then a model-sized payload; the
-header's int slots through an int32 view, its float64 slots (float32 slots 2–7) through a
-float64 view, so clocks, losses and times cross exactly.
+Wire format: one float32 tensor per message, HEADER slots (32 bytes) then a model-sized
+payload. The header holds int32s and float64s, packed and read in place with `struct`
+(`PUSH`, `REPLY`: no torch operation), so clocks, losses and times cross exactly.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any
 
-import numpy as np
 import torch
 
 from stalebench.algorithms.base import UPDATES
@@ -34,21 +34,23 @@ from stalebench.runtime.world import Op, World, nbytes
 log = logging.getLogger("stalebench")
 
 HEADER = 8  # float32 slots before the payload of every message
-# a push: ints clock, version read; float64s loss, compute_s, rtt_s (the worker's time from
-# its previous push, or the start, to receiving these parameters)
-# a reply: ints kind, version, the worker's clock (a resumed run's workers start at their
-# checkpointed clocks), the worker's index, the minibatch size of its step; float64 slot 2:
-# the run time the worker starts at (the run's start, or when a spare joined)
+# a push: int32s clock, version read; float64s loss, compute_s, rtt_s (the worker's time
+# from its previous push, or the start, to receiving these parameters). The worker writes
+# the loss with its gradient (`LOSS`, at byte 8), the rest as it sends (`SENT`, `TIMES`).
+PUSH, SENT, LOSS, TIMES = map(struct.Struct, ("=2i3d", "=2i", "=d", "=2d"))
+# a reply: int32s kind, version, the worker's clock (a resumed run's workers start at their
+# checkpointed clocks), the worker's index, the minibatch size of its step; then (at byte
+# 24) float64 the run time the worker starts at (the run's start, or when a spare joined)
+REPLY = struct.Struct("=5i4xd")
 PARAMS, STOP = 2, 3
 
 
 class Header:
-    """A message's header slots as numpy views of its (CPU) buffer: int slots `i`, float64
-    slots `d`, each read or written without a torch operation; `payload` the rest."""
+    """A message's buffer: its header's bytes (`raw`, a numpy view of the CPU buffer, for
+    `struct` to pack and unpack in place) and the `payload` after them."""
 
     def __init__(self, buf: torch.Tensor):
-        f = buf[:HEADER].numpy()
-        self.i, self.d, self.payload = f.view(np.int32), f[2:].view(np.float64), buf[HEADER:]
+        self.raw, self.payload = buf[:HEADER].numpy(), buf[HEADER:]
 
 
 class Server:
@@ -134,15 +136,15 @@ class Server:
         if h is None:
             h = self.pushed[buf.data_ptr()] = Header(buf)
         self.bytes += self.message_bytes
-        (clock, version), (loss, compute_s, rtt_s) = h.i[:2].tolist(), h.d.tolist()
+        clock, version, loss, compute_s, rtt_s = PUSH.unpack_from(h.raw)
         return Push(w, clock, version, h.payload, loss, compute_s, rtt_s)
 
     def send(self, replies: list[Reply]) -> Op[None]:
         for r in replies:
             w, rank = r.worker, self.rank[r.worker]
             out, h = self.replies[rank], self.heads[rank]
-            h.i[:5] = PARAMS, r.version, self.ps.clocks[w], w, r.batch
-            h.d[2] = self.joined_at.get(w, self.started_at)
+            joined = self.joined_at.get(w, self.started_at)
+            REPLY.pack_into(h.raw, 0, PARAMS, r.version, self.ps.clocks[w], w, r.batch, joined)
             h.payload.copy_(r.params)
             try:
                 yield from self.world.send(out, rank)
@@ -175,7 +177,7 @@ class Server:
     def _stop_ranks(self, ranks: list[int]) -> Op[bool]:
         stopped = True
         for rank in ranks:
-            self.heads[rank].i[:3] = STOP, self.ps.version, 0
+            REPLY.pack_into(self.heads[rank].raw, 0, STOP, self.ps.version, 0, 0, 0, 0.0)
             try:
                 yield from self.world.send(self.replies[rank], rank)
             except Exception as exc:  # best effort on the failure path
@@ -217,17 +219,17 @@ class Worker:
         while True:
             yield from world.recv(self.inbox, 0, patient=self.spare and self.w < 0)
             received = world.now()
-            kind, version, clock, index, batch = head.i[:5].tolist()
+            kind, version, clock, index, batch, started_at = REPLY.unpack_from(head.raw)
             if kind == STOP:
                 return None
             if self.w < 0:  # the first reply: who it is
-                self.join(index, clock, float(head.d[2]))
+                self.join(index, clock, started_at)
                 pushed_at = received if self.spare else pushed_at
             yield from world.strike(self.pause)
             # the gradient goes into the push, which the simulator computes once it is read
             _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
-            sent.i[:2] = self.clock, version
-            sent.d[1:] = compute, received - pushed_at
+            SENT.pack_into(sent.raw, 0, self.clock, version)
+            TIMES.pack_into(sent.raw, 16, compute, received - pushed_at)
             yield from world.send(self.out, 0)
             pushed_at = world.now() - self.profile.push_s(nbytes(self.out), self.faults.slow_s)
             self.clock += 1
@@ -261,9 +263,10 @@ class Worker:
         """The push: the gradient at θ on the next minibatch (or what the rule makes of it,
         on the worker), and the minibatch's loss."""
         net, sent = self.net, self.sent
-        grad, sent.d[0] = net.gradient_at(
+        grad, loss = net.gradient_at(
             self.head.payload, self.buffers, next(self.batches), sent.payload
         )
+        LOSS.pack_into(sent.raw, 8, loss)
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:
             sent.payload.copy_(message)
