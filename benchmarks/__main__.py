@@ -171,11 +171,12 @@ def figures(quick: bool) -> dict:
     out["sim_bare_loop"] = (None, lambda: bare_loop(sim_updates), "steps/s")
     for n in (10, 100, 1000, 10000):
         updates = sim_updates * (3 if n == 10000 else 1)
-        out[f"sim/{n}_workers"] = (
-            lambda n=n, u=updates: sim(n, u)["events_per_s"],
-            None,
-            "events/s ÷ bare loop",
-        )
+        for name, batch in (("one_at_a_time", "off"), ("batched", "auto")):
+            out[f"sim/{n}_workers/{name}"] = (
+                lambda n=n, u=updates, b=batch: sim(n, u, b)["events_per_s"],
+                None,
+                "events/s ÷ bare loop",
+            )
     return out
 
 

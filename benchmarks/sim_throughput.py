@@ -45,7 +45,8 @@ def bare_loop(steps: int) -> float:
     return plain_loop(MODEL, steps)
 
 
-def sim(workers: int, updates: int) -> dict:
+def sim(workers: int, updates: int, batch: str = "off") -> dict:
+    """One simulated ASP run; `batch`: sim.batch (off: a gradient at a time)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose(
             [
@@ -59,6 +60,7 @@ def sim(workers: int, updates: int) -> dict:
                 "eval.every_s=0",
                 "eval.train_samples=0",
                 "logger=none",
+                f"sim.batch={batch}",
                 # no divergence at lag ~N: every run completes (at 1,000 and 10,000 workers 0.01
                 # blew the held-out loss up past 10x its start: the run ends `diverged`)
                 f"algorithm.update.lr={0.01 if workers <= 100 else 0.001}",

@@ -94,6 +94,34 @@ class BudgetConfig:
             )
 
 
+SIM_BATCH = ("auto", "on", "off")
+
+
+@dataclasses.dataclass
+class SimConfig:
+    """The simulator's own settings (runtime=sim); none changes what a run simulates, only
+    how fast, except `batch`, whose batched gradients equal one-at-a-time ones to float
+    rounding (docs/design.md, "Batched gradients")."""
+
+    # compute the workers' pending gradients together (one vmapped forward and backward
+    # over their parameter versions): on, off, or auto — on where it pays: a model of at
+    # most batch_max_params parameters on the CPU (a batched matmul over per-worker
+    # weights is memory-bound above that), any model on CUDA
+    batch: str = "auto"
+    batch_max: int = 256  # gradients per batch at most (memory: the bytes of each, reported)
+    batch_max_params: int = 200_000
+
+    def __post_init__(self) -> None:
+        if self.batch not in SIM_BATCH:
+            raise ConfigError(
+                f"sim.batch must be one of {', '.join(SIM_BATCH)}, got {self.batch!r}"
+            )
+        if self.batch_max < 1:
+            raise ConfigError(f"sim.batch_max must be >= 1, got {self.batch_max}")
+        if self.batch_max_params < 0:
+            raise ConfigError(f"sim.batch_max_params must be >= 0, got {self.batch_max_params}")
+
+
 @dataclasses.dataclass
 class EvalConfig:
     every_updates: int = 0  # snapshot θ every this many server updates (0 = off)
@@ -155,6 +183,7 @@ class RunConfig:
     sweep: SweepConfig = dataclasses.field(default_factory=SweepConfig)
     # real: one OS process per role over torch.distributed; sim: discrete-event, virtual time
     runtime: str = "real"
+    sim: SimConfig = dataclasses.field(default_factory=SimConfig)
     # how the run trains: ps (a server and N workers), allreduce (N replicas), pipeline...
     engine: EngineConfig = MISSING
     device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)

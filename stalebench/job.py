@@ -111,7 +111,7 @@ class Job:
         c = self.cfg
         return shard_batches(
             self.splits, worker, self.num_workers, c.dataset.batch_size, c.seed,
-            self.sharding, c.dataset.dirichlet_alpha,
+            self.sharding, c.dataset.dirichlet_alpha, c.dataset.shuffle,
         )  # fmt: skip
 
     @property

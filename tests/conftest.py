@@ -50,6 +50,10 @@ FAST = [
     "eval.every_s=0",
     "eval.every_updates=20",
     "timeout_s=30",
+    # one gradient at a time: tests compare paths bit for bit (an engine against another,
+    # the simulator against real processes); batched gradients, equal to float rounding,
+    # are tested on their own (tests/unit/test_sim_batch.py)
+    "sim.batch=off",
 ]
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without
 
 
 SHARDINGS = ("auto", "disjoint", "replicated", "dirichlet")
+SHUFFLES = ("auto", "randperm", "affine")
 # the seed of the validation carve (`Splits.hold_out`): a constant, not the run's seed, so
 # every arm and seed of a tuning stage is selected on the very same examples
 HOLDOUT_SEED = 0x5EED_7A1
@@ -100,6 +101,13 @@ class DatasetConfig(ComponentConfig):
     # Dirichlet(dirichlet_alpha) (small α: few classes per worker; α → ∞: an IID split)
     sharding: str = "auto"
     dirichlet_alpha: float = 1.0
+    # each worker's order of its shard, new every epoch: randperm (a seeded permutation,
+    # drawn whole at the epoch's first minibatch), affine (i -> (a*i + b) mod n over the
+    # shard, a, b drawn per epoch: O(1) to start, a minibatch at a time), or auto: affine for
+    # shards of more than 65,536 samples (a simulator's thousands of workers each sampling a
+    # large split), randperm otherwise. The shards themselves are cut in a seeded random
+    # order, so an affine epoch visits its shard's samples in a random order too.
+    shuffle: str = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -107,6 +115,10 @@ class DatasetConfig(ComponentConfig):
         if self.sharding not in SHARDINGS:
             raise ConfigError(
                 f"dataset.sharding must be one of {', '.join(SHARDINGS)}, got {self.sharding!r}"
+            )
+        if self.shuffle not in SHUFFLES:
+            raise ConfigError(
+                f"dataset.shuffle must be one of {', '.join(SHUFFLES)}, got {self.shuffle!r}"
             )
         if not self.dirichlet_alpha > 0:
             raise ConfigError(f"dataset.dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")

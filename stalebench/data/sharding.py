@@ -4,6 +4,7 @@ the choice between the two."""
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -66,12 +67,13 @@ def shard_batches(
     seed: int,
     sharding: str = "disjoint",
     dirichlet_alpha: float = 1.0,
+    shuffle: str = "auto",
 ) -> Minibatches:
     """Endless minibatches for one worker: a seeded disjoint shard of the training split
     (`replicated`: the whole split; `dirichlet`: its label-skewed shard), reshuffled every
     epoch with a stream of its own (same seed, same order). With `splits.augment` set, each
     minibatch's x is augmented from a second per-worker stream, so the sample order is the
-    same with augmentation on or off."""
+    same with augmentation on or off. `shuffle`: each epoch's order (`DatasetConfig`)."""
     n = len(splits.y_train)
     order = _permutation(n, seed)
     if sharding == "dirichlet":
@@ -84,22 +86,30 @@ def shard_batches(
             f"training samples ({n} split over cluster.num_workers={num_workers}"
             + (f", dataset.dirichlet_alpha={dirichlet_alpha})" if sharding == "dirichlet" else ")")
         )
-    return Minibatches(splits, shard, batch_size, seed * 1_000_003 + worker + 1)
+    return Minibatches(splits, shard, batch_size, seed * 1_000_003 + worker + 1, shuffle)
+
+
+AFFINE_FROM = 1 << 16  # shuffle=auto: shards larger than this are shuffled affinely
 
 
 class Minibatches:
     """A worker's endless minibatches from its shard; `size` may change between two of them
-    (a synchronous run that re-assigns batch sizes), the epoch's order going on."""
+    (a synchronous run that re-assigns batch sizes), the epoch's order going on. `take`
+    draws the next one's sample indices, `gather` reads them (a simulator draws many
+    workers' at once: `stacked`)."""
 
-    def __init__(self, splits: Splits, shard: torch.Tensor, size: int, stream: int):
+    def __init__(
+        self, splits: Splits, shard: torch.Tensor, size: int, stream: int, shuffle: str = "auto"
+    ):
         import torch
 
         self.splits, self.shard, self._size = splits, shard, size
         self.gen = torch.Generator().manual_seed(stream)
+        self.affine = shuffle == "affine" or (shuffle == "auto" and len(shard) > AFFINE_FROM)
         # offset by 2**32: never the seed of any worker's order stream in the same run
         augment = splits.augment
         self.aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
-        self._batches = self._run()
+        self._indices = self._run()
 
     @property
     def size(self) -> int:
@@ -115,21 +125,61 @@ class Minibatches:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return next(self._batches)
+        return self.gather(next(self._indices))
 
-    def _run(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def take(self) -> torch.Tensor:
+        """The next minibatch's sample indices (into the training split)."""
+        return next(self._indices)
+
+    def gather(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The minibatch of samples `idx`: (x, augmented if the dataset is, y)."""
+        splits = self.splits
+        x = splits.x_train.index_select(0, idx)  # as x_train[idx], at half the cost
+        x = splits.augment(x, self.aug_gen) if splits.augment else x
+        return x, splits.y_train.index_select(0, idx)
+
+    def _run(self) -> Iterator[torch.Tensor]:
         import torch
 
-        splits, shard, augment = self.splits, self.shard, self.splits.augment
+        shard, n = self.shard, len(self.shard)
         while True:
-            perm, start = torch.randperm(len(shard), generator=self.gen), 0
-            while start + self._size <= len(perm):
+            if self.affine:
+                a, b = self._affine(n)
+            else:
+                perm = torch.randperm(n, generator=self.gen)
+            start = 0
+            while start + self._size <= n:
                 # the epoch's order a batch at a time: at 10,000 simulated workers sampling
                 # the whole split, gathering it all per worker and epoch would dominate
-                idx = shard.index_select(0, perm[start : start + self._size])
-                start += self._size
-                x = splits.x_train.index_select(0, idx)  # as x_train[idx], at half the cost
-                yield (
-                    (augment(x, self.aug_gen) if augment else x),
-                    splits.y_train.index_select(0, idx),
-                )
+                end = start + self._size
+                if self.affine:
+                    pos = torch.arange(start, end).mul_(a).add_(b).remainder_(n)
+                else:
+                    pos = perm[start:end]
+                start = end
+                yield shard.index_select(0, pos)
+
+    def _affine(self, n: int) -> tuple[int, int]:
+        """An epoch's i -> (a*i + b) mod n, a bijection of the shard's positions (a coprime
+        to n), drawn from the worker's stream."""
+        import torch
+
+        a, b = torch.randint(0, n, (2,), generator=self.gen).tolist()
+        a = max(a, 1)
+        while math.gcd(a, n) != 1:
+            a = a % max(n - 1, 1) + 1
+        return a, b
+
+
+def stacked(draws: list[tuple[Minibatches, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several workers' minibatches of one size (each its `Minibatches` and the indices it
+    took), read at once and stacked: x of shape (workers, size, ...), y likewise; each x
+    augmented with its own worker's stream, as `gather` does."""
+    import torch
+
+    splits, k = draws[0][0].splits, len(draws)
+    idx = torch.cat([i for _, i in draws])
+    x = splits.x_train.index_select(0, idx).view(k, -1, *splits.x_train.shape[1:])
+    if splits.augment:
+        x = torch.stack([splits.augment(x[j], mb.aug_gen) for j, (mb, _) in enumerate(draws)])
+    return x, splits.y_train.index_select(0, idx).view(k, -1, *splits.y_train.shape[1:])

@@ -22,12 +22,11 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch.nn.utils import vector_to_parameters
 
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
-from stalebench.engines.common import DataParallel
+from stalebench.engines.common import DataParallel, GradientStep, Net
 from stalebench.engines.overlap import Layout, build_replica
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
 from stalebench.errors import ConfigError
@@ -130,9 +129,12 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     n, rank, record, profile = job.num_workers, world.rank, world.record, job.profile
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
-    in_place = device.type == "cpu"  # the replica's parameters are views of θ: no copy
     d, batches = params.numel(), job.batches(rank)
     buf = torch.zeros(round_slots(d, n))
+    # a step: the gradient at θ into the round's message, its loss the result (on the CPU
+    # the replica's parameters are views of θ: no copy)
+    own = Net(job, device, net, params if device.type == "cpu" else None)
+    step = GradientStep(own, params, own.buffers, batches, buf[:d], lambda grad, loss: loss)
     world.faults = faults = Faults(profile, rank)
     eng = job.cfg.engine
     sizes = [p.numel() for p in net_params]
@@ -142,11 +144,6 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
     if record is not None:
         record.snapshots.maybe(0.0, 0, params)
-
-    def step() -> float:
-        if not in_place:
-            vector_to_parameters(params.to(device), net_params)
-        return gradient(net, net_params, next(batches), device, out=buf[:d])[1]
 
     try:
         while True:

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import torch
 
 from stalebench.algorithms.base import BARRIERS, UPDATES
@@ -62,16 +65,30 @@ class DataParallel(Engine):
 
 class Net:
     """The model a process computes gradients with, its parameters views of one flat
-    vector (a replica is loaded with one copy)."""
+    vector (a replica is loaded with one copy). In the simulator, it is also what batches
+    the pending gradients of the workers that share it (`run_batch`)."""
 
-    def __init__(self, job: Job, device: torch.device):
+    def __init__(
+        self,
+        job: Job,
+        device: torch.device,
+        model: torch.nn.Module | None = None,
+        flat: torch.Tensor | None = None,
+    ):
+        """The job's model θ₀ on `device`; or `model`, already built (a replica's own), its
+        parameters views of `flat` if given."""
         from stalebench.models.nets import flatten_parameters
 
-        self.model = job.model().to(device)
-        self.flat = flatten_parameters(self.model)
+        self.model = model if model is not None else job.model().to(device)
+        self.flat = flat if flat is not None else flatten_parameters(self.model)
         self.params = list(self.model.parameters())
         self.buffers = list(self.model.buffers())
         self.device = device
+        self.batchable = batchable(job, self.model, self.flat.numel(), device)
+        # nets of one architecture on one device batch together (a run builds its models
+        # from one config: the module tree's repr tells them apart)
+        self.signature = (repr(self.model), str(device)) if self.batchable else None
+        self._vmapped: Any = None
 
     def gradient_at(
         self, x: torch.Tensor, buffers: list[torch.Tensor], batch, out: torch.Tensor | None = None
@@ -79,7 +96,8 @@ class Net:
         """The gradient (into `out`, if given) and loss of `batch` at θ = x, with the
         BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
         them)."""
-        self.flat.copy_(x)
+        if x is not self.flat:  # a replica computing at its own θ needs no copy
+            self.flat.copy_(x)
         if not buffers:  # no BatchNorm
             return gradient(self.model, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):
@@ -88,3 +106,112 @@ class Net:
         for mine, shared in zip(buffers, self.buffers, strict=True):
             mine.copy_(shared)
         return grad
+
+    def run_batch(self, steps: list[GradientStep]) -> tuple[list[Any], int]:
+        """The steps' gradients together (this net's model the template of theirs): one
+        vmapped forward and backward over their parameter versions and minibatches (each
+        drawn now, in the steps' order), each into its step's `out`, then each step's
+        `then`, in order; what each `then` returned, and the bytes each gradient held (θ,
+        gradient, minibatch, BatchNorm buffers). Minibatches of unequal sizes (a barrier
+        that re-assigns them) run as one batch per size."""
+        from stalebench.data.sharding import stacked
+
+        taken = [(s.batches, s.batches.take()) for s in steps]
+        by_size: dict[int, list[int]] = {}
+        for k, (_, idx) in enumerate(taken):
+            by_size.setdefault(len(idx), []).append(k)
+        results: list[Any] = [None] * len(steps)
+        dev, step_bytes = self.device, 0
+        for ks in by_size.values():
+            xs, ys = stacked([taken[k] for k in ks])
+            thetas = torch.stack([steps[k].at for k in ks]).to(dev)
+            bufs = [torch.stack([steps[k].buffers[i] for k in ks]).to(dev)
+                    for i in range(len(self.buffers))]  # fmt: skip
+            grads, losses = self.vmapped()(thetas, bufs, xs.to(dev), ys.to(dev))
+            each = thetas[0].nbytes * 2 + xs[0].nbytes + ys[0].nbytes
+            step_bytes = max(step_bytes, each + sum(b[0].nbytes for b in bufs))
+            for j, (k, loss) in enumerate(zip(ks, losses.tolist(), strict=True)):
+                results[k] = (grads[j], loss)
+                for mine, stacked_buf in zip(steps[k].buffers, bufs, strict=True):
+                    mine.copy_(stacked_buf[j])  # the forward pass's BatchNorm statistics
+        done = []
+        for step, (grad, loss) in zip(steps, results, strict=True):
+            out = step.out.copy_(grad) if step.out is not None else grad.to("cpu", copy=True)
+            done.append(step.then(out, loss))
+        return done, step_bytes
+
+    def vmapped(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """(θs, BatchNorm buffers, xs, ys) → (gradients, losses), one per leading index."""
+        if self._vmapped is None:
+            from torch.func import functional_call, grad_and_value, vmap
+
+            from stalebench.evaluation import objective
+
+            model = self.model
+            names = [name for name, _ in model.named_parameters()]
+            shapes = [p.shape for p in self.params]
+            sizes = [p.numel() for p in self.params]
+            buffer_names = [name for name, _ in model.named_buffers()]
+
+            def loss(theta, buffers, x, y):
+                views = (t.view(s) for t, s in zip(theta.split(sizes), shapes, strict=True))
+                params = dict(zip(names, views, strict=True))
+                named = dict(zip(buffer_names, buffers, strict=True))
+                out = functional_call(model, (params, named), (x,))
+                return objective(out, y)
+
+            self._vmapped = vmap(grad_and_value(loss))
+        return self._vmapped
+
+
+def batchable(job: Job, model: torch.nn.Module, d: int, device: torch.device) -> bool:
+    """Whether the simulator batches this model's gradients (`sim.batch`): never a model
+    that draws random numbers in its forward pass (dropout: a batch would draw them in
+    another order); under `auto`, any model on CUDA, and on the CPU a model of at most
+    `sim.batch_max_params` parameters without 2-D convolutions (vmapped, a Conv2d is a
+    grouped convolution, whose backward on the CPU is slower than one model at a time:
+    ResNet-20 at 32 workers, 5x slower; Conv1d layers gain)."""
+    cfg = job.cfg.sim
+    modules = list(model.modules())
+    if cfg.batch == "off" or any(
+        isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in modules
+    ):
+        return False
+    if cfg.batch == "on" or device.type == "cuda":
+        return True
+    return d <= cfg.batch_max_params and not any(isinstance(m, torch.nn.Conv2d) for m in modules)
+
+
+class GradientStep:
+    """A worker's gradient as a step (`World.compute`): of `net` at θ = `at`, on the next
+    minibatch of `batches` (a `Minibatches`), with the worker's BatchNorm statistics
+    `buffers`, into `out` (None: a new CPU tensor), then `then(gradient, loss)`, whose
+    result is the step's. Called, it is one gradient; the simulator may instead run it in
+    a batch (`run_batch`) with the other workers' pending steps of the same `batch_key`
+    (nets of one architecture): its inputs are the worker's own, fixed once the step is
+    taken, so it reads the same whenever it runs."""
+
+    __slots__ = ("net", "at", "buffers", "batches", "out", "then")
+
+    def __init__(
+        self,
+        net: Net,
+        at: torch.Tensor,
+        buffers: list[torch.Tensor],
+        batches: Iterator,
+        out: torch.Tensor | None,
+        then: Callable[[torch.Tensor, float], Any],
+    ):
+        self.net, self.at, self.buffers, self.batches = net, at, buffers, batches
+        self.out, self.then = out, then
+
+    @property
+    def batch_key(self) -> tuple | None:
+        return self.net.signature
+
+    def run_batch(self, steps: list[GradientStep]) -> tuple[list[Any], int]:
+        return self.net.run_batch(steps)
+
+    def __call__(self) -> Any:
+        grad, loss = self.net.gradient_at(self.at, self.buffers, next(self.batches), self.out)
+        return self.then(grad, loss)

@@ -113,12 +113,21 @@ class SimWorld(World):
 
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         self.clock += step_s
-        if lazy:
-            self.pending.append(Deferred(step))
-            return None, step_s
+        if lazy or self.sim.batcher.can_batch(step):
+            deferred = Deferred(step, self)
+            self.pending.append(deferred)
+            self.sim.batcher.add(deferred)
+            if lazy:
+                return None, step_s
+            # its result is needed now: the rank waits out its step (as a real step takes
+            # its time), so that the ranks whose steps begin meanwhile take theirs, and it
+            # runs in a batch with them when it wakes
+            yield ("sleep",)
+            deferred.run()
+            self.pending = [d for d in self.pending if d.step is not None]
+            return deferred.result, step_s
         self.settle()
         return step(), step_s
-        yield
 
     def settle(self) -> None:
         """Run this rank's lazy steps not yet run, before it computes anew or joins a
@@ -226,17 +235,103 @@ class Collective:
 
 
 class Deferred:
-    """A lazy step (`World.compute(lazy=True)`), run once, by whoever needs it first."""
+    """A lazy step (`World.compute(lazy=True)`), run once, by whoever needs it first: alone,
+    or in a batch with other ranks' (`Batcher`) when it has a `batch_key`."""
 
-    __slots__ = ("step",)
+    __slots__ = ("step", "world", "key", "seq", "result")
 
-    def __init__(self, step: Callable[[], Any]):
+    def __init__(self, step: Callable[[], Any], world: SimWorld):
         self.step: Callable[[], Any] | None = step
+        self.world, self.key, self.seq, self.result = world, None, 0, None
 
     def run(self) -> None:
-        if self.step is not None:
-            step, self.step = self.step, None
-            step()
+        if self.step is None:
+            return
+        if self.key is not None:
+            self.world.sim.batcher.run(self)
+            return
+        step, self.step = self.step, None
+        self.result = step()
+
+    def first(self) -> bool:
+        """Whether it is its rank's oldest lazy step not yet run (a rank's run in order)."""
+        return next(d for d in self.world.pending if d.step is not None) is self
+
+
+class Batcher:
+    """Steps that can run together: those with a `batch_key` that is not None (e.g. the
+    architecture of the model several ranks compute gradients with), run by
+    `step.run_batch(steps)`, which returns each one's result and the bytes each held. A
+    step waits (lazy, or its rank asleep for its duration, `SimWorld.compute`); when one
+    is first needed, it runs with the other ranks' pending steps of its key — each rank's
+    oldest, so a rank's own steps keep their order — up to `limit` (`sim.batch_max`), in
+    the order they were taken. The steps read only what is fixed once taken, so running
+    them sooner than needed changes no result; the history stays the simulator's."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.queues: dict[Any, list[Deferred]] = {}
+        self.seq = itertools.count()
+        self.batches = self.steps = self.largest = 0
+        self.start_s = 0.0  # torch.func's one-time start-up, paid before the first batch
+        self.step_bytes = 0
+
+    @staticmethod
+    def can_batch(step: Any) -> bool:
+        return getattr(step, "batch_key", None) is not None
+
+    def add(self, deferred: Deferred) -> None:
+        key = getattr(deferred.step, "batch_key", None)
+        if key is None:
+            return
+        deferred.key, deferred.seq = key, next(self.seq)
+        if key not in self.queues:
+            self.queues[key] = []
+            if not self.start_s:
+                self.start_s = warm_up()
+        self.queues[key].append(deferred)
+
+    def run(self, needed: Deferred) -> None:
+        queue, chosen, ranks = self.queues[needed.key], [needed], {needed.world.rank}
+        for d in queue:
+            if len(chosen) >= self.limit:
+                break
+            if d.step is not None and d.world.rank not in ranks and d.first():
+                chosen.append(d)
+                ranks.add(d.world.rank)
+        chosen.sort(key=lambda d: d.seq)
+        steps = [d.step for d in chosen]
+        for d in chosen:
+            d.step = None
+        self.queues[needed.key] = [d for d in queue if d.step is not None]
+        self.batches, self.steps = self.batches + 1, self.steps + len(steps)
+        self.largest = max(self.largest, len(steps))
+        results, step_bytes = steps[0].run_batch(steps)
+        self.step_bytes = max(self.step_bytes, step_bytes)
+        for d, result in zip(chosen, results, strict=True):
+            d.result = result
+
+    def report(self) -> dict[str, Any]:
+        """summary.json's `sim_batch`: batches run, gradients in them, the mean and largest
+        batch, and the bytes each gradient held (θ, gradient, minibatch, buffers)."""
+        if not self.batches:
+            return {}
+        step_bytes = self.step_bytes
+        return {"sim_batch": {
+            "batches": self.batches, "gradients": self.steps,
+            "mean": round(self.steps / self.batches, 2), "largest": self.largest,
+            "bytes_per_gradient": step_bytes, "start_s": round(self.start_s, 3),
+        }}  # fmt: skip
+
+
+def warm_up() -> float:
+    """Pay torch.func's lazy imports (about a second, once per process) with a toy
+    gradient; the seconds it took."""
+    from torch.func import grad, vmap
+
+    start = time.perf_counter()
+    vmap(grad(lambda w: (w * w).sum()))(torch.ones(1, 1))
+    return time.perf_counter() - start
 
 
 class SimListener(Listener):
@@ -310,6 +405,7 @@ class Simulator:
         self.issued = [0] * size  # collectives each rank has started
         self.lost: dict[int, BaseException] = {}
         self.results: dict[int, Any] = {}
+        self.batcher = Batcher(job.cfg.sim.batch_max)
         self.begun = 0  # ranks set up and waiting for the others to start
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
@@ -335,7 +431,11 @@ class Simulator:
     def run(self, program: Program) -> dict[str, Any]:
         torch.set_num_threads(self.job.cfg.num_threads)
         self.started = time.perf_counter()  # again once every rank is set up (`begin`)
-        self.record.timing = lambda: {"sim_loop_s": time.perf_counter() - self.started}
+        self.record.timing = lambda: {
+            # the loop's own time: torch.func's one-time start-up is reported apart
+            "sim_loop_s": time.perf_counter() - self.started - self.batcher.start_s,
+            **self.batcher.report(),
+        }
         programs = [program(self.job, world) for world in self.worlds]
         for rank in range(self.size):
             self.ready.push(0.0, (rank, None, None))
@@ -381,6 +481,8 @@ class Simulator:
             self._listen(rank, request[1])
         elif request[0] == "begin":
             self._begin(rank)
+        elif request[0] == "sleep":  # its step's time: it goes on at its clock
+            self.ready.push(self.worlds[rank].clock, (rank, None, None))
         # else a collective: the rank waits for it (`collective`, `await_`)
 
     def _begin(self, rank: int) -> None:

@@ -25,7 +25,7 @@ import torch
 
 from stalebench.algorithms.gossip import GOSSIP, Mixing
 from stalebench.algorithms.local import INNER
-from stalebench.engines.common import Net
+from stalebench.engines.common import GradientStep, Net
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
 
@@ -56,9 +56,10 @@ class Node:
     def z(self) -> torch.Tensor:
         return self.rule.debias(self.x, self.w)
 
-    def gradient(self, net: Net) -> tuple[torch.Tensor, float]:
-        """The gradient at z of the next minibatch, with the node's BatchNorm statistics."""
-        return net.gradient_at(self.z, self.buffers, next(self.batches))
+    def gradient(self, net: Net) -> GradientStep:
+        """The gradient at z of the next minibatch, with the node's BatchNorm statistics, as
+        a step (`World.compute`): its result (gradient, loss)."""
+        return GradientStep(net, self.z, self.buffers, self.batches, None, _both)
 
     def step(self, grad: torch.Tensor) -> None:
         self.inner.step(grad)
@@ -121,3 +122,7 @@ def report(emit, first: int, rows: np.ndarray, dists: np.ndarray) -> None:
         if j == m - 1:
             fields["consensus"] = float(dists[i])
         emit("update", t, **fields)
+
+
+def _both(grad: torch.Tensor, loss: float) -> tuple[torch.Tensor, float]:
+    return grad, loss

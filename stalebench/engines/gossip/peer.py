@@ -87,7 +87,7 @@ class Peer:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
         node, rule, world = self.node, self.rule, self.world
         paused = yield from world.strike()
-        step = lambda: node.gradient(self.net)  # noqa: E731
+        step = node.gradient(self.net)
         (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.rank))
         if not rule.mixes_first:
             node.step(grad)

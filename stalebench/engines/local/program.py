@@ -88,7 +88,7 @@ class Member:
                     rep.inner.new_round()
                 self.paused += yield from world.strike()
                 loss, compute_s = yield from world.compute(
-                    lambda: rep.step(net), job.profile.step_s(self.rank)
+                    rep.step(net), job.profile.step_s(self.rank)
                 )
                 self.losses.append(loss)
                 self.compute += compute_s

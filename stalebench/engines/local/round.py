@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
-from stalebench.engines.common import Net
+from stalebench.engines.common import GradientStep, Net
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults
@@ -49,9 +49,12 @@ class Replica:
         self.buffers = [b.detach().clone() for b in net.buffers]
         self.faults = Faults(job.profile, worker)
 
-    def step(self, net: Net) -> float:
-        """One inner step on the next minibatch: the gradient at x, then the optimizer."""
-        grad, loss = net.gradient_at(self.x, self.buffers, next(self.batches))
+    def step(self, net: Net) -> GradientStep:
+        """One inner step on the next minibatch, as a step (`World.compute`): the gradient
+        at x, then the optimizer; its result the minibatch's loss."""
+        return GradientStep(net, self.x, self.buffers, self.batches, None, self._inner)
+
+    def _inner(self, grad: torch.Tensor, loss: float) -> float:
         self.inner.step(grad)
         return loss
 

@@ -188,7 +188,7 @@ def worker(job: Job, world: World) -> Op[None]:
         compute, paused, losses = 0.0, 0.0, []
         for _ in range(steps):
             paused += yield from world.strike()
-            loss, seconds = yield from world.compute(lambda: rep.step(net), profile.step_s(w))
+            loss, seconds = yield from world.compute(rep.step(net), profile.step_s(w))
             losses.append(loss)
             compute += seconds
         delta = theta - rep.x

@@ -190,7 +190,10 @@ def microbatches(job: Job) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     schedule flushes (one piece otherwise)."""
     cfg = job.cfg
     parts = cfg.algorithm.pipeline.per_step
-    for x, y in shard_batches(job.splits, 0, 1, cfg.dataset.batch_size, cfg.seed, "replicated"):
+    d = cfg.dataset
+    for x, y in shard_batches(
+        job.splits, 0, 1, d.batch_size, cfg.seed, "replicated", shuffle=d.shuffle
+    ):
         yield from zip(x.chunk(parts), y.chunk(parts), strict=True)
 
 

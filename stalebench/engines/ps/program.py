@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.engines.common import Net
+from stalebench.engines.common import GradientStep, Net
 from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError
@@ -80,7 +80,8 @@ class Server:
         pushes = {r: world.mailbox(r, 0, HEADER + d, HEADER) for r in ranks}
         self.replies = {r: world.mailbox(0, r, HEADER + d, HEADER) for r in ranks}
         self.heads = {r: Header(box) for r, box in self.replies.items()}
-        self.pushed: dict[int, Header] = {}  # the header of each buffer a push came in
+        # the header of each buffer a push comes in (the listener's `make`)
+        self.pushed = {box.data_ptr(): Header(box) for box in pushes.values()}
         peers = {w: w + 1 for w in range(n)}
         self.listener = world.listen(peers, lambda rank: [pushes[rank]])
         self.active = set(range(n))  # workers not yet sent STOP
@@ -132,9 +133,7 @@ class Server:
         if item is None:
             return None
         w, (buf,) = item
-        h = self.pushed.get(buf.data_ptr())
-        if h is None:
-            h = self.pushed[buf.data_ptr()] = Header(buf)
+        h = self.pushed[buf.data_ptr()]
         self.bytes += self.message_bytes
         clock, version, loss, compute_s, rtt_s = PUSH.unpack_from(h.raw)
         return Push(w, clock, version, h.payload, loss, compute_s, rtt_s)
@@ -245,6 +244,10 @@ class Worker:
             next(self.batches)
         while profile.steps[w] < clock:
             profile.step_s(w)
+        # a step: the gradient at the θ just received, on the next minibatch, into the push
+        self.step = GradientStep(
+            self.net, self.head.payload, self.buffers, self.batches, self.sent.payload, self.pushed
+        )
 
     def pause(self, at: float, seconds: float) -> None:
         self.world.events.emit("worker", at, worker=self.w, event="pause", duration_s=seconds)
@@ -259,13 +262,10 @@ class Worker:
             self.batches.size = batch
         return step_s
 
-    def step(self) -> None:
-        """The push: the gradient at θ on the next minibatch (or what the rule makes of it,
-        on the worker), and the minibatch's loss."""
-        net, sent = self.net, self.sent
-        grad, loss = net.gradient_at(
-            self.head.payload, self.buffers, next(self.batches), sent.payload
-        )
+    def pushed(self, grad: torch.Tensor, loss: float) -> None:
+        """The push of a step's gradient at θ (`step`): the gradient, or what the rule makes
+        of it on the worker, and the minibatch's loss."""
+        sent = self.sent
         LOSS.pack_into(sent.raw, 8, loss)
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:

@@ -1,0 +1,281 @@
+"""Paper scale, measured: for each `_full` sweep, the simulator's cost per server update on
+this machine, measured over a few hundred events at the sweep's smallest and largest number
+of workers, one gradient at a time and batched, and the projected wall time of the whole
+sweep (every run of its tuning protocol, with its evaluations).
+
+    python benchmarks/paper_scale.py [--updates 200] [--only dana]
+    # writes benchmarks/results/paper_scale.json and prints the table
+
+A sweep's runs: its grid's cells (every combination of its parameters but the seed) ×
+(the tuning grid's points × the tuning seeds + the final seeds). A run's cost: its
+budget's updates × the measured seconds per update at its number of workers (interpolated
+linearly in N between the two measured ends) + its evaluations × the measured seconds of
+one evaluation of the held-out split. The data is generated in the datasets' real formats
+(CIFAR-10 python batches, MNIST IDX) at their real sizes, so a gradient and an evaluation
+cost what they would. A sweep whose runtime is `real` (its workers are processes on their
+own devices) is projected from the simulator's per-update cost and marked so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import math
+import os
+import pickle
+import platform
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stalebench import experiment  # noqa: E402
+from stalebench.data.cifar import TEST_FILE, TRAIN_FILES  # noqa: E402
+from stalebench.job import Job  # noqa: E402
+from stalebench.sweep import grid_points  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+FULL = sorted(p.stem for p in (ROOT / "stalebench" / "conf" / "sweep").glob("*_full.yaml"))
+
+
+def hydra_config(sweep: str, extra: list[str]):
+    """The sweep's composed config with its `hydra:` node (its sweeper's params)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from stalebench.config import register_configs
+    from stalebench.plugins import load as load_plugins
+
+    load_plugins()
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("stalebench.conf", version_base=None):
+            return hydra_compose(
+                "config", overrides=[f"+sweep={sweep}", *extra], return_hydra_config=True
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def plan(sweep: str, extra: list[str]) -> dict:
+    """The sweep's cells (each its overrides), seeds and tuning runs per cell."""
+    cfg = hydra_config(sweep, extra)
+    params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
+    seeds = params.pop("seed", ["0"])
+    keys = list(params)
+    cells = [dict(zip(keys, values, strict=True)) for values in itertools.product(*params.values())]
+    tune = cfg.sweep.get("tune") or {}
+    points = grid_points(dict(tune.get("params") or {}), "sweep.tune.params") if tune else 1
+    tuning = points * len(tune.get("seeds", [1000, 1001])) if tune.get("params") else 0
+    return {"cells": cells, "seeds": len(seeds), "tuning_runs_per_cell": tuning}
+
+
+def cell_overrides(cell: dict) -> list[str]:
+    return [f"{k}={v}" for k, v in cell.items()]
+
+
+def workers_of(job_cfg) -> int:
+    return int(job_cfg.cluster.num_workers)
+
+
+def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) -> dict:
+    """Seconds per update of a short simulated run of this cell (no evaluations), and of one
+    evaluation of its held-out split."""
+    over = [f"+sweep={sweep}", *cell_overrides(cell), *extra]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose(
+            [
+                *over,
+                "runtime=sim",
+                f"budget.max_updates={updates}",
+                "budget.max_wall_s=0",
+                "eval.every_updates=0",
+                "eval.every_s=0",
+                "eval.train_samples=0",
+                # the end's evaluation on a sliver: an evaluation is measured apart
+                "eval.split=val",
+                "eval.validation_fraction=0.002",
+                "logger=none",
+                f"sim.batch={batch}",
+            ]  # fmt: skip
+        )
+        cfg.run_dir = tmp
+        summary = experiment.run(cfg)
+    per_update = summary["sim_loop_s"] / max(summary["updates"], 1)
+    return {
+        "updates": summary["updates"],
+        "updates_per_virtual_s": summary["updates"] / max(summary["wall_time_s"], 1e-9),
+        "gradients": summary.get("gradients"),
+        "s_per_update": per_update,
+        "status": summary["status"],
+        "sim_batch": summary.get("sim_batch"),
+    }
+
+
+def eval_seconds(sweep: str, cell: dict, extra: list[str]) -> float:
+    """One evaluation of θ₀ on the sweep's held-out split, as the run's evaluator does it."""
+    from stalebench.evaluation import evaluate
+
+    cfg = compose([f"+sweep={sweep}", *cell_overrides(cell), *extra, "runtime=sim"])
+    job = Job.build(cfg)
+    model = job.model()
+    params = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    s = job.splits
+    start = time.perf_counter()
+    evaluate(model, params, s.x_test, s.y_test, 1000)
+    return time.perf_counter() - start
+
+
+def write_cifar(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for name in [*TRAIN_FILES, TEST_FILE]:
+        batch = {b"labels": rng.integers(0, 10, 10000).tolist(),
+                 b"data": rng.integers(0, 256, size=(10000, 3072), dtype=np.uint8)}  # fmt: skip
+        (root / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return root
+
+
+def write_mnist(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", 60000), ("t10k", 10000)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        with gzip.open(root / f"{prefix}-images-idx3-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        with gzip.open(root / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
+            f.write(struct.pack(">II", 2049, n) + labels.tobytes())
+    return root
+
+
+def data_overrides(sweep: str, cell: dict, data: Path) -> list[str]:
+    """The generated files' folder for a cell whose dataset reads files."""
+    cfg = hydra_config(sweep, cell_overrides(cell))
+    name = cfg.dataset.name
+    if name == "cifar10":
+        return [f"dataset.root={data / 'cifar'}"]
+    if name == "mnist":
+        return [f"dataset.root={data / 'mnist'}"]
+    return []
+
+
+def hours(seconds: float) -> float:
+    return round(seconds / 3600, 1)
+
+
+def project(sweep: str, data: Path, updates: int) -> dict:
+    p = plan(sweep, [])
+    cells = [{**cell, **dict(o.split("=", 1) for o in data_overrides(sweep, cell, data))}
+             for cell in p["cells"]]  # fmt: skip
+    extra: list[str] = []
+    runs_per_cell = p["tuning_runs_per_cell"] + p["seeds"]
+    configs = [compose([f"+sweep={sweep}", *cell_overrides(cell), *extra]) for cell in cells]
+    ns = sorted({workers_of(cfg) for cfg in configs})
+    ends = {n: next(c for c, cfg in zip(cells, configs, strict=True) if workers_of(cfg) == n)
+            for n in (ns[0], ns[-1])}  # fmt: skip
+    measured: dict[str, dict[int, dict]] = {"off": {}, "auto": {}}
+    for mode in measured:
+        for n, cell in ends.items():
+            measured[mode][n] = measure(sweep, cell, extra, updates, mode)
+    evaluation = eval_seconds(sweep, cells[0], extra)
+
+    def rate(n: int) -> float:  # updates per virtual second (a budget of max_wall_s)
+        lo, hi = measured["off"][ns[0]], measured["off"][ns[-1]]
+        w = (n - ns[0]) / (ns[-1] - ns[0]) if ns[-1] != ns[0] else 0.0
+        return (1 - w) * lo["updates_per_virtual_s"] + w * hi["updates_per_virtual_s"]
+
+    budgets = []
+    for cfg in configs:
+        b, e, n = cfg.budget, cfg.eval, workers_of(cfg)
+        by_wall = b.max_wall_s * rate(n) if b.max_wall_s else math.inf
+        run_updates = min(b.max_updates or math.inf, by_wall)
+        evals = (
+            run_updates / e.every_updates
+            if e.every_updates
+            else (b.max_wall_s / e.every_s if e.every_s and b.max_wall_s else 0)
+        )
+        budgets.append((n, run_updates, evals, cfg.runtime))
+
+    def per_update(mode: str, n: int) -> float:
+        lo, hi = measured[mode][ns[0]], measured[mode][ns[-1]]
+        if ns[0] == ns[-1]:
+            return lo["s_per_update"]
+        w = (n - ns[0]) / (ns[-1] - ns[0])
+        return (1 - w) * lo["s_per_update"] + w * hi["s_per_update"]
+
+    totals = {
+        mode: sum(
+            runs_per_cell * (max_updates * per_update(mode, n) + evals * evaluation)
+            for n, max_updates, evals, _ in budgets
+        )
+        for mode in measured
+    }
+    return {
+        "runs": len(cells) * runs_per_cell,
+        "cells": len(cells),
+        "runtime": sorted({b[3] for b in budgets}),
+        "updates_per_run": sorted({round(b[1]) for b in budgets}),
+        "workers": ns,
+        "eval_s": evaluation,
+        "measured": {m: {str(n): v for n, v in r.items()} for m, r in measured.items()},
+        "projected_cpu_hours": {m: hours(t) for m, t in totals.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python benchmarks/paper_scale.py")
+    parser.add_argument("--updates", type=int, default=200, help="measured per cell end")
+    parser.add_argument("--only", default="", help="these sweeps (comma-separated names)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        write_cifar(data / "cifar")
+        write_mnist(data / "mnist")
+        only = set(filter(None, args.only.split(",")))
+        for sweep in FULL:
+            if not only or sweep in only:
+                out[sweep] = project(sweep, data, args.updates)
+                print(sweep, json.dumps(out[sweep]["projected_cpu_hours"]), flush=True)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "torch": torch.__version__,
+                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "updates_measured": args.updates,
+        "sweeps": out,
+    }  # fmt: skip
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = f"paper_scale_{device}" + ("_part" if only else "")
+    out_path = ROOT / "benchmarks" / "results" / f"{name}.json"
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    print("\n| sweep | runs | workers | updates/run | s/update (N ends, one at a time → batched) "
+          "| eval s | CPU hours, one at a time | CPU hours, batched |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for sweep, r in out.items():
+        ends = ", ".join(
+            f"N={n}: {r['measured']['off'][n]['s_per_update'] * 1e3:.1f} → "
+            f"{r['measured']['auto'][n]['s_per_update'] * 1e3:.1f} ms"
+            for n in r["measured"]["off"]
+        )
+        print(
+            f"| {sweep} | {r['runs']} | {r['workers'][0]}–{r['workers'][-1]} "
+            f"| {', '.join(map(str, r['updates_per_run']))} | {ends} | {r['eval_s']:.2f} "
+            f"| {r['projected_cpu_hours']['off']} | {r['projected_cpu_hours']['auto']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
