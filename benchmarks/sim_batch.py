@@ -30,10 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import sim_throughput  # noqa: E402
 from benchmarks.baselines import plain_loop  # noqa: E402
-from stalebench import experiment  # noqa: E402
 from stalebench.data.cifar import TEST_FILE, TRAIN_FILES  # noqa: E402
-from tests.conftest import compose  # noqa: E402
 
 SYNTHETIC = [  # 200,000 samples of 40 features: every worker count has its shard or samples
     "dataset=synthetic",
@@ -75,33 +74,7 @@ def overrides(model: str, data: Path) -> list[str]:
 
 
 def sim(model: str, workers: int, updates: int, batch: str, data: Path) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose(
-            [
-                *overrides(model, data),
-                "runtime=sim",
-                "algorithm=asp",
-                "cluster=gamma",
-                f"cluster.num_workers={workers}",
-                "budget.max_wall_s=0",
-                f"budget.max_updates={updates}",
-                "eval.every_s=0",
-                "eval.train_samples=0",
-                "logger=none",
-                f"sim.batch={batch}",
-                # no divergence at lag ~N: every run completes
-                f"algorithm.update.lr={0.01 if workers <= 100 else 0.001}",
-            ]
-        )
-        cfg.run_dir = tmp
-        summary = experiment.run(cfg)
-    assert summary["status"] in ("completed", "diverged"), (model, workers, summary["error"])
-    return {
-        "events_per_s": summary["gradients"] / summary["sim_loop_s"],
-        "events": summary["gradients"],
-        "loop_s": summary["sim_loop_s"],
-        "sim_batch": summary.get("sim_batch"),
-    }
+    return sim_throughput.sim(workers, updates, batch, overrides(model, data))
 
 
 def main() -> None:
@@ -155,7 +128,8 @@ def main() -> None:
         "bare_steps_per_s": bare,
         "figures": rows,
     }
-    name = "sim_batch_quick" if args.quick else "sim_batch"
+    name = "sim_batch" + ("_cuda" if torch.cuda.is_available() else "")
+    name += ("_quick" if args.quick else "") + ("_part" if only or args.workers else "")
     out = ROOT / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| model / workers / batch | events/s (median) | ÷ bare loop | mean batch |")

@@ -45,12 +45,13 @@ def bare_loop(steps: int) -> float:
     return plain_loop(MODEL, steps)
 
 
-def sim(workers: int, updates: int, batch: str = "off") -> dict:
-    """One simulated ASP run; `batch`: sim.batch (off: a gradient at a time)."""
+def sim(workers: int, updates: int, batch: str = "off", model: list[str] = MODEL) -> dict:
+    """One simulated ASP run of `model` (its overrides); `batch`: sim.batch (off: a
+    gradient at a time)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose(
             [
-                *MODEL,
+                *model,
                 "runtime=sim",
                 "algorithm=asp",
                 "cluster=gamma",
@@ -77,6 +78,7 @@ def sim(workers: int, updates: int, batch: str = "off") -> dict:
         "events_per_s": events / summary["sim_loop_s"],
         "us_per_event": 1e6 * summary["sim_loop_s"] / events,
         "mean_lag": summary["lag"]["mean"],
+        "sim_batch": summary.get("sim_batch"),
     }
 
 
