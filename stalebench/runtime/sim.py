@@ -114,21 +114,26 @@ class SimWorld(World):
 
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         self.clock += step_s
-        if lazy or self.sim.batcher.can_batch(step):
-            deferred = Deferred(step, self)
-            self.pending.append(deferred)
-            self.sim.batcher.add(deferred)
-            if lazy:
-                return None, step_s
-            # its result is needed now: the rank waits out its step (as a real step takes
-            # its time), so that the ranks whose steps begin meanwhile take theirs, and it
-            # runs in a batch with them when it wakes
-            yield ("sleep",)
-            deferred.run()
-            self.pending = [d for d in self.pending if d.step is not None]
-            return deferred.result, step_s
+        if lazy:
+            self._defer(step)
+            return None, step_s
         self.settle()
-        return step(), step_s
+        if not self.sim.batcher.can_batch(step):
+            return step(), step_s
+        # its result is needed now: the rank waits out its step (as a real step takes its
+        # time), so that the ranks whose steps begin meanwhile take theirs, and it runs in
+        # a batch with them when it wakes
+        deferred = self._defer(step)
+        yield ("sleep",)
+        deferred.run()
+        self.pending.clear()
+        return deferred.result, step_s
+
+    def _defer(self, step: Callable[[], Any]) -> Deferred:
+        deferred = Deferred(step, self)
+        self.pending.append(deferred)
+        self.sim.batcher.add(deferred)
+        return deferred
 
     def settle(self) -> None:
         """Run this rank's lazy steps not yet run, before it computes anew or joins a
