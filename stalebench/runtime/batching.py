@@ -8,12 +8,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from stalebench.runtime.sim import SimWorld
 
 
 class Deferred:
@@ -22,7 +19,7 @@ class Deferred:
 
     __slots__ = ("step", "world", "key", "seq", "result")
 
-    def __init__(self, step: Callable[[], Any], world: SimWorld):
+    def __init__(self, step: Callable[[], Any], world: Any):  # the rank's SimWorld
         self.step: Callable[[], Any] | None = step
         self.world, self.key, self.seq, self.result = world, None, 0, None
 
