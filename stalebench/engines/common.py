@@ -128,6 +128,7 @@ class Net:
             bufs = [torch.stack([steps[k].buffers[i] for k in ks]).to(dev)
                     for i in range(len(self.buffers))]  # fmt: skip
             grads, losses = self.vmapped()(thetas, bufs, xs.to(dev), ys.to(dev))
+            grads = grads.cpu()  # from a GPU: one copy for the batch, not one per step
             each = thetas[0].nbytes * 2 + xs[0].nbytes + ys[0].nbytes
             step_bytes = max(step_bytes, each + sum(b[0].nbytes for b in bufs))
             for j, (k, loss) in enumerate(zip(ks, losses.tolist(), strict=True)):
@@ -136,7 +137,7 @@ class Net:
                     mine.copy_(stacked_buf[j])  # the forward pass's BatchNorm statistics
         done = []
         for step, (grad, loss) in zip(steps, results, strict=True):
-            out = step.out.copy_(grad) if step.out is not None else grad.to("cpu", copy=True)
+            out = step.out.copy_(grad) if step.out is not None else grad.clone()
             done.append(step.then(out, loss))
         return done, step_bytes
 

@@ -56,11 +56,15 @@ class Batcher:
         self.step_bytes = 0
 
     @staticmethod
-    def can_batch(step: Any) -> bool:
-        return getattr(step, "batch_key", None) is not None
+    def key_of(step: Any) -> Any:
+        """The step's batch key; None: it runs alone."""
+        return getattr(step, "batch_key", None)
+
+    def can_batch(self, step: Any) -> bool:
+        return self.key_of(step) is not None
 
     def add(self, deferred: Deferred) -> None:
-        key = getattr(deferred.step, "batch_key", None)
+        key = self.key_of(deferred.step)
         if key is None:
             return
         deferred.key, deferred.seq = key, next(self.seq)
@@ -95,11 +99,10 @@ class Batcher:
         batch, and the bytes each gradient held (θ, gradient, minibatch, buffers)."""
         if not self.batches:
             return {}
-        step_bytes = self.step_bytes
         return {"sim_batch": {
             "batches": self.batches, "gradients": self.steps,
             "mean": round(self.steps / self.batches, 2), "largest": self.largest,
-            "bytes_per_gradient": step_bytes, "start_s": round(self.start_s, 3),
+            "bytes_per_gradient": self.step_bytes, "start_s": round(self.start_s, 3),
         }}  # fmt: skip
 
 
