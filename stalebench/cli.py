@@ -3,6 +3,7 @@ naming the config key and value, before any process starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
     multirun = hc.mode == RunMode.MULTIRUN
 
+    cfg = None
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
@@ -50,7 +52,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if multirun and rank == 0 and not isinstance(exc, experiment.RunDirTaken):
             # the sweep goes on; the report lists this job (a job dir that holds a run stops
             # the sweep: it is the whole sweep that is being rerun, without resume=true)
-            _record_invalid(Path(hc.runtime.output_dir), exc)
+            _record_invalid(Path(hc.runtime.output_dir), exc, cfg)
             return None
         _remove_if_unused(Path(hc.runtime.output_dir))
         sys.exit(EXIT_CODES["invalid"])
@@ -118,15 +120,19 @@ def _print_result(summary: dict, run_dir: str) -> None:
     )
 
 
-def _record_invalid(job_dir: Path, exc: ConfigError) -> None:
+def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> None:
     """A multirun job refused before it started: summary.json with status `invalid`, the
-    error, and the labels Hydra's config.yaml gives, so that the report lists it."""
+    error, and its labels (the algorithm's as the run would give it when its config could be
+    read, the rest as Hydra's config.yaml gives them), so that the report lists it."""
     from stalebench.report.collect import hydra_labels
 
+    labels = hydra_labels(job_dir)
+    if cfg is not None:
+        with contextlib.suppress(ConfigError):  # an engine no registry knows: no slots
+            labels["algorithm"] = cfg.label
     job_dir.mkdir(parents=True, exist_ok=True)
     write_json(
-        job_dir / "summary.json",
-        {"status": "invalid", "error": str(exc), **hydra_labels(job_dir), "updates": 0},
+        job_dir / "summary.json", {"status": "invalid", "error": str(exc), **labels, "updates": 0}
     )
 
 

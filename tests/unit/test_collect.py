@@ -397,3 +397,31 @@ def test_the_start_events_labels_win_over_config_yaml(tmp_path):
     make_run_without_summary(tmp_path, config, jsonl([start]))
     runs, _, _ = collect([tmp_path])
     assert runs.loc[0, ["algorithm", "num_workers", "seed"]].tolist() == ["asp+sgd", 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label"),
+    [
+        (["algorithm=sgp", "algorithm/gossip=dpsgd"], "dpsgd+momentum"),
+        (["algorithm=diloco", "algorithm/outer=average"], "average+adamw"),
+        (["algorithm=sgp"], "sgp"),
+    ],
+    ids=["gossip-part-swapped", "local-part-swapped", "preset"],
+)
+def test_a_job_refused_after_its_config_was_read_is_labelled_as_its_run_would_be(
+    tmp_path, overrides, label
+):
+    # a multirun job refused by its engine's check: the label is the config's own (its
+    # engine's slots), which .hydra/config.yaml alone cannot give for every engine
+    from stalebench.cli import _record_invalid
+    from stalebench.errors import ConfigError
+    from tests.conftest import compose
+
+    cfg = compose(["runtime=sim", *overrides])
+    _record_invalid(tmp_path, ConfigError("refused"), cfg)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["error"], summary["algorithm"]) == (
+        "invalid",
+        "refused",
+        label,
+    )
