@@ -7,3 +7,10 @@ class ConfigError(ValueError):
 
 class RunError(RuntimeError):
     """A run that cannot go on (dead peer, timeout, deadlock); the message names the culprit."""
+
+
+def last_line(exc: BaseException) -> str:
+    """An exception as its traceback's last line: its type and its message's first line
+    (what summary.json's `error` says of an exception raised inside a run)."""
+    message = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

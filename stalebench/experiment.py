@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +21,15 @@ from stalebench.cluster import Profile
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
-from stalebench.errors import ConfigError
+from stalebench.errors import ConfigError, last_line
 from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.registry import PARTS, REGISTRIES
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.signals import Interrupted, interruptible
+
+log = logging.getLogger("stalebench")
 
 
 def engine_of(cfg: RunConfig) -> Engine:
@@ -59,13 +62,36 @@ def prepare(cfg: RunConfig) -> Engine:
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller
+    splits.check(f"dataset={cfg.dataset.name}")
     engine.validate(splits)
     # a model that cannot take the dataset's inputs fails here, not inside every process
-    MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    check_pair(cfg, MODELS.build(cfg.model, splits.input_shape, splits.num_classes), splits)
     check_device(cfg)
     if cfg.runtime == "real":
         check_processes(cfg, engine.world_size())
     return engine
+
+
+def check_pair(cfg: RunConfig, model, splits) -> None:
+    """A training step's forward and backward on two training examples, as a worker takes
+    it: a model that cannot take the dataset's inputs or targets (token ids for a float
+    model, features for a language model) is refused here, by name, not inside every rank."""
+    import torch
+
+    from stalebench.evaluation import objective
+
+    x, y = splits.x_train[:2], splits.y_train[:2]
+    if splits.augment is not None:
+        x = splits.augment(x, torch.Generator().manual_seed(0))
+    try:
+        objective(model(x), y).backward()
+    except Exception as exc:  # whatever torch says of the pair, as the reason
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"model={cfg.model.name} cannot train on dataset={cfg.dataset.name} (inputs "
+            f"{str(x.dtype).removeprefix('torch.')} of shape {tuple(x.shape[1:])}, targets "
+            f"{str(y.dtype).removeprefix('torch.')}): {reason}"
+        ) from None
 
 
 RANK_MB = 256  # what one rank holds at least: the interpreter, torch, the data (measured)
@@ -163,8 +189,16 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
         if cfg.runtime == "sim":
             from stalebench.runtime import sim
 
-            job = Job.build(cfg, engine.num_workers, engine.one_stream)
-            return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
+            try:
+                job = Job.build(cfg, engine.num_workers, engine.one_stream)
+                return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
+            except Exception as exc:  # as a rank's error ends a real run: failed, and why
+                log.error("simulator: %s", exc, exc_info=True)
+                reason = f"simulator: {last_line(exc)}"
+                target = cfg.budget.target_accuracy
+                return stop(
+                    Path(cfg.run_dir), meta(cfg, engine.num_workers), "failed", reason, target
+                )
         from stalebench.runtime import launch as real
 
         return real.launch(cfg, engine, plugins.load)

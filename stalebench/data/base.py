@@ -83,6 +83,35 @@ class Splits:
             return "val", self.x_val, self.y_val
         return "test", self.x_test, self.y_test
 
+    def check(self, dataset: str) -> None:
+        """Refuse data no run can learn from or measure, by name (`dataset`: how the config
+        names it, e.g. "dataset=mnist"): regression targets without variance (nothing to
+        fit), and a classification task with a class that is missing from the split the run
+        evaluates (its accuracy could never count it) or from the training split."""
+        if self.regression:
+            if len(self.y_train) > 1 and bool((self.y_train == self.y_train[0]).all()):
+                value = self.y_train[0].flatten()[:3].tolist()
+                raise ConfigError(
+                    f"{dataset}: every training target is {value} (zero variance): a "
+                    "regression has nothing to fit"
+                )
+            return
+        if self.vocab:  # a language model's labels need not use every token
+            return
+        import torch
+
+        name, _, y_held = self.held_out
+        classes = self.num_classes
+        for split, y in (("training", self.y_train), (name, y_held)):
+            missing = (torch.bincount(y.flatten(), minlength=classes) == 0).nonzero().flatten()
+            if len(missing):
+                some = ", ".join(str(c) for c in missing[:5].tolist())
+                raise ConfigError(
+                    f"{dataset}: {len(missing)} of its {classes} classes (class {some}) "
+                    f"have no example in the {split} split of {len(y)} examples"
+                    + (", which an accuracy could never count" if split != "training" else "")
+                )
+
     @property
     def num_classes(self) -> int:
         """The model's outputs: classes (or tokens), or one per target value in regression."""

@@ -87,6 +87,12 @@ class Chars(Dataset):
 
     def prepare(self) -> None:
         text, c = self.text(), self.cfg
+        if len(set(text)) < 2:
+            symbols = "no symbol" if not text else f"one distinct symbol ({text[0]!r})"
+            raise ConfigError(
+                f"dataset.path={c.path!r}: the corpus has {symbols} in {len(text)} characters: "
+                "there is no next character to predict (a language model needs at least two)"
+            )
         need = 2 * (c.context + 1)
         if min(len(text) * c.val_fraction, len(text) * (1 - c.val_fraction)) < need:
             raise ConfigError(

@@ -8,6 +8,7 @@ The runtime knows an engine only through its hooks (`world_size`, `rank_name`,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from stalebench.config import RunConfig
-from stalebench.errors import RunError
+from stalebench.errors import RunError, last_line
 from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime import checkpoint, forkserver, nodes
@@ -90,9 +91,9 @@ def run_rank(
     if shared is not None:
         transport = SharedMemory(transport, shared)
     ctx = RankContext(run_dir, transport, world_size)
-    job = Job.build(cfg, engine.num_workers, engine.one_stream)
     summary = None
     try:
+        job = Job.build(cfg, engine.num_workers, engine.one_stream)
         if engine.has_program:
             resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
             record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
@@ -114,6 +115,8 @@ def run_rank(
         return FAULT_EXIT
     except Exception as exc:
         log.error("%s: %s\n%s", engine.rank_name(rank), exc, traceback.format_exc())
+        with contextlib.suppress(OSError):  # for the supervisor: the error summary.json names
+            _error_file(run_dir, rank).write_text(last_line(exc))
         if node_store is not None and rank > 0:
             _summary_if_rank_0_is_gone(cfg, engine, node_store, str(exc))
         return 1
@@ -121,6 +124,18 @@ def run_rank(
         return 0  # a failed run is reported in summary.json; peers may be gone, skip teardown
     dist.destroy_process_group()
     return 0
+
+
+def _error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / "logs" / f"rank-{rank}.error"
+
+
+def _why(run_dir: Path, rank: int) -> str:
+    """What a rank that exited with an error said of it (`last_line`), or nothing."""
+    try:
+        return ": " + _error_file(run_dir, rank).read_text()
+    except OSError:
+        return ""
 
 
 def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error: str) -> None:
@@ -280,7 +295,7 @@ def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
     budget_s = cfg.budget.max_wall_s
     allowed_s = budget_s + 2 * cfg.timeout_s + cfg.grace_s if budget_s else None
     deadline = time.monotonic() + allowed_s if allowed_s else None
-    error, failed_at = None, None
+    error, failed_at, run_dir = None, None, Path(cfg.run_dir)
     while procs[0].exitcode is None:
         time.sleep(0.05)
         dead = [
@@ -294,6 +309,7 @@ def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
             codes = {r: procs[r].exitcode for r in dead}
             r = min(dead, key=lambda r: (0 < codes[r] != FAULT_EXIT, r))
             error = f"{engine.rank_name(r)} (pid {procs[r].pid}) exited with " + _exit(codes[r])
+            error += _why(run_dir, r) if codes[r] == 1 else ""
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > min(cfg.timeout_s, 15):
             return "failed", error  # rank 0 did not wind down in time: stop it ourselves
@@ -301,6 +317,7 @@ def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
             return "timeout", f"the run did not end within {allowed_s:.0f} s"
     if procs[0].exitcode != 0:
         first = f"{engine.rank_name(0)} exited with {_exit(procs[0].exitcode)}"
+        first += _why(run_dir, 0) if procs[0].exitcode == 1 else ""
         return "failed", first + (f"; {error}" if error else "")
     return None, error
 
