@@ -90,6 +90,7 @@ def shard_batches(
 
 
 AFFINE_FROM = 1 << 16  # shuffle=auto: shards larger than this are shuffled affinely
+AFFINE_AHEAD = 256  # affine: the sample indices a worker computes at once (2 kB)
 
 
 class Minibatches:
@@ -147,17 +148,21 @@ class Minibatches:
                 a, b = self._affine(n)
             else:
                 perm = torch.randperm(n, generator=self.gen)
-            start = 0
+            start, ahead, at = 0, shard[:0], 0  # affine: positions [at, at + len(ahead))
             while start + self._size <= n:
-                # the epoch's order a batch at a time: at 10,000 simulated workers sampling
-                # the whole split, gathering it all per worker and epoch would dominate
                 end = start + self._size
-                if self.affine:
-                    pos = torch.arange(start, end).mul_(a).add_(b).remainder_(n)
+                if not self.affine:
+                    yield shard.index_select(0, perm[start:end])
                 else:
-                    pos = perm[start:end]
+                    # the epoch's order AFFINE_AHEAD samples at a time: at 10,000 simulated
+                    # workers sampling the whole split, all of it per worker and epoch would
+                    # dominate, and a few torch operations per minibatch would too
+                    if end > at + len(ahead):
+                        at, stop = start, min(n, max(end, start + AFFINE_AHEAD))
+                        pos = torch.arange(start, stop).mul_(a).add_(b).remainder_(n)
+                        ahead = shard.index_select(0, pos)
+                    yield ahead[start - at : end - at]
                 start = end
-                yield shard.index_select(0, pos)
 
     def _affine(self, n: int) -> tuple[int, int]:
         """An epoch's i -> (a*i + b) mod n, a bijection of the shard's positions (a coprime
