@@ -72,6 +72,10 @@ class ClusterConfig(ComponentConfig):
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
     # a barrier that never waits)
     spares: int = 0
+    # serverless engines (allreduce): the fewest replicas a round may go on with once some
+    # are lost (dead, or silent past timeout_s): the survivors agree on who is left and
+    # average over themselves; 0 = all of them (a lost replica fails the run)
+    min_replicas: int = 0
 
     def __post_init__(self) -> None:
         def bad(key: str, value: object, valid: str) -> ConfigError:
@@ -84,6 +88,8 @@ class ClusterConfig(ComponentConfig):
             raise bad("num_workers", self.num_workers, ">= 1")
         if self.spares < 0:
             raise bad("spares", self.spares, ">= 0")
+        if not 0 <= self.min_replicas <= self.num_workers:
+            raise bad("min_replicas", self.min_replicas, f"in [0, num_workers={self.num_workers}]")
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         for key in (

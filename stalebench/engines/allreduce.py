@@ -29,7 +29,7 @@ from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.common import DataParallel, GradientStep, Net
 from stalebench.engines.overlap import Layout, build_replica
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
-from stalebench.errors import ConfigError
+from stalebench.errors import ConfigError, RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
@@ -67,6 +67,13 @@ class AllReduceConfig(EngineConfig):
 class AllReduceEngine(DataParallel):
     """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
 
+    takes_quorum = True
+
+    def survives_loss_of(self, rank: int) -> bool:
+        """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
+        0 writes the run directory: losing it ends the run)."""
+        return rank > 0 and self.run.cluster.min_replicas > 0
+
     def validate(self, splits) -> None:
         super().validate(splits)
         if self.cfg.schedule == "p3":
@@ -101,6 +108,12 @@ class AllReduceEngine(DataParallel):
                 f"algorithm.barrier.rebalance_every={self.run.algorithm.barrier.rebalance_every}"
                 ": re-assigned batch sizes run on engine=ps (its server weighs each gradient by "
                 "its minibatch)"
+            )
+        if self.run.cluster.min_replicas and self.cfg.bucket_mb and self.run.runtime == "real":
+            raise ConfigError(
+                f"cluster.min_replicas={self.run.cluster.min_replicas}: engine.bucket_mb="
+                f"{self.cfg.bucket_mb} sends a round in pieces, which cannot go on over the "
+                "replicas left (set engine.bucket_mb=0, or runtime=sim)"
             )
         if self.run.algorithm.barrier.on_loss == "reform":
             raise ConfigError(
@@ -140,6 +153,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     sizes = [p.numel() for p in net_params]
     buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
     status, error, stop, version, bytes_sent, t_last = "completed", None, False, 0, 0, 0.0
+    quorum, live = job.cfg.cluster.min_replicas, list(range(n))  # the replicas left
     x, y = job.splits.x_train[:1], job.splits.y_train[:1]
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
     if record is not None:
@@ -154,16 +168,33 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             buf[-1] = float(stop)
             reduce_start = world.now()
             lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
-            yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
+            if quorum:  # over the replicas left, once some are lost
+                lost, live = live, (yield from world.all_reduce_live(buf, lasts))
+                lost = sorted(set(lost) - set(live))
+                if lost and record is not None:
+                    for w in lost:
+                        record.events.emit(
+                            "worker", world.now(), worker=w, event="lost", round=version + 1,
+                            reason="dead, or silent past timeout_s: left out of the round",
+                        )  # fmt: skip
+                if len(live) < quorum:
+                    raise RunError(
+                        f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} "
+                        f"(lost: {', '.join(map(str, sorted(set(range(n)) - set(live))))})"
+                    )
+            else:
+                yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
                 break
-            rule.step(params, buf[:d].div_(n), -1, 0)
+            rule.step(params, buf[:d].div_(len(live)), -1, 0)  # the mean over the replicas left
             version += 1
-            bytes_sent += ring_volume(buf.numel() * 4, n)
+            bytes_sent += ring_volume(buf.numel() * 4, len(live))
             if record is not None:
                 t_last, stats = world.now(), buf[d:-1].view(n, 3)
                 reduce_s = t_last - reduce_start
-                bad, spent_ = close_round(record, t_last, version, stats, reduce_s, compute, params)
+                bad, spent_ = close_round(
+                    record, t_last, version, stats, reduce_s, compute, params, live
+                )
                 status = "diverged" if bad else status
                 stop = stop or bad or spent_
     except WorkerDied:

@@ -56,6 +56,8 @@ class Engine:
     ignores: tuple[str, ...] = ()
     # whether a spare worker (cluster.spares) can take a lost worker's place
     takes_spares = False
+    # whether its rounds can go on over the replicas left (cluster.min_replicas)
+    takes_quorum = False
     # the runtimes it runs in
     runtimes: tuple[str, ...] = ("real", "sim")
     one_stream = False
@@ -106,6 +108,11 @@ class Engine:
             raise ConfigError(
                 f"cluster.spares={run.cluster.spares}: engine={name} cannot hand a lost "
                 "worker's place to a spare; engine=ps can"
+            )
+        if run.cluster.min_replicas and not self.takes_quorum:
+            raise ConfigError(
+                f"cluster.min_replicas={run.cluster.min_replicas}: engine={name} has no rounds "
+                "to go on with the replicas left; engine=allreduce has"
             )
         for key in self.ignores:
             value = getattr(run.cluster, key)

@@ -4,6 +4,7 @@ events rank 0 writes for it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,16 +27,27 @@ def round_bytes(num_params: int, num_workers: int) -> int:
 
 
 def report_round(
-    emit: Emit, t: float, version: int, stats: torch.Tensor, reduce_s: float, own_s: float
+    emit: Emit,
+    t: float,
+    version: int,
+    stats: torch.Tensor,
+    reduce_s: float,
+    own_s: float,
+    live: list[int] | None = None,
 ) -> None:
     """Rank 0's events for the round that made `version`: each rank's pause, if a fault
     paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
     0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
-    is the round's communication."""
-    slowest = float(stats[:, 0].max())
+    is the round's communication. `live`: the ranks in the round (default: all)."""
+    if live is not None and len(live) < len(stats):
+        stats = stats.clone()
+        stats[[w for w in range(len(stats)) if w not in set(live)]] = float("nan")
+    slowest = float(stats[:, 0].nan_to_num(-math.inf).max())
     for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
         emit("worker", t, worker=w, event="pause", duration_s=float(stats[w, 2]))
     for w, (compute, loss, _) in enumerate(stats.tolist()):
+        if compute != compute:  # not in the round: lost
+            continue
         emit(
             "update",
             t,
@@ -64,11 +76,13 @@ def close_round(
     reduce_s: float,
     own_s: float,
     params: torch.Tensor,
+    live: list[int] | None = None,
 ) -> tuple[bool, bool]:
     """Rank 0, once the round that made `version` is in θ: its events (`report_round`), a
     snapshot of θ when one is due; (diverged, the budget spent). θ is checked for
-    non-finite values only when it is snapshotted, the summed loss every round."""
-    report_round(record.events.emit, t, version, stats, reduce_s, own_s)
+    non-finite values only when it is snapshotted, the summed loss every round. `live`:
+    the ranks in the round (default: all)."""
+    report_round(record.events.emit, t, version, stats, reduce_s, own_s, live)
     snapped = record.snapshots.maybe(t, version, params)
     if diverged(float(stats[:, 1].sum()), params if snapped else None):
         return True, True

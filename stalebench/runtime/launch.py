@@ -34,6 +34,7 @@ from stalebench.job import Job, meta
 from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
+from stalebench.runtime.quorum import mark_dead
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo, SharedMemory, Transport
@@ -98,8 +99,9 @@ def run_rank(
             resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
             record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
             world = RealWorld(
-                rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s
-            )
+                rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s,
+                store if store is not None else dist.distributed_c10d._get_default_store(),
+            )  # fmt: skip
             try:
                 summary = run_program(engine.program(job, world))
             finally:
@@ -227,7 +229,7 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
     try:  # an exception (an interrupt) still ends every rank before it goes on
         for p in procs:
             p.start()
-        status, error = _supervise(cfg, engine, procs)
+        status, error = _supervise(cfg, engine, procs, store)
     finally:
         _stop(procs)
         if shared is not None:
@@ -288,7 +290,7 @@ def _stop(procs) -> None:
             p.join()
 
 
-def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
+def _supervise(cfg: RunConfig, engine, procs, store: dist.Store) -> tuple[str | None, str | None]:
     """Wait for rank 0; (status, error) when the supervisor must end the run itself, (None,
     error) when rank 0 ended it (`error`: what the supervisor saw of the other ranks)."""
     # Longest a healthy run can take: the budget, then start-up, a stop, the evaluation.
@@ -296,8 +298,13 @@ def _supervise(cfg: RunConfig, engine, procs) -> tuple[str | None, str | None]:
     allowed_s = budget_s + 2 * cfg.timeout_s + cfg.grace_s if budget_s else None
     deadline = time.monotonic() + allowed_s if allowed_s else None
     error, failed_at, run_dir = None, None, Path(cfg.run_dir)
+    marked: set[int] = set()
     while procs[0].exitcode is None:
         time.sleep(0.05)
+        for r, p in enumerate(procs):  # the ranks left need not wait for it (a quorum)
+            if p.exitcode not in (None, 0) and r not in marked:
+                marked.add(r)
+                mark_dead(store, r)
         dead = [
             r
             for r, p in enumerate(procs[1:], 1)

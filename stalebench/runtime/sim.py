@@ -185,6 +185,16 @@ class SimWorld(World):
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait))
 
+    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None):
+        if seconds is None:
+            seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
+        self.settle()
+        self.linked = max(self.clock, self.linked) + seconds
+        handle = self.sim.collective(self.rank, Collective.SUM, buf, None, self.linked, True, True)
+        yield ("collective",)
+        self._ended(handle)
+        return handle.members
+
     def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
         if seconds is None:
             seconds = self.profile.allgather_s(nbytes(buf), self._slow_s())
@@ -217,15 +227,18 @@ class Collective:
 
     SUM, GATHER = "all_reduce", "all_gather"
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, live: bool = False):
+        self.kind, self.live = kind, live  # live: over the ranks not lost (`all_reduce_live`)
         self.came: list[tuple[int, torch.Tensor, Any, float]] = []  # rank, buf, out, end
         self.waiters: list[int] = []
         self.done: float | None = None
+        self.members: list[int] = []  # the ranks it summed
 
-    def finish(self) -> float:
-        """Every rank's result in place (a sum in rank order, or every rank's piece)."""
+    def finish(self, lost_at: float = -math.inf) -> float:
+        """Every rank's result in place (a sum in rank order, or every rank's piece); a live
+        one ends no sooner than its lost ranks were lost (`lost_at`: when the last was)."""
         came = sorted(self.came, key=lambda c: c[0])
+        self.members = [c[0] for c in came]
         if self.kind == Collective.SUM:
             total = came[0][1].clone()
             for _, buf, _, _ in came[1:]:
@@ -236,7 +249,7 @@ class Collective:
             for _, _, out, _ in came:
                 for piece, (_, buf, _, _) in zip(out, came, strict=True):
                     piece.copy_(buf)
-        self.done = max(end for *_, end in came)
+        self.done = max(lost_at, *(end for *_, end in came))
         return self.done
 
 
@@ -379,6 +392,9 @@ class Simulator:
             for dst, listener in self.listeners.items():  # its listeners hear of it then
                 if rank in listener.peer_of:
                     self.post(rank, dst, self.worlds[rank].clock, exc)
+            for k, c in list(self.collectives.items()):  # a live one goes on without it
+                if c.live:
+                    self._maybe_finish(k, c)
             return
         if request[0] == "recv":
             self.waiting[rank] = request
@@ -404,26 +420,31 @@ class Simulator:
         self.started = time.perf_counter()
 
     def collective(
-        self, rank: int, kind: str, buf, out, end: float, wait: bool
+        self, rank: int, kind: str, buf, out, end: float, wait: bool, live: bool = False
     ) -> Collective:  # fmt: skip
         """`rank` starts its next collective, ending at `end` on its own (`wait`: and waits
-        for it); once every rank has started it, the ranks waiting for it go on at its end,
-        in rank order."""
+        for it); once every rank has started it (`live`: every rank not lost), the ranks
+        waiting for it go on at its end, in rank order."""
         k, self.issued[rank] = self.issued[rank], self.issued[rank] + 1
-        c = self.collectives.setdefault(k, Collective(kind))
-        if c.kind != kind:
+        c = self.collectives.setdefault(k, Collective(kind, live))
+        if c.kind != kind or c.live != live:
             raise RunError(f"rank {rank}'s collective {k} is an {kind}, another rank's an {c.kind}")
         c.came.append((rank, buf, out, end))
         if wait:
             self.await_(rank, c)
-        if len(c.came) < self.size:
-            return c
+        self._maybe_finish(k, c)
+        return c
+
+    def _maybe_finish(self, k: int, c: Collective) -> None:
+        came = {r for r, *_ in c.came}
+        gone = [r for r in self.lost if r not in came] if c.live else []
+        if len(came) + len(gone) < self.size:
+            return
         del self.collectives[k]
-        done = c.finish()
+        done = c.finish(max((self.worlds[r].clock for r in gone), default=-math.inf))
         for r in sorted(c.waiters):
             del self.waiting[r]
             self.ready.push(max(self.worlds[r].clock, done), (r, None, None))
-        return c
 
     def await_(self, rank: int, c: Collective) -> None:
         self.waiting[rank] = ("collective",)

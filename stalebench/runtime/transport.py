@@ -9,6 +9,7 @@ run (the error names the peer as the engine names its ranks).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -62,6 +63,16 @@ class Transport:
     def barrier(self) -> None:
         raise NotImplementedError
 
+    def regroup(self, group: Any) -> None:
+        """Collectives from now on over `group`, a gloo group of the ranks left (a wrapper
+        passes it on)."""
+        self.inner.regroup(group)  # type: ignore[attr-defined]
+
+    def watch(self, check: Callable[[], None]) -> None:
+        """While a collective is under way, call `check` every few milliseconds: it raises
+        to abandon the collective (the other ranks regroup without a lost one)."""
+        self.inner.watch(check)  # type: ignore[attr-defined]
+
 
 class Pending:
     """An all-reduce under way: `wait()` returns once its buffer holds the sum."""
@@ -77,6 +88,29 @@ class Gloo(Transport):
         self.timeout = timedelta(seconds=timeout_s)
         self.name = name
         self.bytes_sent = 0
+        self.group: Any = None  # collectives' group once the ranks left regrouped (`regroup`)
+        self.check: Callable[[], None] | None = None  # `watch`
+
+    def regroup(self, group: Any) -> None:
+        self.group = group
+
+    def watch(self, check: Callable[[], None]) -> None:
+        self.check = check
+
+    def _wait(self, work: Any) -> None:
+        """Wait for a collective: at most timeout_s, polling `check` (`watch`) if set."""
+        if self.check is None:
+            work.wait(self.timeout)
+            return
+        deadline, polls = time.monotonic() + self.timeout.total_seconds(), 0
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise RunError(f"timed out after {self.timeout.total_seconds():g} s")
+            polls += 1
+            if polls % 50 == 0:  # every ~10 ms
+                self.check()
+            time.sleep(0.0002)
+        work.wait(self.timeout)  # its error, if it failed
 
     def lost(self, rank: int, exc: Exception) -> RunError:
         return RunError(f"{self.name(rank)} lost: {brief(exc)}")
@@ -116,28 +150,31 @@ class Gloo(Transport):
         )
 
     def all_reduce(self, buf: torch.Tensor) -> None:
-        try:
-            dist.all_reduce(buf)
-        except Exception as exc:
-            raise self.collective_failed("an all-reduce", exc) from exc
+        self.all_reduce_start(buf).wait()
 
     def all_reduce_start(self, buf: torch.Tensor) -> Pending:
-        work = dist.all_reduce(buf, async_op=True)
+        if self.group is None:
+            work = dist.all_reduce(buf, async_op=True)
+        else:
+            work = self.group.allreduce([buf])
 
         def wait() -> None:
             try:
-                work.wait(self.timeout)
+                self._wait(work)
             except Exception as exc:
                 raise self.collective_failed("an all-reduce", exc) from exc
 
         return Pending(wait)
 
     def all_gather_start(self, out: list[torch.Tensor], buf: torch.Tensor) -> Pending:
-        work = dist.all_gather(out, buf, async_op=True)
+        if self.group is None:
+            work = dist.all_gather(out, buf, async_op=True)
+        else:
+            work = self.group.allgather([out], [buf])
 
         def wait() -> None:
             try:
-                work.wait(self.timeout)
+                self._wait(work)
             except Exception as exc:
                 raise self.collective_failed("an all-gather", exc) from exc
 

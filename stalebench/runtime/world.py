@@ -40,8 +40,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.quorum import Quorum
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.transport import Transport
 
@@ -162,6 +164,14 @@ class World:
         untouched until then). A rank's collectives run in the order it starts them."""
         raise NotImplementedError
 
+    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None) -> Op[list[int]]:
+        """`all_reduce` over the ranks still alive: a rank lost before or during it (dead,
+        or silent past timeout_s) is left out, the others agreeing on who is left (a quorum)
+        and summing their buffers as they brought them. Returns the ranks summed, in order;
+        a rank itself left out (silent too long) gets a RunError. Every rank of the run
+        calls it, the same number of times, as it does `all_reduce`."""
+        raise NotImplementedError
+
     def all_gather(
         self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None,
         wait: bool = True,
@@ -188,9 +198,11 @@ class RealWorld(World):
         record,
         run_dir: Path,
         timeout_s: float,
+        store: Any = None,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
+        self.quorum = Quorum(store, rank, size, timeout_s) if store is not None else None
         self.net = Shaped(transport, profile)
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
@@ -280,6 +292,20 @@ class RealWorld(World):
     def all_reduce(self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True):
         pending = self.net.all_reduce_start(buf, seconds)  # the profile's time, or gloo's
         return self._complete(pending) if wait else pending
+
+    @blocking
+    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None) -> list[int]:
+        if self.quorum is None:
+            raise RunError("all_reduce_live needs the run's store (a RealWorld made without)")
+        brought = buf.clone()
+        self.transport.watch(self.quorum.check)
+        while True:
+            try:
+                self._complete(self.net.all_reduce_start(buf, seconds))
+                return list(self.quorum.members)
+            except RunError as exc:  # a peer lost: again over the ranks left
+                buf.copy_(brought)
+                self.quorum.reform(self.transport, exc)
 
     @blocking
     def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):

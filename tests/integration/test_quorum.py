@@ -1,0 +1,102 @@
+"""engine=allreduce with `cluster.min_replicas`: a replica lost mid-run (a `die` fault, or
+silent past timeout_s) leaves the others to agree on who is left and go on, averaging over
+themselves, in both runtimes; fewer left than min_replicas fails the run by name; with no
+loss the rounds are those of a plain all-reduce, event for event. The real runtime's regroup
+makes a new gloo group over the survivors (runtime/quorum.py)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from stalebench import experiment
+from stalebench.errors import ConfigError
+from stalebench.metrics.events import read_events
+from tests.conftest import compose, fast_with, run_job
+
+pytestmark = pytest.mark.timeout(120)
+
+BSP4 = ["engine=allreduce", "algorithm=bsp", "cluster.num_workers=4", "budget.max_updates=60"]
+DIE = "cluster.faults=[{worker:2,at_s:0.3,action:die}]"
+
+
+def sim(tmp_path, *extra):
+    cfg = compose(fast_with(["runtime=sim", *BSP4, *extra]))
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    return summary, read_events(tmp_path / "events.jsonl")
+
+
+def updates_by_worker(events):
+    return collections.Counter(e["worker"] for e in events if e["kind"] == "update")
+
+
+def test_sim_a_lost_replica_leaves_three_that_go_on(tmp_path):
+    summary, events = sim(tmp_path, "cluster.min_replicas=3", DIE)
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [2] and summary["updates"] == 60
+    (lost,) = [e for e in events if e["kind"] == "worker" and e["event"] == "lost"]
+    rounds = updates_by_worker(events)
+    assert rounds[0] == rounds[1] == rounds[3] == 60 and rounds[2] == lost["round"] - 1
+    assert lost["reason"] == "dead, or silent past timeout_s: left out of the round"
+    assert lost["t"] >= 0.3  # not before it died
+
+
+def test_sim_fewer_left_than_min_replicas_fails_by_name(tmp_path):
+    summary, _ = sim(tmp_path, "cluster.min_replicas=4", DIE)
+    assert summary["status"] == "failed"
+    assert "3 replicas left, fewer than cluster.min_replicas=4 (lost: 2)" in summary["error"]
+
+
+def test_sim_without_a_loss_min_replicas_changes_nothing(tmp_path):
+    # the rounds over the replicas left are the plain all-reduce's while none is lost
+    _, plain = sim(tmp_path / "plain")
+    _, quorum = sim(tmp_path / "quorum", "cluster.min_replicas=2")
+    assert plain == quorum
+
+
+@pytest.mark.slow
+def test_real_a_killed_replica_leaves_three_that_go_on(tmp_path):
+    run = run_job(tmp_path, ["runtime=real", *BSP4, "cluster.min_replicas=3", DIE, "timeout_s=20"])
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["workers_lost"] == [2] and run.summary["updates"] == 60
+    rounds = updates_by_worker(run.events)
+    assert rounds[0] == rounds[1] == rounds[3] == 60 and rounds[2] < 60
+    # regrouped at once (the dead rank marked by the supervisor), not after timeout_s
+    (lost,) = [e for e in run.events if e["kind"] == "worker" and e["event"] == "lost"]
+    assert lost["t"] < 10
+
+
+@pytest.mark.slow
+def test_real_a_replica_silent_past_timeout_is_left_out(tmp_path):
+    # paused 6 s against timeout_s=2: the others regroup without it; when it wakes it is
+    # told it was left out and exits, and the run goes on with three
+    pause = "cluster.faults=[{worker:2,at_s:0.3,duration_s:6}]"
+    run = run_job(
+        tmp_path,
+        ["runtime=real", *BSP4[:-1], "budget.max_updates=400", "budget.max_wall_s=10",
+         "cluster.min_replicas=3", pause, "timeout_s=2"],
+    )  # fmt: skip
+    assert run.summary["status"] == "completed", run.summary["error"]
+    assert run.summary["workers_lost"] == [2]
+    log = (tmp_path / "logs" / "rank-2.log").read_text()
+    assert "was left out of the replicas that went on" in log
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["algorithm=asp", "cluster.min_replicas=2"], "cluster.min_replicas=2: engine=ps"),
+        ([*BSP4, "cluster.min_replicas=9"], "cluster.min_replicas must be in [0, num_workers=4]"),
+        (
+            [*BSP4, "engine.bucket_mb=1", "cluster.min_replicas=2"],
+            "cluster.min_replicas=2: engine.bucket_mb=1.0",
+        ),
+    ],
+    ids=["ps", "more-than-workers", "buckets-real"],
+)
+def test_min_replicas_refused_where_it_cannot_hold(extra, key):
+    with pytest.raises(ConfigError) as refused:
+        experiment.prepare(compose(fast_with(["runtime=real", "budget.max_updates=10", *extra])))
+    assert key in str(refused.value)
