@@ -84,6 +84,34 @@ def test_real_a_replica_silent_past_timeout_is_left_out(tmp_path):
     assert "was left out of the replicas that went on" in log
 
 
+DILOCO4 = ["algorithm=diloco", "algorithm.outer.inner_steps=10", "cluster.num_workers=4",
+           "budget.max_updates=20"]  # fmt: skip
+
+
+@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
+def test_diloco_goes_on_over_the_replicas_left(tmp_path, runtime):
+    overrides = [f"runtime={runtime}", *DILOCO4, "cluster.min_replicas=3", DIE, "timeout_s=20"]
+    cfg = compose(fast_with(overrides))
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    events = read_events(tmp_path / "events.jsonl")
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [2] and summary["updates"] == 20
+    (lost,) = [e for e in events if e["kind"] == "worker" and e["event"] == "lost"]
+    rounds = updates_by_worker(events)
+    assert rounds[0] == rounds[1] == rounds[3] == 20 and rounds[2] == lost["round"] - 1
+
+
+def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
+    runs = []
+    for name, extra in (("plain", []), ("quorum", ["cluster.min_replicas=2"])):
+        cfg = compose(fast_with(["runtime=sim", *DILOCO4, *extra]))
+        cfg.run_dir = str(tmp_path / name)
+        experiment.run(cfg)
+        runs.append(read_events(tmp_path / name / "events.jsonl"))
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
@@ -93,8 +121,12 @@ def test_real_a_replica_silent_past_timeout_is_left_out(tmp_path):
             [*BSP4, "engine.bucket_mb=1", "cluster.min_replicas=2"],
             "cluster.min_replicas=2: engine.bucket_mb=1.0",
         ),
+        (
+            ["algorithm=streaming_diloco", "cluster.min_replicas=2"],
+            "cluster.min_replicas=2: engine.mode=streaming cannot go on",
+        ),
     ],
-    ids=["ps", "more-than-workers", "buckets-real"],
+    ids=["ps", "more-than-workers", "buckets-real", "local-streaming"],
 )
 def test_min_replicas_refused_where_it_cannot_hold(extra, key):
     with pytest.raises(ConfigError) as refused:

@@ -329,3 +329,24 @@ def test_the_leader_rule_takes_no_mean_step():
         TypeError, match="^outer=leader exchanges the leaders' replicas, not a mean Δ$"
     ):
         rule.step(vec(0.0), vec(1.0))
+
+
+@pytest.mark.parametrize("wire", ["none", "fp16"])
+def test_a_round_over_the_replicas_left_is_their_mean(wire):
+    # 4 replicas, 3 left: each puts Δ_i / 4 on the wire (as with all four), the payload sums
+    # the three, and the outer step takes their mean (share 4/3), not 3/4 of it
+    from types import SimpleNamespace
+
+    from stalebench.engines.local.round import Exchange
+
+    job = SimpleNamespace(
+        num_workers=4,
+        cfg=SimpleNamespace(algorithm=SimpleNamespace(outer=OuterConfig(name="average"))),
+    )
+    ex = Exchange(job, vec(0.0, 0.0), Wire(wire, [(0, 2)]))
+    deltas = {0: vec(0.5, -1.0), 1: vec(0.25, 2.0), 3: vec(1.0, 0.5)}
+    total = sum(ex.contribution(w, d) for w, d in deltas.items())
+    theta = vec(1.0, 1.0)
+    ex.new_theta(theta, total, 4 / 3)
+    mean = torch.stack(list(deltas.values())).mean(0)
+    torch.testing.assert_close(theta, vec(1.0, 1.0) - mean, rtol=1e-3, atol=1e-3)

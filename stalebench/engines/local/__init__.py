@@ -65,6 +65,7 @@ class LocalEngine(Engine):
     """N workers take H local steps each, then reconcile their replicas (local SGD, DiLoCo)."""
 
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
+    takes_quorum = True  # engine.mode=sync with a mean exchange (`validate`)
 
     @property
     def asynchronous(self) -> bool:
@@ -75,8 +76,10 @@ class LocalEngine(Engine):
 
     def survives_loss_of(self, rank: int) -> bool:
         """A worker, in the asynchronous mode (nobody waits for it): the server goes on with
-        the others. A synchronous round needs every replica; a dead server ends the run."""
-        return self.asynchronous and rank > 0
+        the others; in sync mode with cluster.min_replicas, the rounds go on over the
+        replicas left (rank 0, which writes the run directory, cannot be lost). A sync round
+        otherwise needs every replica; a dead server ends the run."""
+        return rank > 0 and (self.asynchronous or self.run.cluster.min_replicas > 0)
 
     def rank_name(self, rank: int) -> str:
         if not self.asynchronous:
@@ -111,6 +114,17 @@ class LocalEngine(Engine):
             raise ConfigError(
                 f"engine.mode={e.mode}: algorithm.outer={a.outer.name} picks leaders from the "
                 "round's losses before it sends; it runs with engine.mode=sync only"
+            )
+        quorum = self.run.cluster.min_replicas
+        if quorum and (e.mode != "sync" or leads or e.quantize == "int8"):
+            what = (
+                f"engine.mode={e.mode}" if e.mode != "sync"
+                else f"algorithm.outer={a.outer.name}" if leads
+                else f"engine.quantize={e.quantize}"
+            )  # fmt: skip
+            raise ConfigError(
+                f"cluster.min_replicas={quorum}: {what} cannot go on over the replicas left "
+                "(engine.mode=sync with a rule that averages, quantize none or fp16, can)"
             )
         groups = getattr(a.outer, "groups", 1)
         if groups > n:

@@ -33,6 +33,7 @@ from stalebench.engines.local.round import (
     segments,
     stats_row,
 )
+from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
@@ -49,6 +50,7 @@ class Sent:
     pending: list[Any]
     waited_s: float  # seconds the send itself waited (a leaders exchange runs in full)
     steps: int
+    live: list[int] | None = None  # cluster.min_replicas: the replicas the payload summed
 
 
 class Member:
@@ -71,6 +73,7 @@ class Member:
             for part in self.parts
         ]
         self.status, self.version, self.nbytes = "completed", 0, 0
+        self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
 
@@ -130,6 +133,15 @@ class Member:
             stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
             stats[rank] = torch.tensor(row, dtype=torch.float64)
             waited, pending = 0.0, []
+            if self.quorum:  # sync, a mean: both collectives over the replicas left
+                start = world.now()
+                yield from world.all_reduce_live(stats, stats_s)
+                payload = ex.contribution(rank, delta)
+                live = yield from world.all_reduce_live(payload, payload_s)
+                self.sent[p] = Sent(payload, stats, delta, [], world.now() - start,
+                                    len(self.losses), live)  # fmt: skip
+                self.compute, self.paused, self.losses = 0.0, 0.0, []
+                continue
             if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
                 waited += yield from world.all_reduce(stats, stats_s)
                 ex.choose(stats[:, 1].tolist())
@@ -154,9 +166,12 @@ class Member:
         blocked = s.waited_s
         for handle in s.pending:
             blocked += yield from self.world.complete(handle)
-        rows = s.stats[:, :STATS]
+        live = s.live or list(range(m))
+        if s.live is not None:
+            self.lost(live)
+        rows = s.stats[live, :STATS]
         before = theta[part].clone() if self.plan.keeps_progress else None
-        leaders = ex.new_theta(theta[part], s.payload)
+        leaders = ex.new_theta(theta[part], s.payload, m / len(live))
         ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.rank, before, self.e.alpha)
         self.version += 1
         volume = ex.volume()
@@ -165,11 +180,28 @@ class Member:
         if record is not None:
             t, busy = self.world.now(), rows[:, 0] + rows[:, 2]
             comm = max(blocked - (float(busy.max()) - float(busy[0])), 0.0)
-            report(record.events.emit, t, self.version, rows.tolist(), comm, s.steps, volume // m)
+            report(record.events.emit, t, self.version, rows.tolist(), comm, s.steps,
+                   volume // m, live)  # fmt: skip
             record.snapshots.maybe(t, self.version, theta)
         if diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
         return spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
+
+    def lost(self, live: list[int]) -> None:
+        """The replicas gone since the last round: logged (rank 0) with the round they miss;
+        too few left fails the run."""
+        gone, self.live = sorted(set(self.live) - set(live)), live
+        record = self.world.record
+        for w in gone if record is not None else ():
+            record.events.emit(
+                "worker", self.world.now(), worker=w, event="lost", round=self.version + 1,
+                reason="dead, or silent past timeout_s: left out of the round",
+            )  # fmt: skip
+        if len(live) < self.quorum:
+            raise RunError(
+                f"{len(live)} replicas left, fewer than cluster.min_replicas={self.quorum} "
+                f"(lost: {', '.join(map(str, sorted(set(range(self.m)) - set(live))))})"
+            )
 
 
 def member(job: Job, world: World) -> Op[dict[str, Any] | None]:

@@ -214,10 +214,13 @@ class Exchange:
             total += self.wire.decode(piece)
         return total.div_(self.num_workers)
 
-    def new_theta(self, theta: torch.Tensor, total) -> torch.Tensor | None:
+    def new_theta(self, theta: torch.Tensor, total, share: float = 1.0) -> torch.Tensor | None:
         """θ ← the outer step (in place) from the summed payload (int8: the gathered
-        pieces); returns the leaders' replicas (rows), or None."""
+        pieces); returns the leaders' replicas (rows), or None. `share`: M / the replicas
+        the payload summed, when some were lost (a mean over those left)."""
         summed = self.gathered(total) if self.gathers else self.wire.decode(total)
+        if share != 1.0:
+            summed.mul_(share)
         if self.rule.exchange == "mean":
             self.rule.step(theta, summed)
             return None
@@ -272,14 +275,16 @@ def update_event(
 
 def report(
     emit, t: float, version: int, rows: list[list[float]], comm_s: float, steps: int,
-    nbytes: int,
+    nbytes: int, workers: list[int] | None = None,
 ) -> None:  # fmt: skip
-    """The round's events: each pause a fault caused, then every worker's update."""
+    """The round's events: each pause a fault caused, then every worker's update (`rows`:
+    those of `workers`, by default all)."""
     slowest = max(r[0] + r[2] for r in rows)
-    for w, row in enumerate(rows):
+    workers = workers if workers is not None else list(range(len(rows)))
+    for w, row in zip(workers, rows, strict=True):
         if row[2] > 0:
             emit("worker", t, worker=w, event="pause", duration_s=row[2])
-    for w, row in enumerate(rows):
+    for w, row in zip(workers, rows, strict=True):
         emit("update", t, **update_event(w, version, row, slowest, comm_s, steps, nbytes))
 
 
