@@ -110,6 +110,7 @@ class Minibatches:
         # offset by 2**32: never the seed of any worker's order stream in the same run
         augment = splits.augment
         self.aug_gen = torch.Generator().manual_seed(stream + (1 << 32)) if augment else None
+        self._order = self._epoch()  # the first epoch's, drawn at set-up (not at a first step)
         self._indices = self._run()
 
     @property
@@ -144,10 +145,12 @@ class Minibatches:
 
         shard, n = self.shard, len(self.shard)
         while True:
+            order = self._order if self._order is not None else self._epoch()
+            self._order = None
             if self.affine:
-                a, b = self._affine(n)
+                a, b = order
             else:
-                perm = torch.randperm(n, generator=self.gen)
+                perm = order
             start, ahead, at = 0, shard[:0], 0  # affine: positions [at, at + len(ahead))
             while start + self._size <= n:
                 end = start + self._size
@@ -163,6 +166,14 @@ class Minibatches:
                         ahead = shard.index_select(0, pos)
                     yield ahead[start - at : end - at]
                 start = end
+
+    def _epoch(self):
+        """The next epoch's order, drawn from the worker's stream: (a, b) of an affine one,
+        else a permutation of the shard's positions."""
+        import torch
+
+        n = len(self.shard)
+        return self._affine(n) if self.affine else torch.randperm(n, generator=self.gen)
 
     def _affine(self, n: int) -> tuple[int, int]:
         """An epoch's i -> (a*i + b) mod n, a bijection of the shard's positions (a coprime

@@ -208,6 +208,11 @@ class Worker:
         # a worker's shard is its rank's (set up before the clock starts); a spare's is the
         # lost worker's, read once it takes that place
         self.batches = None if self.spare else job.batches(rank - 1)
+        # set up as a fresh run's worker before the clock starts (index, clock, run time),
+        # until the first reply says who it is (a resumed run's may say otherwise)
+        self.joined: tuple | None = None
+        if not self.spare:
+            self.join(rank - 1, 0, 0.0)
 
     def run(self) -> Op[None]:
         world, head, sent, net = self.world, self.head, self.sent, self.net
@@ -221,8 +226,10 @@ class Worker:
             kind, version, clock, index, batch, started_at = REPLY.unpack_from(head.raw)
             if kind == STOP:
                 return None
-            if self.w < 0:  # the first reply: who it is
-                self.join(index, clock, started_at)
+            if self.w < 0 or self.joined is not None:  # the first reply: who it is
+                if self.joined != (index, clock, started_at):
+                    self.join(index, clock, started_at)
+                self.joined = None
                 pushed_at = received if self.spare else pushed_at
             yield from world.strike(self.pause)
             # the gradient goes into the push, which the simulator computes once it is read
@@ -237,6 +244,7 @@ class Worker:
         """Worker w from step `clock` and run time `started_at` (a resumed run's worker, a
         spare in a lost worker's place: where that worker was)."""
         self.w, self.clock, profile = w, clock, self.profile
+        self.joined = (w, clock, started_at)
         self.faults = Faults(profile, w, started_at, clock, replaced=self.spare)
         self.world.faults = self.faults
         self.batches = self.batches or self.job.batches(w)
