@@ -1,10 +1,11 @@
-"""The fault matrix: every real engine × barrier family × {worker killed, worker stopped past
-the timeout, server (rank 0) killed, NaN, SIGINT, SIGTERM}. Each cell runs `stalebench`
+"""The fault matrix: every real engine × barrier family (and the serverless engines with
+rounds over the replicas left) × {worker killed, worker stopped past the timeout, server
+(rank 0) killed, NaN, SIGINT, SIGTERM}. Each cell runs `stalebench`
 with real processes and checks that the run ends in its documented status within its
 timeout, with the exit code of that status, no process left (by pid), and events.jsonl
 whole up to its `end` (or the supervisor's `stop`) event.
 
-42 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+54 runs of several seconds: outside CI (the cells CI needs are in test_signals,
 test_worker_loss and test_cli). Run it with
 
     STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
@@ -37,6 +38,7 @@ pytestmark = [
 ]
 
 DATA = [*FAST[:-1], "cluster.num_workers=2"]
+QUORUM = [*FAST[:-1], "cluster.num_workers=3", "cluster.min_replicas=2"]
 PIPE = [o for o in SMALL if o not in ("runtime=sim", "logger=none")]
 UPDATE, INNER, OPT = (
     "algorithm.update.lr=1e12",
@@ -50,6 +52,9 @@ FAMILIES = {
     "allreduce (bsp)": (["algorithm=bsp", "engine=allreduce", *DATA], UPDATE, 1, False),
     "local/sync (diloco)": (["algorithm=diloco", *DATA], INNER, 1, False),
     "local/async (async_diloco)": (["algorithm=async_diloco", *DATA], INNER, 2, True),
+    # three replicas, rounds going on over two once one is lost (cluster.min_replicas)
+    "allreduce/quorum (bsp)": (["algorithm=bsp", "engine=allreduce", *QUORUM], UPDATE, 1, True),
+    "local/sync quorum (diloco)": (["algorithm=diloco", *QUORUM], INNER, 1, True),
     "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),
     "pipeline/async (pipedream)": (["algorithm=pipedream", *PIPE], OPT, 1, False),
 }
