@@ -28,8 +28,8 @@ from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.common import DataParallel, GradientStep, Net
 from stalebench.engines.overlap import Layout, build_replica
-from stalebench.engines.rounds import close_round, ring_volume, round_slots
-from stalebench.errors import ConfigError, RunError
+from stalebench.engines.rounds import close_round, replicas_left, ring_volume, round_slots
+from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
@@ -169,19 +169,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             reduce_start = world.now()
             lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
             if quorum:  # over the replicas left, once some are lost
-                lost, live = live, (yield from world.all_reduce_live(buf, lasts))
-                lost = sorted(set(lost) - set(live))
-                if lost and record is not None:
-                    for w in lost:
-                        record.events.emit(
-                            "worker", world.now(), worker=w, event="lost", round=version + 1,
-                            reason="dead, or silent past timeout_s: left out of the round",
-                        )  # fmt: skip
-                if len(live) < quorum:
-                    raise RunError(
-                        f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} "
-                        f"(lost: {', '.join(map(str, sorted(set(range(n)) - set(live))))})"
-                    )
+                before, live = live, (yield from world.all_reduce_live(buf, lasts))
+                replicas_left(record, world.now(), version + 1, before, live, quorum, n)
             else:
                 yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
             if buf[-1] > 0:  # rank 0 decided last round that this one is not applied

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from stalebench.errors import RunError
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
@@ -87,3 +88,22 @@ def close_round(
     if diverged(float(stats[:, 1].sum()), params if snapped else None):
         return True, True
     return False, spent(record.job.cfg.budget, version, t)
+
+
+def replicas_left(
+    record: RunRecord | None, t: float, round_: int, before: list[int], live: list[int],
+    quorum: int, num_workers: int,
+) -> None:  # fmt: skip
+    """After a round over the replicas left (`World.all_reduce_live`, cluster.min_replicas):
+    rank 0 logs each one gone since the last round (`before`) as lost from `round_`; fewer
+    left than `quorum` fails the run, naming them."""
+    for w in sorted(set(before) - set(live)) if record is not None else ():
+        record.events.emit(
+            "worker", t, worker=w, event="lost", round=round_,
+            reason="dead, or silent past timeout_s: left out of the round",
+        )  # fmt: skip
+    if len(live) < quorum:
+        lost = ", ".join(map(str, sorted(set(range(num_workers)) - set(live))))
+        raise RunError(
+            f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} (lost: {lost})"
+        )

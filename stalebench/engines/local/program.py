@@ -33,7 +33,7 @@ from stalebench.engines.local.round import (
     segments,
     stats_row,
 )
-from stalebench.errors import RunError
+from stalebench.engines.rounds import replicas_left
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
@@ -168,7 +168,9 @@ class Member:
             blocked += yield from self.world.complete(handle)
         live = s.live or list(range(m))
         if s.live is not None:
-            self.lost(live)
+            before, self.live = self.live, live
+            t, n = self.world.now(), self.m
+            replicas_left(self.world.record, t, self.version + 1, before, live, self.quorum, n)
         rows = s.stats[live, :STATS]
         before = theta[part].clone() if self.plan.keeps_progress else None
         leaders = ex.new_theta(theta[part], s.payload, m / len(live))
@@ -186,22 +188,6 @@ class Member:
         if diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
         return spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
-
-    def lost(self, live: list[int]) -> None:
-        """The replicas gone since the last round: logged (rank 0) with the round they miss;
-        too few left fails the run."""
-        gone, self.live = sorted(set(self.live) - set(live)), live
-        record = self.world.record
-        for w in gone if record is not None else ():
-            record.events.emit(
-                "worker", self.world.now(), worker=w, event="lost", round=self.version + 1,
-                reason="dead, or silent past timeout_s: left out of the round",
-            )  # fmt: skip
-        if len(live) < self.quorum:
-            raise RunError(
-                f"{len(live)} replicas left, fewer than cluster.min_replicas={self.quorum} "
-                f"(lost: {', '.join(map(str, sorted(set(range(self.m)) - set(live))))})"
-            )
 
 
 def member(job: Job, world: World) -> Op[dict[str, Any] | None]:
