@@ -31,6 +31,7 @@ from stalebench.engines.overlap import Layout, build_replica
 from stalebench.engines.rounds import close_round, replicas_left, ring_volume, round_slots
 from stalebench.errors import ConfigError
 from stalebench.job import Job
+from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World
@@ -68,6 +69,14 @@ class AllReduceEngine(DataParallel):
     """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
 
     takes_quorum = True
+    takes_spares = True  # with cluster.min_replicas: a spare takes a lost replica's place
+
+    def world_size(self) -> int:
+        return self.num_workers + self.run.cluster.spares
+
+    def rank_name(self, rank: int) -> str:
+        n = self.num_workers
+        return super().rank_name(rank) if rank < n else f"spare {rank - n} (rank {rank})"
 
     def survives_loss_of(self, rank: int) -> bool:
         """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
@@ -115,6 +124,12 @@ class AllReduceEngine(DataParallel):
                 f"{self.cfg.bucket_mb} sends a round in pieces, which cannot go on over the "
                 "replicas left (set engine.bucket_mb=0, or runtime=sim)"
             )
+        if self.run.cluster.spares and not self.run.cluster.min_replicas:
+            raise ConfigError(
+                f"cluster.spares={self.run.cluster.spares}: engine=allreduce hands a lost "
+                "replica's place to a spare in rounds that go on over the replicas left: set "
+                "cluster.min_replicas too"
+            )
         if self.run.algorithm.barrier.on_loss == "reform":
             raise ConfigError(
                 "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "
@@ -138,38 +153,53 @@ class AllReduceEngine(DataParallel):
 def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     """One replica's program: a round's gradient and statistics in one all-reduce, then the
     mean gradient's step; rank 0 reports the round and decides the stop, which the next
-    round's message carries to every rank (that round is not applied)."""
+    round's message carries to every rank (that round is not applied). A spare (a rank
+    after the N replicas) stands by until it takes a lost replica's place (`join`)."""
     n, rank, record, profile = job.num_workers, world.rank, world.record, job.profile
     device = job.device(rank)
     model, params, rule, net, net_params = build_replica(job, device)
-    d, batches = params.numel(), job.batches(rank)
-    buf = torch.zeros(round_slots(d, n))
+    x, y = job.splits.x_train[:1], job.splits.y_train[:1]
+    yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
+    # rounds so far, whether to stop, the replicas left (by rank), each rank's worker index
+    workers = list(range(n)) + [-1] * (world.size - n)
+    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers}
+    if rank >= n:  # a spare
+        got = yield from world.stand_by()
+        if got is None:
+            return None
+        params, rule, at = join(job, world, net, *got)
+    me, d = at["workers"][rank], params.numel()
+    batches, buf = job.batches(me), torch.zeros(round_slots(d, n))
+    for _ in range(at["version"]):  # a spare goes on where the replica it replaces was
+        next(batches)
+    while profile.steps[me] < at["version"]:
+        profile.step_s(me)
     # a step: the gradient at θ into the round's message, its loss the result (on the CPU
     # the replica's parameters are views of θ: no copy)
     own = Net(job, device, net, params if device.type == "cpu" else None)
     step = GradientStep(own, params, own.buffers, batches, buf[:d], lambda grad, loss: loss)
-    world.faults = faults = Faults(profile, rank)
+    spare = rank >= n  # its faults from when it joins, not those that struck its predecessor
+    world.faults = faults = Faults(profile, me, world.now() if spare else 0.0, at["version"], spare)
     eng = job.cfg.engine
     sizes = [p.numel() for p in net_params]
     buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
-    status, error, stop, version, bytes_sent, t_last = "completed", None, False, 0, 0, 0.0
-    quorum, live = job.cfg.cluster.min_replicas, list(range(n))  # the replicas left
-    x, y = job.splits.x_train[:1], job.splits.y_train[:1]
-    yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
+    status, error, bytes_sent, t_last, version = "completed", None, 0, 0.0, at["version"]
+    quorum, live, stop = job.cfg.cluster.min_replicas, at["live"], at["stop"]
     if record is not None:
         record.snapshots.maybe(0.0, 0, params)
 
     try:
         while True:
             paused = yield from world.strike()  # a pause stalls the round
-            loss, compute = yield from world.compute(step, profile.step_s(rank))
+            loss, compute = yield from world.compute(step, profile.step_s(me))
             buf[d:].zero_()
-            buf[d + 3 * rank : d + 3 * rank + 3] = torch.tensor([compute, loss, paused])
+            buf[d + 3 * me : d + 3 * me + 3] = torch.tensor([compute, loss, paused])
             buf[-1] = float(stop)
             reduce_start = world.now()
             lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
             if quorum:  # over the replicas left, once some are lost
-                before, live = live, (yield from world.all_reduce_live(buf, lasts))
+                before, ranks = live, (yield from world.all_reduce_live(buf, lasts))
+                live = [at["workers"][r] for r in ranks]
                 replicas_left(record, world.now(), version + 1, before, live, quorum, n)
             else:
                 yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
@@ -186,6 +216,9 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
                 )
                 status = "diverged" if bad else status
                 stop = stop or bad or spent_
+            if world.joining:  # spares take the lost replicas' places from the next round
+                at["live"] = live
+                live = yield from welcome(world, n, params, rule, version, stop, at)
     except WorkerDied:
         raise  # it is lost; the others lose it in the next all-reduce
     except Exception as exc:
@@ -194,7 +227,35 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             raise
     if record is None:
         return None
+    world.release_spares()
     return record.finish(model, params, version, t_last, status, error, bytes_sent=bytes_sent)
+
+
+def welcome(world: World, n: int, params, rule, version: int, stop: bool, at: dict):
+    """The replicas left hand θ and the update rule's state to the spares chosen (rank 0
+    logs each `replaced`, the spare named by its index after the N replicas); returns the
+    workers in the rounds from here."""
+    workers = at["workers"]
+    for spare, lost in world.joining:
+        workers[spare] = workers[lost]
+        if world.record is not None:
+            world.record.events.emit(
+                "worker", world.now(), worker=workers[lost], event="replaced",
+                by=f"spare {spare - n} (rank {spare})",
+            )  # fmt: skip
+    live = sorted([*at["live"], *(workers[lost] for _, lost in world.joining)])
+    at.update(version=version, stop=stop, live=live)
+    yield from world.welcome({"params": params, "rule": rule, "at": at})
+    return live
+
+
+def join(job: Job, world: World, net, lost: int, state: dict):
+    """A spare chosen to take rank `lost`'s place: θ and the update rule as the replicas
+    left sent them (its net's parameters views of that θ on the CPU)."""
+    params, rule, at = state["params"], state["rule"], state["at"]
+    if params.device.type == "cpu" and job.device(world.rank).type == "cpu":
+        flatten_parameters(net, params)
+    return params, rule, at
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import io
 import itertools
 import math
 import time
@@ -195,6 +196,23 @@ class SimWorld(World):
         self._ended(handle)
         return handle.members
 
+    @property
+    def joining(self) -> list[tuple[int, int]]:  # type: ignore[override]
+        return self.sim.joining
+
+    def welcome(self, state: Any) -> Op[None]:
+        self.settle()
+        yield ("welcome", state)
+
+    def stand_by(self) -> Op[tuple[int, Any] | None]:
+        return (yield ("standby",))
+
+    def release_spares(self) -> None:
+        for spare in self.sim.standby:  # each returns None from `stand_by`
+            del self.sim.waiting[spare]
+            self.sim.ready.push(self.clock, (spare, None, None))
+        self.sim.standby = []
+
     def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
         if seconds is None:
             seconds = self.profile.allgather_s(nbytes(buf), self._slow_s())
@@ -326,6 +344,13 @@ class Simulator:
         self.results: dict[int, Any] = {}
         self.batcher = Batcher(job.cfg.sim.batch_max)
         self.begun = 0  # ranks set up and waiting for the others to start
+        # spares: standing by, chosen to take a lost rank's place ((spare, lost rank), until
+        # the survivors' `welcome`), the survivors' welcomes so far, what a resumed rank gets
+        self.standby: list[int] = []
+        self.joining: list[tuple[int, int]] = []
+        self.replaced: set[int] = set()  # lost ranks already handed to the choice of spares
+        self.welcomed: dict[int, Any] = {}
+        self.handoff: dict[int, Any] = {}
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
         listener = self.listeners.get(dst)
@@ -364,7 +389,7 @@ class Simulator:
                 while self.ready:
                     at, (rank, error, wake) = self.ready.pop()
                     if wake is None:
-                        self._resume(programs[rank], rank, error)
+                        self._resume(programs[rank], rank, error, self.handoff.pop(rank, None))
                     elif self.waiting.get(rank) == ("listen", wake):  # else void
                         del self.waiting[rank]
                         self.listeners[rank].due = math.inf
@@ -405,6 +430,15 @@ class Simulator:
             self._begin(rank)
         elif request[0] == "sleep":  # its step's time: it goes on at its clock
             self.ready.push(self.worlds[rank].clock, (rank, None, None))
+        elif request[0] == "standby":  # off the rounds: they go on without it
+            self.waiting[rank] = request
+            self.standby.append(rank)
+            for k, c in list(self.collectives.items()):
+                if c.live:
+                    self._maybe_finish(k, c)
+        elif request[0] == "welcome":
+            self.waiting[rank], self.welcomed[rank] = request, request[1]
+            self._welcome()
         # else a collective: the rank waits for it (`collective`, `await_`)
 
     def _begin(self, rank: int) -> None:
@@ -438,13 +472,48 @@ class Simulator:
     def _maybe_finish(self, k: int, c: Collective) -> None:
         came = {r for r, *_ in c.came}
         gone = [r for r in self.lost if r not in came] if c.live else []
-        if len(came) + len(gone) < self.size:
+        off = len(self.standby) + len(self.joining) if c.live else 0
+        if len(came) + len(gone) + off < self.size:
             return
         del self.collectives[k]
         done = c.finish(max((self.worlds[r].clock for r in gone), default=-math.inf))
+        for lost in sorted(r for r in gone if r not in self.replaced):  # spares take over
+            self.replaced.add(lost)
+            if self.standby:
+                self.joining.append((self.standby.pop(0), lost))
         for r in sorted(c.waiters):
             del self.waiting[r]
             self.ready.push(max(self.worlds[r].clock, done), (r, None, None))
+
+    def _welcome(self) -> None:
+        """Once every survivor has come to `welcome`: the chosen spares get its state (as
+        the real runtime sends it: saved and loaded) and join, all going on together."""
+        spares = {s for s, _ in self.joining}
+        expected = [
+            r for r in range(self.size)
+            if r not in self.lost and r not in spares and r not in self.standby
+            and r not in self.results
+        ]  # fmt: skip
+        if any(r not in self.welcomed for r in expected):
+            return
+        data = io.BytesIO()
+        torch.save(self.welcomed[expected[0]], data)
+        cost = self.job.profile.allreduce_s(data.tell(), 0.0)
+        done = max(self.worlds[r].clock for r in expected) + cost
+        for spare, lost in self.joining:
+            self.handoff[spare] = (
+                lost,
+                torch.load(io.BytesIO(data.getvalue()), weights_only=False),
+            )
+            del self.waiting[spare]
+            self.worlds[spare].clock = done
+            self.issued[spare] = self.issued[expected[0]]
+            self.ready.push(done, (spare, None, None))
+        for r in expected:
+            del self.waiting[r]
+            self.worlds[r].clock = done
+            self.ready.push(done, (r, None, None))
+        self.joining, self.welcomed = [], {}
 
     def await_(self, rank: int, c: Collective) -> None:
         self.waiting[rank] = ("collective",)

@@ -172,6 +172,24 @@ class World:
         calls it, the same number of times, as it does `all_reduce`."""
         raise NotImplementedError
 
+    # spares chosen by the last `all_reduce_live` to take lost ranks' places: (spare rank,
+    # the lost rank), each to join at the survivors' next `welcome`
+    joining: list[tuple[int, int]] = []
+
+    def welcome(self, state: Any) -> Op[None]:
+        """The survivors, at the end of a round whose `all_reduce_live` chose spares
+        (`joining`): the rounds from here run over them and those spares, which get `state`
+        (a picklable object, from the lowest survivor)."""
+        raise NotImplementedError
+
+    def stand_by(self) -> Op[tuple[int, Any] | None]:
+        """A spare (after `begin`): off the rounds until chosen to take a lost rank's place
+        — returns (that rank, the state `welcome` sent) — or until the run ends (None)."""
+        raise NotImplementedError
+
+    def release_spares(self) -> None:
+        """Rank 0, at the end: the spares still standing by end."""
+
     def all_gather(
         self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None,
         wait: bool = True,
@@ -199,10 +217,12 @@ class RealWorld(World):
         run_dir: Path,
         timeout_s: float,
         store: Any = None,
+        spares: int = 0,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
-        self.quorum = Quorum(store, rank, size, timeout_s) if store is not None else None
+        active = size - spares
+        self.quorum = Quorum(store, rank, size, timeout_s, active) if store is not None else None
         self.net = Shaped(transport, profile)
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
@@ -298,14 +318,29 @@ class RealWorld(World):
         if self.quorum is None:
             raise RunError("all_reduce_live needs the run's store (a RealWorld made without)")
         brought = buf.clone()
+        self.quorum.start(self.transport)
         self.transport.watch(self.quorum.check)
         while True:
             try:
                 self._complete(self.net.all_reduce_start(buf, seconds))
+                self.joining = list(self.quorum.joining)
                 return list(self.quorum.members)
             except RunError as exc:  # a peer lost: again over the ranks left
                 buf.copy_(brought)
                 self.quorum.reform(self.transport, exc)
+
+    @blocking
+    def welcome(self, state: Any) -> None:
+        self.quorum.welcome(self.transport, state)
+        self.joining = []
+
+    @blocking
+    def stand_by(self) -> tuple[int, Any] | None:
+        return self.quorum.stand_by(self.transport)
+
+    def release_spares(self) -> None:
+        if self.quorum is not None:
+            self.quorum.release()
 
     @blocking
     def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):

@@ -84,6 +84,53 @@ def test_real_a_replica_silent_past_timeout_is_left_out(tmp_path):
     assert "was left out of the replicas that went on" in log
 
 
+SPARE = ["cluster.min_replicas=3", "cluster.spares=1"]
+DIE_EARLY = "cluster.faults=[{worker:2,at_s:0.1,action:die}]"
+
+
+def healed(summary, events, rounds_total):
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [2] and summary["workers_replaced"] == [2]
+    lost, replaced = [e for e in events if e["kind"] == "worker"]
+    assert (lost["event"], replaced["event"], replaced["by"]) == (
+        "lost",
+        "replaced",
+        "spare 0 (rank 4)",
+    )
+    rounds = updates_by_worker(events)
+    # worker 2 misses only the round it was lost in: the spare computes its share after it
+    assert rounds[0] == rounds[1] == rounds[3] == rounds_total and rounds[2] == rounds_total - 1
+    late = [e for e in events if e["kind"] == "update" and e["version"] == lost["round"] + 1]
+    assert sorted(e["worker"] for e in late) == [0, 1, 2, 3]  # four replicas again
+
+
+def test_sim_a_spare_takes_the_lost_replicas_place(tmp_path):
+    summary, events = sim(tmp_path, *SPARE, DIE_EARLY)
+    healed(summary, events, 60)
+
+
+def test_sim_an_unused_spare_changes_nothing(tmp_path):
+    _, plain = sim(tmp_path / "plain", "cluster.min_replicas=3")
+    summary, spared = sim(tmp_path / "spared", *SPARE)
+    assert summary["status"] == "completed" and plain == spared
+
+
+@pytest.mark.slow
+def test_real_a_spare_heals_and_the_run_ends_with_four(tmp_path):
+    die = "cluster.faults=[{worker:2,at_s:0.3,action:die}]"
+    run = run_job(tmp_path, ["runtime=real", *BSP4[:-1], "budget.max_updates=200", *SPARE, die])
+    healed(run.summary, run.events, 200)
+    log = (tmp_path / "logs" / "rank-4.log").read_text()
+    assert "ranks [0, 1, 3, 4] from here" in log
+
+
+@pytest.mark.slow
+def test_real_an_unused_spare_ends_with_the_run(tmp_path):
+    run = run_job(tmp_path, ["runtime=real", *BSP4, *SPARE])
+    assert run.summary["status"] == "completed" and run.summary["workers_replaced"] == []
+    assert "spare 0 (rank 4) done" in (tmp_path / "logs" / "rank-4.log").read_text()
+
+
 DILOCO4 = ["algorithm=diloco", "algorithm.outer.inner_steps=10", "cluster.num_workers=4",
            "budget.max_updates=20"]  # fmt: skip
 
@@ -121,12 +168,13 @@ def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
             [*BSP4, "engine.bucket_mb=1", "cluster.min_replicas=2"],
             "cluster.min_replicas=2: engine.bucket_mb=1.0",
         ),
+        ([*BSP4, "cluster.spares=1"], "cluster.spares=1: engine=allreduce hands"),
         (
             ["algorithm=streaming_diloco", "cluster.min_replicas=2"],
             "cluster.min_replicas=2: engine.mode=streaming cannot go on",
         ),
     ],
-    ids=["ps", "more-than-workers", "buckets-real", "local-streaming"],
+    ids=["ps", "more-than-workers", "buckets-real", "spares-alone", "local-streaming"],
 )
 def test_min_replicas_refused_where_it_cannot_hold(extra, key):
     with pytest.raises(ConfigError) as refused:

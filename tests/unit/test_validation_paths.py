@@ -60,9 +60,14 @@ CASES = [
         "never waits (asp and the update rules on it), not algorithm.barrier=ssp",
     ),
     (
+        ["algorithm=diloco", "cluster.spares=2"],
+        "cluster.spares=2: engine=local cannot hand a lost worker's place to a spare; "
+        "engine=ps can, and engine=allreduce with cluster.min_replicas",
+    ),
+    (
         ["algorithm=bsp", "engine=allreduce", "cluster.spares=2"],
-        "cluster.spares=2: engine=allreduce cannot hand a lost worker's place to a spare; "
-        "engine=ps can",
+        "cluster.spares=2: engine=allreduce hands a lost replica's place to a spare in rounds "
+        "that go on over the replicas left: set cluster.min_replicas too",
     ),
     (
         ["cluster.faults=[{worker:0,at_s:1,action:slow}]"],
