@@ -107,8 +107,8 @@ class Engine:
         if run.cluster.spares and not self.takes_spares:
             raise ConfigError(
                 f"cluster.spares={run.cluster.spares}: engine={name} cannot hand a lost "
-                "worker's place to a spare; engine=ps can, and engine=allreduce with "
-                "cluster.min_replicas"
+                "worker's place to a spare; engine=ps can, and engine=allreduce or local "
+                "with cluster.min_replicas"
             )
         if run.cluster.min_replicas and not self.takes_quorum:
             raise ConfigError(

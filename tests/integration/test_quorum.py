@@ -149,14 +149,27 @@ def test_diloco_goes_on_over_the_replicas_left(tmp_path, runtime):
     assert rounds[0] == rounds[1] == rounds[3] == 20 and rounds[2] == lost["round"] - 1
 
 
+@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
+def test_a_spare_takes_a_lost_diloco_workers_place(tmp_path, runtime):
+    overrides = [f"runtime={runtime}", *DILOCO4, *SPARE, DIE, "timeout_s=20"]
+    cfg = compose(fast_with(overrides))
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    healed(summary, read_events(tmp_path / "events.jsonl"), 20)
+
+
 def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
     runs = []
-    for name, extra in (("plain", []), ("quorum", ["cluster.min_replicas=2"])):
+    for name, extra in (
+        ("plain", []),
+        ("quorum", ["cluster.min_replicas=2"]),
+        ("spared", ["cluster.min_replicas=2", "cluster.spares=1"]),
+    ):
         cfg = compose(fast_with(["runtime=sim", *DILOCO4, *extra]))
         cfg.run_dir = str(tmp_path / name)
         experiment.run(cfg)
         runs.append(read_events(tmp_path / name / "events.jsonl"))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 @pytest.mark.parametrize(

@@ -60,9 +60,14 @@ CASES = [
         "never waits (asp and the update rules on it), not algorithm.barrier=ssp",
     ),
     (
+        ["algorithm=sgp", "cluster.spares=2"],
+        "cluster.spares=2: engine=gossip cannot hand a lost worker's place to a spare; "
+        "engine=ps can, and engine=allreduce or local with cluster.min_replicas",
+    ),
+    (
         ["algorithm=diloco", "cluster.spares=2"],
-        "cluster.spares=2: engine=local cannot hand a lost worker's place to a spare; "
-        "engine=ps can, and engine=allreduce with cluster.min_replicas",
+        "cluster.spares=2: engine=local hands a lost worker's place to a spare in rounds "
+        "that go on over the replicas left: set cluster.min_replicas too",
     ),
     (
         ["algorithm=bsp", "engine=allreduce", "cluster.spares=2"],

@@ -66,13 +66,14 @@ class LocalEngine(Engine):
 
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
     takes_quorum = True  # engine.mode=sync with a mean exchange (`validate`)
+    takes_spares = True  # with cluster.min_replicas (`validate`)
 
     @property
     def asynchronous(self) -> bool:
         return self.run.engine.mode == "async"
 
     def world_size(self) -> int:
-        return self.num_workers + 1 if self.asynchronous else self.num_workers
+        return self.num_workers + (1 if self.asynchronous else self.run.cluster.spares)
 
     def survives_loss_of(self, rank: int) -> bool:
         """A worker, in the asynchronous mode (nobody waits for it): the server goes on with
@@ -83,7 +84,8 @@ class LocalEngine(Engine):
 
     def rank_name(self, rank: int) -> str:
         if not self.asynchronous:
-            return super().rank_name(rank)
+            n = self.num_workers
+            return super().rank_name(rank) if rank < n else f"spare {rank - n} (rank {rank})"
         return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
     def validate(self, splits) -> None:
@@ -125,6 +127,12 @@ class LocalEngine(Engine):
             raise ConfigError(
                 f"cluster.min_replicas={quorum}: {what} cannot go on over the replicas left "
                 "(engine.mode=sync with a rule that averages, quantize none or fp16, can)"
+            )
+        spares = self.run.cluster.spares
+        if spares and not quorum:
+            raise ConfigError(
+                f"cluster.spares={spares}: engine=local hands a lost worker's place to a spare "
+                "in rounds that go on over the replicas left: set cluster.min_replicas too"
             )
         groups = getattr(a.outer, "groups", 1)
         if groups > n:

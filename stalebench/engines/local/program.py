@@ -35,7 +35,7 @@ from stalebench.engines.local.round import (
 )
 from stalebench.engines.rounds import replicas_left
 from stalebench.job import Job
-from stalebench.runtime.faults import WorkerDied
+from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
@@ -57,13 +57,23 @@ class Member:
     """One worker: its replica, θ (the same on every rank), the fragments' exchanges, and
     the collectives under way."""
 
-    def __init__(self, job: Job, world: World):
+    def __init__(self, job: Job, world: World, state: dict[str, Any] | None = None):
         e, rank = job.cfg.engine, world.rank
         self.job, self.world, self.rank, self.m, self.e = job, world, rank, job.num_workers, e
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
         self.theta = net.flat.detach().cpu().clone()  # θ₀, the same on every rank
-        self.rep = Replica(job, rank, self.theta, net)
-        world.faults = self.rep.faults
+        # each rank's worker index (a spare's: the one whose place it takes), those left
+        self.workers = list(range(self.m)) + [-1] * (world.size - self.m)
+        self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
+        self.status, self.version, self.nbytes = "completed", 0, 0
+        if state is not None:  # a spare joining: where the replicas left are
+            self.workers, self.live, self.version = (
+                state["workers"],
+                state["live"],
+                state["version"],
+            )
+        self.me = self.workers[rank]
+        self.rep = Replica(job, self.me, self.theta, net)
         self.plan = Plan(e.mode, job.cfg.algorithm.outer.inner_steps, e.fragments, e.delay,
                          self.theta.numel())  # fmt: skip
         self.parts = [self.plan.part(p) for p in range(self.plan.fragments)]
@@ -72,26 +82,48 @@ class Member:
             Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
             for part in self.parts
         ]
-        self.status, self.version, self.nbytes = "completed", 0, 0
-        self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
+        if state is not None:
+            self.take_over(state)
+        world.faults = self.rep.faults
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
 
+    def take_over(self, state: dict[str, Any]) -> None:
+        """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
+        replicas left sent them; its predecessor's minibatches, step times and later faults
+        from the steps they took."""
+        job, rep, steps = self.job, self.rep, self.version * self.plan.steps
+        self.theta, self.exs, rep.x, rep.inner = (
+            state["theta"],
+            state["exs"],
+            state["x"],
+            state["inner"],
+        )
+        rep.faults = Faults(job.profile, self.me, self.world.now(), steps, replaced=True)
+        for _ in range(steps):
+            next(rep.batches)
+        while job.profile.steps[self.me] < steps:
+            job.profile.step_s(self.me)
+
     def run(self) -> Op[dict[str, Any] | None]:
-        job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
-        error = None
+        job, world, net = self.job, self.world, self.net
         warm = (job.splits.x_train[:1], job.splits.y_train[:1])
         yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
         if world.record is not None:
             world.record.snapshots.maybe(0.0, 0, self.theta)
-        step, stop = 0, False
+        return (yield from self.rounds())
+
+    def rounds(self) -> Op[dict[str, Any] | None]:
+        job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
+        error = None
+        step, stop = self.version * plan.steps, False
         try:
             while self.status == "completed" and not stop:
                 if step % plan.steps == 0:
                     rep.inner.new_round()
                 self.paused += yield from world.strike()
                 loss, compute_s = yield from world.compute(
-                    rep.step(net), job.profile.step_s(self.rank)
+                    rep.step(net), job.profile.step_s(self.me)
                 )
                 self.losses.append(loss)
                 self.compute += compute_s
@@ -113,6 +145,7 @@ class Member:
                 raise
         if world.record is None:
             return None
+        world.release_spares()
         for kept, last in zip(net.buffers, rep.buffers, strict=True):
             kept.copy_(last)  # rank 0's BatchNorm statistics, for the evaluation
         return world.record.finish(
@@ -122,7 +155,7 @@ class Member:
 
     def send(self, fragments: list[int]) -> Op[None]:
         """Start the exchanges of `fragments`, with the statistics since the last send."""
-        world, m, rank = self.world, self.m, self.rank
+        world, m, rank = self.world, self.m, self.me
         for p in fragments:
             ex = self.exs[p]
             delta = self.theta[self.parts[p]] - self.rep.x[self.parts[p]]
@@ -166,7 +199,7 @@ class Member:
         blocked = s.waited_s
         for handle in s.pending:
             blocked += yield from self.world.complete(handle)
-        live = s.live or list(range(m))
+        live = list(range(m)) if s.live is None else [self.workers[r] for r in s.live]
         if s.live is not None:
             before, self.live = self.live, live
             t, n = self.world.now(), self.m
@@ -174,7 +207,7 @@ class Member:
         rows = s.stats[live, :STATS]
         before = theta[part].clone() if self.plan.keeps_progress else None
         leaders = ex.new_theta(theta[part], s.payload, m / len(live))
-        ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.rank, before, self.e.alpha)
+        ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.me, before, self.e.alpha)
         self.version += 1
         volume = ex.volume()
         self.nbytes += volume
@@ -187,8 +220,42 @@ class Member:
             record.snapshots.maybe(t, self.version, theta)
         if diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
-        return spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
+        stop = spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
+        if self.world.joining and not stop:  # spares take the lost places from the next round
+            yield from self.welcome()
+        return stop
+
+    def welcome(self) -> Op[None]:
+        """The replicas left hand θ, the outer rules and an inner optimizer to the spares
+        chosen (rank 0 logs each `replaced`)."""
+        world, n = self.world, self.m
+        for spare, lost in world.joining:
+            self.workers[spare] = self.workers[lost]
+            if world.record is not None:
+                world.record.events.emit(
+                    "worker", world.now(), worker=self.workers[lost], event="replaced",
+                    by=f"spare {spare - n} (rank {spare})",
+                )  # fmt: skip
+        self.live = sorted([*self.live, *(self.workers[lost] for _, lost in world.joining)])
+        yield from world.welcome({
+            "theta": self.theta, "exs": self.exs, "x": self.rep.x, "inner": self.rep.inner,
+            "workers": self.workers, "live": self.live, "version": self.version,
+        })  # fmt: skip
 
 
 def member(job: Job, world: World) -> Op[dict[str, Any] | None]:
-    return Member(job, world).run()
+    if world.rank < job.num_workers:
+        return (yield from Member(job, world).run())
+    return (yield from spare(job, world))
+
+
+def spare(job: Job, world: World) -> Op[None]:
+    """A spare (cluster.spares): set up, it stands by until it takes a lost worker's place,
+    then runs that worker's rounds."""
+    net = world.shared("net", lambda: Net(job, job.device(world.rank)))
+    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
+    yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
+    got = yield from world.stand_by()
+    if got is not None:
+        yield from Member(job, world, got[1]).rounds()
+    return None
