@@ -86,7 +86,7 @@ def check_pair(cfg: RunConfig, model, splits) -> None:
     try:
         objective(model(x), y).backward()
     except Exception as exc:  # whatever torch says of the pair, as the reason
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = last_line(exc)
         raise ConfigError(
             f"model={cfg.model.name} cannot train on dataset={cfg.dataset.name} (inputs "
             f"{str(x.dtype).removeprefix('torch.')} of shape {tuple(x.shape[1:])}, targets "

@@ -26,9 +26,15 @@ import torch
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
-from stalebench.engines.common import DataParallel, GradientStep, Net
+from stalebench.engines.common import DataParallel, GradientStep, Net, catch_up
 from stalebench.engines.overlap import Layout, build_replica
-from stalebench.engines.rounds import close_round, replicas_left, ring_volume, round_slots
+from stalebench.engines.rounds import (
+    close_round,
+    replicas_left,
+    ring_volume,
+    round_slots,
+    take_in_spares,
+)
 from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
@@ -170,10 +176,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         params, rule, at = join(job, world, net, *got)
     me, d = at["workers"][rank], params.numel()
     batches, buf = job.batches(me), torch.zeros(round_slots(d, n))
-    for _ in range(at["version"]):  # a spare goes on where the replica it replaces was
-        next(batches)
-    while profile.steps[me] < at["version"]:
-        profile.step_s(me)
+    catch_up(profile, me, batches, at["version"])  # a spare: where the one it replaces was
     # a step: the gradient at θ into the round's message, its loss the result (on the CPU
     # the replica's parameters are views of θ: no copy)
     own = Net(job, device, net, params if device.type == "cpu" else None)
@@ -233,17 +236,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
 
 def welcome(world: World, n: int, params, rule, version: int, stop: bool, at: dict):
     """The replicas left hand θ and the update rule's state to the spares chosen (rank 0
-    logs each `replaced`, the spare named by its index after the N replicas); returns the
-    workers in the rounds from here."""
-    workers = at["workers"]
-    for spare, lost in world.joining:
-        workers[spare] = workers[lost]
-        if world.record is not None:
-            world.record.events.emit(
-                "worker", world.now(), worker=workers[lost], event="replaced",
-                by=f"spare {spare - n} (rank {spare})",
-            )  # fmt: skip
-    live = sorted([*at["live"], *(workers[lost] for _, lost in world.joining)])
+    logs each `replaced`); returns the workers in the rounds from here."""
+    live = take_in_spares(world, n, at["workers"], at["live"])
     at.update(version=version, stop=stop, live=live)
     yield from world.welcome({"params": params, "rule": rule, "at": at})
     return live

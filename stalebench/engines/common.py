@@ -165,6 +165,16 @@ class Net:
         return self._vmapped
 
 
+def catch_up(profile, worker: int, batches, steps: int) -> None:
+    """A worker that starts at its step `steps` (a resumed run's, or a spare in a lost
+    worker's place): its minibatches and step times go on from there. The minibatches are
+    drawn with `next` (not `take`), so that their augmentation stream moves on too."""
+    for _ in range(steps):
+        next(batches)
+    while profile.steps[worker] < steps:
+        profile.step_s(worker)
+
+
 def batchable(job: Job, model: torch.nn.Module, d: int, device: torch.device) -> bool:
     """Whether the simulator batches this model's gradients (`sim.batch`): never a model
     that draws random numbers in its forward pass (dropout: a batch would draw them in

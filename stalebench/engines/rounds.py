@@ -4,7 +4,6 @@ events rank 0 writes for it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,15 +39,14 @@ def report_round(
     paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
     0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
     is the round's communication. `live`: the ranks in the round (default: all)."""
-    if live is not None and len(live) < len(stats):
-        stats = stats.clone()
-        stats[[w for w in range(len(stats)) if w not in set(live)]] = float("nan")
-    slowest = float(stats[:, 0].nan_to_num(-math.inf).max())
-    for w in torch.nonzero(stats[:, 2] > 0).flatten().tolist():
-        emit("worker", t, worker=w, event="pause", duration_s=float(stats[w, 2]))
-    for w, (compute, loss, _) in enumerate(stats.tolist()):
-        if compute != compute:  # not in the round: lost
-            continue
+    workers = sorted(live) if live is not None else list(range(len(stats)))
+    rows = stats.tolist()
+    slowest = max(rows[w][0] for w in workers)
+    for w in workers:
+        if rows[w][2] > 0:
+            emit("worker", t, worker=w, event="pause", duration_s=rows[w][2])
+    for w in workers:
+        compute, loss, _ = rows[w]
         emit(
             "update",
             t,
@@ -107,3 +105,17 @@ def replicas_left(
         raise RunError(
             f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} (lost: {lost})"
         )
+
+
+def take_in_spares(world: Any, n: int, workers: list[int], live: list[int]) -> list[int]:
+    """The spares an `all_reduce_live` chose (`world.joining`) take the lost workers' places
+    in `workers` (each rank's worker index; spares are the ranks after the N replicas), and
+    rank 0 logs each `replaced`; returns the workers in the rounds from here."""
+    for spare, lost in world.joining:
+        workers[spare] = workers[lost]
+        if world.record is not None:
+            world.record.events.emit(
+                "worker", world.now(), worker=workers[lost], event="replaced",
+                by=f"spare {spare - n} (rank {spare})",
+            )  # fmt: skip
+    return sorted([*live, *(workers[lost] for _, lost in world.joining)])

@@ -189,12 +189,7 @@ class SimWorld(World):
     def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None):
         if seconds is None:
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
-        self.settle()
-        self.linked = max(self.clock, self.linked) + seconds
-        handle = self.sim.collective(self.rank, Collective.SUM, buf, None, self.linked, True, True)
-        yield ("collective",)
-        self._ended(handle)
-        return handle.members
+        return (yield from self._collective(Collective.SUM, buf, None, seconds, True, live=True))
 
     @property
     def joining(self) -> list[tuple[int, int]]:  # type: ignore[override]
@@ -218,14 +213,19 @@ class SimWorld(World):
             seconds = self.profile.allgather_s(nbytes(buf), self._slow_s())
         return (yield from self._collective(Collective.GATHER, buf, out, seconds, wait))
 
-    def _collective(self, kind: str, buf, out, seconds: float, wait: bool) -> Op[Any]:
+    def _collective(
+        self, kind: str, buf, out, seconds: float, wait: bool, live: bool = False
+    ) -> Op[Any]:  # fmt: skip
+        """Start a collective; with `wait`, the seconds waited for it (`live`: the ranks it
+        summed), else its handle."""
         self.settle()
         self.linked = max(self.clock, self.linked) + seconds
-        handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait)
+        handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait, live)
         if not wait:
             return handle
         yield ("collective",)  # resumed at its end, with the ranks that waited for it
-        return self._ended(handle)
+        waited = self._ended(handle)
+        return handle.members if live else waited
 
     def complete(self, handle: Collective) -> Op[float]:
         if handle.done is None:
@@ -417,9 +417,7 @@ class Simulator:
             for dst, listener in self.listeners.items():  # its listeners hear of it then
                 if rank in listener.peer_of:
                     self.post(rank, dst, self.worlds[rank].clock, exc)
-            for k, c in list(self.collectives.items()):  # a live one goes on without it
-                if c.live:
-                    self._maybe_finish(k, c)
+            self._recheck_live()  # a live collective goes on without it
             return
         if request[0] == "recv":
             self.waiting[rank] = request
@@ -433,9 +431,7 @@ class Simulator:
         elif request[0] == "standby":  # off the rounds: they go on without it
             self.waiting[rank] = request
             self.standby.append(rank)
-            for k, c in list(self.collectives.items()):
-                if c.live:
-                    self._maybe_finish(k, c)
+            self._recheck_live()
         elif request[0] == "welcome":
             self.waiting[rank], self.welcomed[rank] = request, request[1]
             self._welcome()
@@ -468,6 +464,12 @@ class Simulator:
             self.await_(rank, c)
         self._maybe_finish(k, c)
         return c
+
+    def _recheck_live(self) -> None:
+        """A rank lost or standing by: the live collectives that waited for it may end."""
+        for k, c in list(self.collectives.items()):
+            if c.live:
+                self._maybe_finish(k, c)
 
     def _maybe_finish(self, k: int, c: Collective) -> None:
         came = {r for r, *_ in c.came}

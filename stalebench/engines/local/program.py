@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from stalebench.engines.common import Net
+from stalebench.engines.common import Net, catch_up
 from stalebench.engines.local.round import (
     STATS,
     Exchange,
@@ -33,7 +33,7 @@ from stalebench.engines.local.round import (
     segments,
     stats_row,
 )
-from stalebench.engines.rounds import replicas_left
+from stalebench.engines.rounds import replicas_left, take_in_spares
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
@@ -100,10 +100,7 @@ class Member:
             state["inner"],
         )
         rep.faults = Faults(job.profile, self.me, self.world.now(), steps, replaced=True)
-        for _ in range(steps):
-            next(rep.batches)
-        while job.profile.steps[self.me] < steps:
-            job.profile.step_s(self.me)
+        catch_up(job.profile, self.me, rep.batches, steps)
 
     def run(self) -> Op[dict[str, Any] | None]:
         job, world, net = self.job, self.world, self.net
@@ -228,15 +225,8 @@ class Member:
     def welcome(self) -> Op[None]:
         """The replicas left hand θ, the outer rules and an inner optimizer to the spares
         chosen (rank 0 logs each `replaced`)."""
-        world, n = self.world, self.m
-        for spare, lost in world.joining:
-            self.workers[spare] = self.workers[lost]
-            if world.record is not None:
-                world.record.events.emit(
-                    "worker", world.now(), worker=self.workers[lost], event="replaced",
-                    by=f"spare {spare - n} (rank {spare})",
-                )  # fmt: skip
-        self.live = sorted([*self.live, *(self.workers[lost] for _, lost in world.joining)])
+        world = self.world
+        self.live = take_in_spares(world, self.m, self.workers, self.live)
         yield from world.welcome({
             "theta": self.theta, "exs": self.exs, "x": self.rep.x, "inner": self.rep.inner,
             "workers": self.workers, "live": self.live, "version": self.version,

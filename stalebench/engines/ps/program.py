@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.engines.common import GradientStep, Net
+from stalebench.engines.common import GradientStep, Net, catch_up
 from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError
@@ -248,10 +248,7 @@ class Worker:
         self.faults = Faults(profile, w, started_at, clock, replaced=self.spare)
         self.world.faults = self.faults
         self.batches = self.batches or self.job.batches(w)
-        for _ in range(clock):
-            next(self.batches)
-        while profile.steps[w] < clock:
-            profile.step_s(w)
+        catch_up(profile, w, self.batches, clock)
         # a step: the gradient at the θ just received, on the next minibatch, into the push
         self.step = GradientStep(
             self.net, self.head.payload, self.buffers, self.batches, self.sent.payload, self.pushed
