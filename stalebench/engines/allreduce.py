@@ -175,14 +175,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             return None
         params, rule, at = join(job, world, net, *got)
     me, d = at["workers"][rank], params.numel()
-    batches, buf = job.batches(me), torch.zeros(round_slots(d, n))
-    catch_up(profile, me, batches, at["version"])  # a spare: where the one it replaces was
-    # a step: the gradient at θ into the round's message, its loss the result (on the CPU
-    # the replica's parameters are views of θ: no copy)
-    own = Net(job, device, net, params if device.type == "cpu" else None)
-    step = GradientStep(own, params, own.buffers, batches, buf[:d], lambda grad, loss: loss)
-    spare = rank >= n  # its faults from when it joins, not those that struck its predecessor
-    world.faults = faults = Faults(profile, me, world.now() if spare else 0.0, at["version"], spare)
+    buf = torch.zeros(round_slots(d, n))
+    step, faults = worker_of(job, world, net, params, me, at["version"], buf[:d])
     eng = job.cfg.engine
     sizes = [p.numel() for p in net_params]
     buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
@@ -232,6 +226,19 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         return None
     world.release_spares()
     return record.finish(model, params, version, t_last, status, error, bytes_sent=bytes_sent)
+
+
+def worker_of(job: Job, world: World, net, params, me: int, version: int, out):
+    """Worker `me`'s step (the gradient at θ into `out`, its loss the result; on the CPU
+    the net's parameters are views of θ: no copy) and faults, from round `version` on (a
+    spare: where the replica it replaces was, with the faults after it joined)."""
+    device, profile, spare = job.device(world.rank), job.profile, world.rank >= job.num_workers
+    batches = job.batches(me)
+    catch_up(profile, me, batches, version)
+    own = Net(job, device, net, params if device.type == "cpu" else None)
+    step = GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss)
+    world.faults = Faults(profile, me, world.now() if spare else 0.0, version, spare)
+    return step, world.faults
 
 
 def welcome(world: World, n: int, params, rule, version: int, stop: bool, at: dict):
