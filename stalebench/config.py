@@ -199,8 +199,9 @@ class RunConfig:
     # or overwrite (replace it)
     resume: bool = False
     overwrite: bool = False
-    # run seconds between checkpoints of the server's state (engine=ps, runtime=real); 0: none
-    checkpoint_every_s: float = 60.0
+    # run seconds between checkpoints (the server's state, or every rank's at a round's end
+    # for the engines without one); 0: none; null: 60 in runtime=real, none in runtime=sim
+    checkpoint_every_s: float | None = None
     # the address the real runtime's sockets listen on (the rendezvous store, gloo): the
     # loopback by default, so that no other machine can reach a run's unauthenticated store
     listen_host: str = "127.0.0.1"
@@ -216,7 +217,7 @@ class RunConfig:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:
             raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
-        if not self.checkpoint_every_s >= 0:
+        if self.checkpoint_every_s is not None and not self.checkpoint_every_s >= 0:
             raise ConfigError(f"checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         try:
             ipaddress.ip_address(self.listen_host)

@@ -43,6 +43,8 @@ from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World
 
 SCHEDULES = ("fifo", "p3")
+# rank 0's word in a round's last slot: this round is not applied; a checkpoint after it
+STOP, SAVE = 1.0, 2.0
 
 
 @dataclasses.dataclass
@@ -76,6 +78,12 @@ class AllReduceEngine(DataParallel):
 
     takes_quorum = True
     takes_spares = True  # with cluster.min_replicas: a spare takes a lost replica's place
+    checkpoints = ("real", "sim")  # every replica's part at a round's end
+
+    def why_no_checkpoints(self) -> str | None:
+        if self.cfg.bucket_mb and self.run.runtime == "real":
+            return f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces keep none"
+        return super().why_no_checkpoints()
 
     def world_size(self) -> int:
         return self.num_workers + self.run.cluster.spares
@@ -168,21 +176,33 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
     # rounds so far, whether to stop, the replicas left (by rank), each rank's worker index
     workers = list(range(n)) + [-1] * (world.size - n)
-    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers}
-    if rank >= n:  # a spare
+    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers, "bytes": 0}
+    first, resumed = list(workers), world.resumed  # a resumed run: this rank's checkpoint
+    if resumed is not None and rank < n:
+        params, rule, at = join(device, net, resumed)
+    elif rank >= n:  # a spare
         got = yield from world.stand_by()
         if got is None:
             return None
-        params, rule, at = join(job, world, net, *got)
+        params, rule, at = join(device, net, got[1])
     me, d = at["workers"][rank], params.numel()
     buf = torch.zeros(round_slots(d, n))
     step, faults = worker_of(job, world, net, params, me, at["version"], buf[:d])
+    if resumed is not None:
+        world.faults = faults = resumed["faults"]
     eng = job.cfg.engine
     sizes = [p.numel() for p in net_params]
     buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
-    status, error, bytes_sent, t_last, version = "completed", None, 0, 0.0, at["version"]
-    quorum, live, stop = job.cfg.cluster.min_replicas, at["live"], at["stop"]
-    if record is not None:
+    status, error, version = "completed", None, at["version"]
+    t_last = world.now() if resumed is not None else 0.0
+    quorum, live, bytes_sent, stop, save = (
+        job.cfg.cluster.min_replicas,
+        at["live"],
+        at["bytes"],
+        False,
+        False,
+    )
+    if record is not None and resumed is None:
         record.snapshots.maybe(0.0, 0, params)
 
     try:
@@ -191,7 +211,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             loss, compute = yield from world.compute(step, profile.step_s(me))
             buf[d:].zero_()
             buf[d + 3 * me : d + 3 * me + 3] = torch.tensor([compute, loss, paused])
-            buf[-1] = float(stop)
+            buf[-1] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
             reduce_start = world.now()
             lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
             if quorum:  # over the replicas left, once some are lost
@@ -200,7 +220,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
                 replicas_left(record, world.now(), version + 1, before, live, quorum, n)
             else:
                 yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
-            if buf[-1] > 0:  # rank 0 decided last round that this one is not applied
+            if buf[-1] == STOP:  # rank 0 decided last round that this one is not applied
                 break
             rule.step(params, buf[:d].div_(len(live)), -1, 0)  # the mean over the replicas left
             version += 1
@@ -216,6 +236,11 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             if world.joining:  # spares take the lost replicas' places from the next round
                 at["live"] = live
                 live = yield from welcome(world, n, params, rule, version, stop, at)
+            if buf[-1] == SAVE and at["workers"] == first and len(live) == n:
+                at.update(version=version, live=live, bytes=bytes_sent)  # every rank, at once
+                part = {"params": params, "rule": rule, "at": at, "faults": faults}
+                yield from world.checkpoint(version, part, world.now(), live=bool(quorum))
+            save = record is not None and not stop and world.checkpoint_due(world.now())
     except WorkerDied:
         raise  # it is lost; the others lose it in the next all-reduce
     except Exception as exc:
@@ -250,12 +275,15 @@ def welcome(world: World, n: int, params, rule, version: int, stop: bool, at: di
     return live
 
 
-def join(job: Job, world: World, net, lost: int, state: dict):
-    """A spare chosen to take rank `lost`'s place: θ and the update rule as the replicas
-    left sent them (its net's parameters views of that θ on the CPU)."""
+def join(device: torch.device, net, state: dict):
+    """A spare chosen to take a lost replica's place, or a replica of a resumed run: θ and
+    the update rule as the replicas left sent them, or its checkpoint saved them (its net's
+    parameters views of that θ on the CPU)."""
     params, rule, at = state["params"], state["rule"], state["at"]
-    if params.device.type == "cpu" and job.device(world.rank).type == "cpu":
-        flatten_parameters(net, params)
+    if params.device.type == "cpu" and device.type == "cpu":
+        sent = params.clone()
+        flatten_parameters(net, params)  # the net's parameters views of θ (copied into it)
+        params.copy_(sent)
     return params, rule, at
 
 

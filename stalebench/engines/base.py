@@ -60,6 +60,9 @@ class Engine:
     takes_quorum = False
     # the runtimes it runs in
     runtimes: tuple[str, ...] = ("real", "sim")
+    # the runtimes it keeps checkpoints in (every checkpoint_every_s; resume=true goes on
+    # from the last one)
+    checkpoints: tuple[str, ...] = ()
     one_stream = False
 
     def __init__(self, cfg: EngineConfig, run: RunConfig):
@@ -84,13 +87,25 @@ class Engine:
         default a dead rank fails the run.)"""
         return False
 
+    def why_no_checkpoints(self) -> str | None:
+        """Why this run can keep no checkpoints, or None when it keeps them."""
+        if self.run.runtime not in self.checkpoints:
+            return f"engine={self.name} keeps none in runtime={self.run.runtime}"
+        return None
+
     def validate(self, splits: Splits) -> None:
         """Refuse what this engine cannot run, naming the key and value; the base checks
-        the runtime, the algorithm slots and the cluster fields in `ignores`."""
+        the runtime, checkpoints asked for, the algorithm slots and the cluster fields in
+        `ignores`."""
         run, name = self.run, self.name
         if run.runtime not in self.runtimes:
             raise ConfigError(
                 f"runtime={run.runtime}: engine={name} runs in {', '.join(self.runtimes)}"
+            )
+        if run.checkpoint_every_s and (why := self.why_no_checkpoints()):
+            raise ConfigError(
+                f"checkpoint_every_s={run.checkpoint_every_s:g}: {why} (set it to 0, or leave "
+                "it unset)"
             )
         if run.runtime == "sim" and run.cluster.compute_ms <= 0:
             raise ConfigError(

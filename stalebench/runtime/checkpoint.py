@@ -7,20 +7,67 @@ replaced whole (a new state.pt is renamed over the old), so a kill at any moment
 the previous one intact. Before a resumed run starts, events.jsonl is cut back to that
 length (what happened after the checkpoint is computed again; the cut lines are kept in
 `cut-<version>.jsonl`), and the run goes on from there, on the same time axis.
+
+An engine without a server checkpoints every rank at once, at a round's end where nothing
+is in flight (`World.checkpoint`): each rank writes its part, `parts/<version>/rank-<r>.pt`
+(its θ, optimizer state, worker, faults, the random generator's state), and once every
+part is on disk rank 0 commits the set by writing state.pt, which names it. A kill before
+the commit leaves the previous set named; a set is removed once a later one is committed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from stalebench.errors import RunError
 from stalebench.evaluation import Snapshot, Snapshots
 from stalebench.metrics.events import EventLog
 
 DIR = "checkpoint"
+EVERY_S = 60.0  # checkpoint_every_s's default in runtime=real (the simulator: none)
+
+
+def every_s(cfg: Any) -> float:
+    """Run seconds between checkpoints: `checkpoint_every_s`, or by default 60 in real
+    processes and none in the simulator (a simulated run reruns in seconds; set it to
+    checkpoint a long one)."""
+    if cfg.checkpoint_every_s is not None:
+        return float(cfg.checkpoint_every_s)
+    return 0.0 if cfg.runtime == "sim" else EVERY_S
+
+
+def _part_path(run_dir: Path, version: int, rank: int) -> Path:
+    return Path(run_dir) / DIR / "parts" / str(version) / f"rank-{rank}.pt"
+
+
+def save_part(run_dir: Path, version: int, rank: int, part: Any) -> None:
+    """Rank `rank`'s part of the checkpoint set at `version` (written whole, then renamed)."""
+    path = _part_path(run_dir, version, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(part, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def load_part(run_dir: Path, version: int, rank: int) -> Any:
+    """Rank `rank`'s part of the committed set at `version`. (Pickled objects of this
+    package: only a part this code wrote is to be loaded.)"""
+    path = _part_path(run_dir, version, rank)
+    if not path.exists():
+        raise RunError(f"resume: the checkpoint at version {version} has no {path}")
+    return torch.load(path, weights_only=False)
+
+
+def prune_parts(run_dir: Path, kept: int) -> None:
+    """Remove the sets of parts other than the one committed at version `kept`."""
+    parts = Path(run_dir) / DIR / "parts"
+    for old in parts.iterdir() if parts.exists() else ():
+        if old.name != str(kept):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load(run_dir: Path) -> dict[str, Any] | None:
@@ -37,7 +84,7 @@ class Checkpoints:
 
     def __init__(
         self, run_dir: Path, every_s: float, events: EventLog, snapshots: Snapshots, sha: str
-    ):
+    ):  # every_s: `every_s(cfg)`
         self.dir = Path(run_dir) / DIR
         self.every_s, self.events, self.snapshots, self.sha = every_s, events, snapshots, sha
         self.saved_snapshots = len(snapshots.taken)  # those already on disk
@@ -49,6 +96,9 @@ class Checkpoints:
         for i in range(saved["snapshots"]):
             self.snapshots.taken.append(Snapshot(**torch.load(self.dir / f"snap-{i:05d}.pt")))
         self.snapshots.next_version, self.snapshots.next_t = saved["snapshot_next"]
+        if "snapshot_grid" in saved:
+            held, self.snapshots.next_grid, self.snapshots._held_taken = saved["snapshot_grid"]
+            self.snapshots.held = Snapshot(**held) if held is not None else None
         self.saved_snapshots = len(self.snapshots.taken)
         self._next_t = saved["t"] + self.every_s
 
@@ -72,6 +122,13 @@ class Checkpoints:
             "events_bytes": self.events.path.stat().st_size,
             "snapshots": self.saved_snapshots,
             "snapshot_next": (self.snapshots.next_version, self.snapshots.next_t),
+            # the simulator's grid (`Snapshots.on_grid`): θ as of the last offer, the next
+            # grid time, whether a snapshot shares that copy
+            "snapshot_grid": (
+                vars(held) if (held := self.snapshots.held) is not None else None,
+                self.snapshots.next_grid,
+                self.snapshots._held_taken,
+            ),
             "state": state,
         }
         tmp = self.dir / "state.pt.tmp"

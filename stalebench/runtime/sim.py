@@ -17,8 +17,9 @@ it as a message would, at the time it was lost.
 A rank that is lost (a `die` fault, an error) stops; when every rank left waits for
 something that will never come, each gets that loss as the error a real rank gets once its
 timeout passes, in rank order. Whatever ends the run, summary.json is written: by rank 0's
-program, or here when rank 0's program itself failed. A simulated run keeps no checkpoints:
-it is rerun from the start, in seconds, deterministically.
+program, or here when rank 0's program itself failed. A simulated run keeps checkpoints only
+when `checkpoint_every_s` asks for them (virtual seconds; it reruns from the start in
+seconds, deterministically); a resumed one starts every rank at the checkpoint's time.
 
 What the real runtime does around a process is done here once for the whole run: the
 thread count, events flushed every 0.2 s of real time (a write per event would cost more
@@ -44,6 +45,7 @@ import torch
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.metrics.summary import stop
+from stalebench.runtime import checkpoint
 from stalebench.runtime.batching import Batcher, Deferred
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import RunRecord
@@ -103,8 +105,12 @@ class SimWorld(World):
         # is read where its sender wrote it
         return self.shared(f"mailbox {src}>{dst} {size}", lambda: torch.zeros(size))
 
-    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> Op[None]:
-        yield ("begin",)  # no warm-up on a virtual clock; every rank starts at 0, together
+    @property
+    def run_dir(self) -> Path:
+        return self.sim.record.run_dir
+
+    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
+        yield ("begin",)  # no warm-up on a virtual clock; every rank starts together
 
     def strike(self, on_pause: Pause | None = None) -> Op[float]:
         assert self.faults is not None, "set world.faults before its first step"
@@ -325,10 +331,12 @@ class Simulator:
 
     def __init__(self, job: Job, run_dir: Path, size: int):
         self.job, self.size = job, size
-        self.record = RunRecord(job, run_dir, flush_s=0.2)
+        resume = checkpoint.load(run_dir) if job.cfg.resume else None
+        self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume)
         self.record.virtual_time = True
-        self.record.checkpoints.every_s = 0.0  # rerun from the start instead
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
+        for world in self.worlds:
+            world.every_s = checkpoint.every_s(job.cfg)
         self.shared: dict[str, Any] = {}
         self.mail: defaultdict[tuple[int, int], deque] = defaultdict(deque)
         self.listeners: dict[int, SimListener] = {}
@@ -443,9 +451,12 @@ class Simulator:
         self.waiting[rank], self.begun = ("begin",), self.begun + 1
         if self.begun < self.size:
             return
+        at, version, due = self.worlds[0]._start_of()
         for r in range(self.size):
             del self.waiting[r]
-            self.ready.push(0.0, (r, None, None))
+            self.worlds[r].clock = at
+            self.worlds[r]._resume_from(version, due)
+            self.ready.push(at, (r, None, None))
         gc.freeze()  # what the ranks built lives all run: keep the collector off it
         self.started = time.perf_counter()
 

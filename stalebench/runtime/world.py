@@ -32,6 +32,7 @@ A rank that hears from many peers in whatever order they send (a server) listens
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Generator
 from datetime import timedelta
@@ -42,6 +43,7 @@ import torch
 
 from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
+from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults, Shaped, pad_to
 from stalebench.runtime.quorum import Quorum
 from stalebench.runtime.receiver import Inbox
@@ -105,11 +107,58 @@ class World:
         place by the receiver (`Transport.mailbox`)."""
         return torch.zeros(size)
 
-    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> Op[None]:
-        """Every rank starts the run's clock together, reading rank 0's `at` (a resumed
-        run's checkpoint time; the simulator never resumes); `warm_up` (a first step, off
-        the clock) runs before where it costs real time."""
+    def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
+        """Every rank starts the run's clock together: at 0, or in a resumed run at its
+        checkpoint's time, each rank then finding its part of a checkpoint set in `resumed`;
+        `warm_up` (a first step, off the clock) runs before where it costs real time."""
         raise NotImplementedError
+
+    # this rank's part of the checkpoint set the run goes on from (`checkpoint`), once
+    # `begin` has passed; None in a run from the start
+    resumed: Any = None
+    every_s = 0.0  # run seconds between checkpoints (`checkpoint.every_s`); 0: none
+    next_checkpoint = math.inf
+
+    def checkpoint_due(self, t: float) -> bool:
+        """Whether a checkpoint falls due at run time `t`: `every_s` after the last (or the
+        start). Every rank that asks gets the same answer for the same `t`."""
+        return t >= self.next_checkpoint
+
+    def checkpoint(self, version: int, part: Any, t: float, live: bool = False) -> Op[None]:
+        """Every rank at once, at the same point of the run (a round's end, nothing in
+        flight): `part`, what this rank needs to go on from here (its θ, optimizer state,
+        worker, faults; the random generator's state is added here), to the run directory;
+        once every rank's part is on disk, rank 0 commits the set (`checkpoint.Checkpoints`),
+        so that a kill at any moment leaves the last complete set. `t`: the run time the
+        checkpoint was due by (the next falls due `every_s` after it); `live`: over the
+        ranks in the rounds (cluster.min_replicas: spares standing by take no part)."""
+        run_dir = self.record.run_dir if self.record is not None else self.run_dir
+        checkpoint.save_part(run_dir, version, self.rank, {"part": part, "rng": rng_state()})
+        self.next_checkpoint = t + self.every_s
+        barrier = torch.zeros(1)
+        yield from (self.all_reduce_live if live else self.all_reduce)(barrier, 0.0)
+        if self.record is not None:
+            self.record.checkpoints.save(self.now(), version, {"parts": version, "due": t})
+            checkpoint.prune_parts(run_dir, version)
+
+    def _resume_from(self, version: int, due: float) -> None:
+        """`begin` in a resumed run (`version` ≥ 0: the checkpoint set's): this rank's part
+        and random generator back, the next checkpoint `every_s` after the last."""
+        self.next_checkpoint = due + self.every_s if self.every_s > 0 else math.inf
+        if version >= 0:
+            run_dir = self.record.run_dir if self.record is not None else self.run_dir
+            saved = checkpoint.load_part(run_dir, version, self.rank)
+            set_rng_state(saved["rng"])
+            self.resumed = saved["part"]
+
+    def _start_of(self) -> tuple[float, int, float]:
+        """Rank 0: when the run starts (a resumed run's checkpoint time), the version of
+        its checkpoint set (-1: none, or a server's checkpoint) and when it fell due."""
+        saved = self.record.resumed if self.record is not None else None
+        if not saved:
+            return 0.0, -1, 0.0
+        parts = saved["state"].get("parts", -1) if isinstance(saved["state"], dict) else -1
+        return saved["t"], parts, saved["state"].get("due", saved["t"]) if parts >= 0 else 0.0
 
     def strike(self, on_pause: Pause | None = None) -> Op[float]:
         """Strike this rank's faults due at its next step (`Faults.strike`): a pause calls
@@ -218,6 +267,7 @@ class RealWorld(World):
         timeout_s: float,
         store: Any = None,
         spares: int = 0,
+        every_s: float = 0.0,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
@@ -228,6 +278,8 @@ class RealWorld(World):
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
         self.run_dir = run_dir
+        self.every_s = every_s
+        self.next_checkpoint = every_s if every_s > 0 else math.inf
 
     @property
     def events(self) -> EventLog:
@@ -265,11 +317,13 @@ class RealWorld(World):
         return self.transport.mailbox(src, dst, size, header)
 
     @blocking
-    def begin(self, warm_up: Callable[[], Any], at: float = 0.0) -> None:
+    def begin(self, warm_up: Callable[[], Any]) -> None:
         warm_up()
-        start = torch.tensor([at if self.rank == 0 else 0.0], dtype=torch.float64)
-        self.transport.all_reduce(start)  # every rank is here: rank 0's `at`
-        self.t0 = time.perf_counter() - float(start[0])
+        start = torch.tensor(self._start_of() if self.rank == 0 else (0, 0, 0), dtype=torch.float64)
+        self.transport.all_reduce(start)  # every rank is here: rank 0's start
+        at, version, due = start.tolist()
+        self._resume_from(int(version), due)
+        self.t0 = time.perf_counter() - at
 
     @blocking
     def strike(self, on_pause: Pause | None = None) -> float:
@@ -398,6 +452,18 @@ class RealListener(Listener):
 
     def replace(self, peer: int, rank: int) -> None:
         self.inbox.replace(peer, rank)
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's random generators (dropout draws from them), for a checkpoint."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def run_program(program: Op[T]) -> T:

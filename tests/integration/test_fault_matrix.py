@@ -1,11 +1,12 @@
 """The fault matrix: every real engine × barrier family (and the serverless engines with
 rounds over the replicas left) × {worker killed, worker stopped past the timeout, server
-(rank 0) killed, NaN, SIGINT, SIGTERM}. Each cell runs `stalebench`
-with real processes and checks that the run ends in its documented status within its
-timeout, with the exit code of that status, no process left (by pid), and events.jsonl
-whole up to its `end` (or the supervisor's `stop`) event.
+(rank 0) killed, NaN, SIGINT, SIGTERM, a worker's sends slowed, SIGTERM then resume=true}.
+Each cell runs `stalebench` with real processes and checks that the run ends in its
+documented status within its timeout, with the exit code of that status, no process left
+(by pid), and events.jsonl whole up to its `end` (or the supervisor's `stop`) event; a
+resumed run goes on from its last checkpoint where its engine keeps them.
 
-54 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+80 runs of several seconds: outside CI (the cells CI needs are in test_signals,
 test_worker_loss and test_cli). Run it with
 
     STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
@@ -55,10 +56,13 @@ FAMILIES = {
     # three replicas, rounds going on over two once one is lost (cluster.min_replicas)
     "allreduce/quorum (bsp)": (["algorithm=bsp", "engine=allreduce", *QUORUM], UPDATE, 1, True),
     "local/sync quorum (diloco)": (["algorithm=diloco", *QUORUM], INNER, 1, True),
+    "gossip (dpsgd)": (["algorithm=dpsgd", *DATA], INNER, 1, False),
     "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),
     "pipeline/async (pipedream)": (["algorithm=pipedream", *PIPE], OPT, 1, False),
 }
-FAULTS = ["worker killed", "worker stopped", "server killed", "NaN", "SIGINT", "SIGTERM"]
+FAULTS = ["worker killed", "worker stopped", "server killed", "NaN", "SIGINT", "SIGTERM",
+          "sends slowed", "resumed after SIGTERM"]  # fmt: skip
+SLOW = "cluster.faults=[{worker:1,at_step:5,action:slow,delay_ms:20}]"
 TIMEOUT_S = 5
 
 
@@ -67,6 +71,8 @@ def expected(fault: str, survives: bool) -> str:
         return "interrupted"
     if fault == "NaN":
         return "diverged"
+    if fault in ("sends slowed", "resumed after SIGTERM"):
+        return "completed"
     if fault.startswith("worker") and survives:
         return "completed"
     return "failed"
@@ -79,21 +85,32 @@ def test_fault_matrix(tmp_path, family, fault):
     args, nan, worker_rank, survives = FAMILIES[family]
     world = _world(args)
     run_dir = tmp_path / "run"
-    # a run that goes on without the worker ends by its wall budget
-    wall = 10 if survives and fault.startswith("worker") else 120
-    extra = [nan] if fault == "NaN" else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stalebench.cli", *args, *extra, f"budget.max_wall_s={wall}"]
-        + [f"timeout_s={TIMEOUT_S}", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell job has
-    )
+    # a run that goes on without the worker, with slowed sends, or resumed ends by its wall
+    # budget
+    ends_by_wall = (survives and fault.startswith("worker")) or fault in FAULTS[-2:]
+    wall = 10 if ends_by_wall else 120
+    extra = {"NaN": [nan], "sends slowed": [SLOW]}.get(fault, [])
+    keeps = fault == "resumed after SIGTERM" and not _why_no_checkpoints(args)
+    extra += ["checkpoint_every_s=0.5"] if keeps else []
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stalebench.cli", *args, *extra, f"budget.max_wall_s={wall}"]
+            + [f"timeout_s={TIMEOUT_S}", f"hydra.run.dir={run_dir}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, as a shell job has
+        )
+
+    proc = start()
     began = time.monotonic()
     try:
         pids = wait_for_updates(proc, run_dir, world) if fault != "NaN" else {}
+        while keeps and not (run_dir / "checkpoint" / "state.pt").exists():
+            assert proc.poll() is None and time.monotonic() < began + 60, "no checkpoint"
+            time.sleep(0.05)
         acted = time.monotonic()
         if fault == "worker killed":
             os.kill(pids[worker_rank], signal.SIGKILL)
@@ -103,9 +120,16 @@ def test_fault_matrix(tmp_path, family, fault):
             os.kill(pids[0], signal.SIGKILL)
         elif fault == "SIGINT":
             os.killpg(proc.pid, signal.SIGINT)
-        elif fault == "SIGTERM":
+        elif fault in ("SIGTERM", "resumed after SIGTERM"):
             proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=180)
+        if fault == "resumed after SIGTERM":
+            assert proc.returncode == 128 + signal.SIGTERM
+            first = pids
+            extra.append("resume=true")
+            proc = start()
+            proc.communicate(timeout=180)
+            pids = {**{r + 1000: p for r, p in first.items()}, **_pids(run_dir)}
         took = time.monotonic() - (acted if fault != "NaN" else began)
         pids = pids or _pids(run_dir)
     finally:
@@ -127,6 +151,7 @@ def test_fault_matrix(tmp_path, family, fault):
         "left": left,
         "error": (summary["error"] or "")[:160],
         "workers_lost": summary.get("workers_lost"),
+        "resumed": [e["version"] for e in events if e.get("event") == "resume"],
     }
     with open(OUT, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -143,6 +168,16 @@ def test_fault_matrix(tmp_path, family, fault):
     ends = [i for i, e in enumerate(events) if e.get("event") in ("end", "stop")]
     assert ends and all(e["kind"] == "eval" for e in events[ends[-1] + 1 :]), row
     assert took < 20 + 2 * TIMEOUT_S + (wall if wall < 120 else 0), row
+    resumed = [e for e in events if e.get("event") == "resume"]
+    assert len(resumed) == (1 if keeps else 0), row
+    if fault == "sends slowed":
+        assert summary["updates"] > 0, row
+
+
+def _why_no_checkpoints(args: list[str]) -> str | None:
+    from stalebench.experiment import engine_of
+
+    return engine_of(compose(args)).why_no_checkpoints()
 
 
 def _world(args: list[str]) -> int:

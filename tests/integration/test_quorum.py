@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+import torch
 
 from stalebench import experiment
 from stalebench.errors import ConfigError
@@ -193,3 +194,22 @@ def test_min_replicas_refused_where_it_cannot_hold(extra, key):
     with pytest.raises(ConfigError) as refused:
         experiment.prepare(compose(fast_with(["runtime=real", "budget.max_updates=10", *extra])))
     assert key in str(refused.value)
+
+
+def test_a_joining_replica_computes_at_the_theta_it_is_sent():
+    # the state a spare (or a resumed replica) gets is its θ: its net's parameters become
+    # views of it, and it is not overwritten by the θ₀ its net was built with
+    from stalebench.engines.allreduce import join
+    from stalebench.engines.overlap import build_replica
+    from stalebench.job import Job
+
+    cfg = compose(fast_with(["runtime=sim", *BSP4]))
+    job = Job.build(cfg, 4, False)
+    cpu = torch.device("cpu")
+    _, theta0, rule, net, _ = build_replica(job, cpu)
+    sent = torch.randn_like(theta0)
+    params, got_rule, _ = join(cpu, net, {"params": sent.clone(), "rule": rule, "at": {}})
+    assert torch.equal(params, sent) and got_rule is rule
+    assert torch.equal(torch.cat([p.detach().flatten() for p in net.parameters()]), sent)
+    params.add_(1.0)  # a step on θ is a step of the net
+    assert torch.equal(next(net.parameters()).detach().flatten()[:5], (sent + 1.0)[:5])

@@ -39,6 +39,16 @@ class GossipEngine(Engine):
     """N nodes train decentralised: a local step, then gossip with their peers (SGP, D-PSGD)."""
 
     slots = ("gossip", "inner")  # in label order: `<mixing>+<inner>`
+    checkpoints = ("real", "sim")  # every node's part, after a meeting
+
+    def why_no_checkpoints(self) -> str | None:
+        tau = self.run.algorithm.gossip.overlap
+        if tau:
+            return (
+                f"algorithm.gossip.overlap={tau}: messages are always in flight (checkpoints "
+                "need overlap 0)"
+            )
+        return super().why_no_checkpoints()
 
     def validate(self, splits) -> None:
         super().validate(splits)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from stalebench.engines.common import catch_up
 from stalebench.engines.gossip.node import (
     ROW,
     Net,
@@ -34,6 +35,8 @@ from stalebench.job import Job
 from stalebench.runtime.faults import WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
+
+STOP, SAVE = 1.0, 2.0  # rank 0's word in the meeting's statistics
 
 
 class Peer:
@@ -53,12 +56,15 @@ class Peer:
         self.rows: list[list[float]] = []
         self.inbox = torch.empty(self.d + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
+        self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
 
     def run(self) -> Op[dict[str, Any] | None]:
         world, net, record, error, k = self.world, self.net, self.world.record, None, 0
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
         yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
-        if record is not None:
+        if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
+            k = self.restore(world.resumed)
+        elif record is not None:
             record.snapshots.maybe(0.0, 0, self.z_mean)
         try:
             while True:
@@ -67,6 +73,8 @@ class Peer:
                 if syncs_at(k - 1, self.every, self.job.cfg.budget.max_updates):
                     if (yield from self.meet(k)):
                         break
+                    if self.save:  # rank 0's word at the meeting: every rank, at once
+                        yield from self.checkpoint(k)
             t_end = world.now()
             yield from self.drain(k)
         except WorkerDied:
@@ -82,6 +90,32 @@ class Peer:
         return record.finish(
             net.model, self.z_mean, self.first, t_end, self.status, error, bytes_sent=self.nbytes
         )
+
+    # what a rank's checkpoint holds besides its node: z̄, the iterations met, bytes so far
+    KEPT = ("z_mean", "first", "nbytes", "carried")
+
+    def checkpoint(self, k: int) -> Op[None]:
+        """After the meeting that follows iteration k − 1 (τ = 0: every message sent so far
+        is taken in): this rank's part of a checkpoint set (`World.checkpoint`)."""
+        yield from self.settle(k)  # delivered already: the sends' handles let go
+        node = self.node
+        part = {key: getattr(self, key) for key in self.KEPT}
+        part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
+                    faults=node.faults)  # fmt: skip
+        yield from self.world.checkpoint(k, part, self.met_at)
+
+    def restore(self, part: dict[str, Any]) -> int:
+        """A resumed run's rank: its part of the checkpoint set, its minibatches and step
+        times from the iterations it took; returns the next iteration."""
+        for key in self.KEPT:
+            setattr(self, key, part[key])
+        node = self.node
+        node.x, node.w, node.inner, node.buffers, node.faults = (
+            part["x"], part["w"], part["inner"], part["buffers"], part["faults"],
+        )  # fmt: skip
+        self.world.faults = node.faults
+        catch_up(self.job.profile, self.rank, node.batches, part["k"])
+        return part["k"]
 
     def iterate(self, k: int) -> Op[None]:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
@@ -142,9 +176,12 @@ class Peer:
         stats[n * width + self.rank] = float((z - self.z_mean).norm())
         losses = [row[1] for row in self.rows]
         stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
-        if record is not None:
-            stats[-2] = float(spent(self.job.cfg.budget, version, t_enter))
+        if record is not None:  # rank 0's word: stop, or a checkpoint after this meeting
+            stop = spent(self.job.cfg.budget, version, t_enter)
+            save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
+            stats[-2] = STOP if stop else SAVE if save else 0.0
         yield from world.all_reduce(stats)
+        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
         comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
         self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
         if record is not None:  # rank 0 counts every rank's bytes
@@ -157,4 +194,4 @@ class Peer:
             if stats[-1] > 0:
                 self.status = "diverged"
         self.first, self.rows = version, []
-        return bool(stats[-2] > 0 or stats[-1] > 0)
+        return bool(stats[-2] == STOP or stats[-1] > 0)

@@ -67,6 +67,19 @@ class LocalEngine(Engine):
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
     takes_quorum = True  # engine.mode=sync with a mean exchange (`validate`)
     takes_spares = True  # with cluster.min_replicas (`validate`)
+    checkpoints = ("real", "sim")  # every worker's part, after a step's merges
+
+    def why_no_checkpoints(self) -> str | None:
+        e = self.run.engine
+        if self.asynchronous:
+            return "engine.mode=async keeps none"
+        if e.mode == "overlap" or e.delay:
+            delay = f" with engine.delay={e.delay}" if e.mode == "streaming" else ""
+            return (
+                f"engine.mode={e.mode}{delay}: an exchange is always in flight (checkpoints "
+                "need engine.mode=sync, or streaming with engine.delay=0)"
+            )
+        return super().why_no_checkpoints()
 
     @property
     def asynchronous(self) -> bool:

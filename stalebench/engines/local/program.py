@@ -87,6 +87,8 @@ class Member:
         world.faults = self.rep.faults
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
+        self.step, self.merged_t = self.version * self.plan.steps, 0.0  # inner steps; see merge
+        self.first = list(self.workers)  # checkpoints: while the rounds' members are these
 
     def take_over(self, state: dict[str, Any]) -> None:
         """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
@@ -106,14 +108,40 @@ class Member:
         job, world, net = self.job, self.world, self.net
         warm = (job.splits.x_train[:1], job.splits.y_train[:1])
         yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
-        if world.record is not None:
+        if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
+            self.restore(world.resumed)
+        elif world.record is not None:
             world.record.snapshots.maybe(0.0, 0, self.theta)
         return (yield from self.rounds())
 
+    # what a rank's checkpoint holds: its replica's state, θ and the outer rules, where the
+    # rounds are, the statistics since its last send
+    KEPT = ("theta", "exs", "workers", "live", "version", "nbytes", "step", "compute",
+            "paused", "losses")  # fmt: skip
+
+    def checkpoint(self) -> Op[None]:
+        """Every rank at the end of the same step, no exchange in flight (engine.delay=0):
+        its part of a checkpoint set (`World.checkpoint`)."""
+        rep = self.rep
+        part = {k: getattr(self, k) for k in self.KEPT}
+        part.update(x=rep.x, inner=rep.inner, faults=rep.faults, buffers=rep.buffers)
+        yield from self.world.checkpoint(self.version, part, self.merged_t, live=bool(self.quorum))
+
+    def restore(self, part: dict[str, Any]) -> None:
+        """A resumed run's rank: its part of the checkpoint set; its minibatches and step
+        times from the steps it took."""
+        for k in self.KEPT:
+            setattr(self, k, part[k])
+        rep = self.rep
+        rep.x, rep.inner, rep.faults, rep.buffers = (
+            part["x"], part["inner"], part["faults"], part["buffers"],
+        )  # fmt: skip
+        self.world.faults = rep.faults
+        catch_up(self.job.profile, self.me, rep.batches, self.step)
+
     def rounds(self) -> Op[dict[str, Any] | None]:
         job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
-        error = None
-        step, stop = self.version * plan.steps, False
+        error, step, stop = None, self.step, False
         try:
             while self.status == "completed" and not stop:
                 if step % plan.steps == 0:
@@ -127,10 +155,14 @@ class Member:
                 step += 1
                 if plan.delay == 0:  # a merge follows its send at once
                     yield from self.send(plan.sends(step))
-                for p in plan.merges(step):
+                merges = plan.merges(step)
+                for p in merges:
                     stop = (yield from self.merge(p)) or stop
                 if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
                     yield from self.send(plan.sends(step))
+                elif merges and self.keeps_checkpoints(stop):
+                    self.step = step
+                    yield from self.checkpoint()
             for s in self.sent.values():  # started by every rank: finish them before leaving
                 for handle in s.pending:
                     yield from world.complete(handle)
@@ -217,10 +249,19 @@ class Member:
             record.snapshots.maybe(t, self.version, theta)
         if diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
-        stop = spent(self.job.cfg.budget, self.version, float(s.stats[:, STATS].max()))
+        self.merged_t = float(s.stats[:, STATS].max())  # the same on every rank
+        stop = spent(self.job.cfg.budget, self.version, self.merged_t)
         if self.world.joining and not stop:  # spares take the lost places from the next round
             yield from self.welcome()
         return stop
+
+    def keeps_checkpoints(self, stop: bool) -> bool:
+        """After a step's merges (engine.delay=0: nothing left in flight): whether every
+        rank checkpoints here, decided from what all share — a checkpoint due by the
+        merged round's time, the run going on, the rounds' members those it started with."""
+        if stop or self.status != "completed" or not self.world.checkpoint_due(self.merged_t):
+            return False
+        return self.workers == self.first and len(self.live) == self.m
 
     def welcome(self) -> Op[None]:
         """The replicas left hand θ, the outer rules and an inner optimizer to the spares

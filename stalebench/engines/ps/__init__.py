@@ -21,6 +21,7 @@ class ParameterServerEngine(DataParallel):
     and `cluster.spares` standby workers after them."""
 
     takes_spares = True
+    checkpoints = ("real",)  # the server's state (its workers start again from it)
 
     def validate(self, splits) -> None:
         super().validate(splits)

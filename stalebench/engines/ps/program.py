@@ -91,7 +91,7 @@ class Server:
 
     def run(self) -> Op[dict[str, Any]]:
         world, ps, status, error = self.world, self.ps, "completed", None
-        yield from world.begin(lambda: None, self.started_at)
+        yield from world.begin(lambda: None)  # at the checkpoint's time
         try:
             yield from self.stop(set(ps.lost))  # a resumed run: the workers lost before stay out
             status = yield from serve(ps, self, self.record, self.cfg.budget, self.started_at)
