@@ -41,6 +41,11 @@ CASES = [
     (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
     (["grace_s=-1"], "grace_s must be > 0, got -1.0"),
     (["checkpoint_every_s=-1"], "checkpoint_every_s must be >= 0, got -1.0"),
+    (
+        ["runtime=sim", "algorithm=asp", "checkpoint_every_s=5"],
+        "checkpoint_every_s=5: engine=ps keeps none in runtime=sim (set it to 0, or leave it "
+        "unset)",
+    ),
     (["seed=-1"], "seed must be >= 0, got -1"),
     (["listen_host=localhost"], "listen_host must be an IP address, got 'localhost'"),
     # no number may be NaN or infinite, at any depth (NaN passes every comparison)
