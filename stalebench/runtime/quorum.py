@@ -63,7 +63,7 @@ class Quorum:
     def start(self, transport: Any) -> None:
         """Before the first round: with spares standing by, a group of the others."""
         if not self.grouped:
-            transport.regroup(self._group(0, self.members))
+            transport.regroup(self._group(0, self.members), self.members)
             self.grouped = True
 
     def check(self) -> None:
@@ -105,7 +105,7 @@ class Quorum:
             )
         self.joining = [tuple(map(int, p.split(":"))) for p in chosen.split(",") if p]
         self.spares = [s for s in self.spares if s not in {s for s, _ in self.joining}]
-        transport.regroup(self._group(epoch, members))
+        transport.regroup(self._group(epoch, members), members)
         log.warning("rank %d: going on with ranks %s (epoch %d)", self.rank, members, epoch)
         self.members, self.epoch = members, epoch
         return members
@@ -135,7 +135,7 @@ class Quorum:
 
     def _join(self, transport: Any, epoch: int, members: list[int], state: Any) -> Any:
         group = self._group(epoch, members)
-        transport.regroup(group)
+        transport.regroup(group, members)
         root = 0  # the lowest member: a survivor (a spare's rank is above every replica's)
         data = None
         if state is not None and members[0] == self.rank:

@@ -169,6 +169,9 @@ class SimWorld(World):
 
     def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> Op[float]:
         box = self.sim.mail[(src, self.rank)]
+        if not box and src in self.sim.lost and self.sim.told:  # its messages are read first
+            self.clock = max(self.clock, self.sim.worlds[src].clock)
+            raise self.sim.loss_of(src)
         if not box:
             yield ("recv", src)
         arrival, message, deferred = box.popleft()
@@ -359,6 +362,10 @@ class Simulator:
         self.replaced: set[int] = set()  # lost ranks already handed to the choice of spares
         self.welcomed: dict[int, Any] = {}
         self.handoff: dict[int, Any] = {}
+        # cluster.min_replicas: a rank waiting for a lost rank's message learns of the loss
+        # at once (as a real one whose peer's connection closes), to go on without it;
+        # otherwise once every rank left waits (`_time_out`)
+        self.told = bool(job.cfg.cluster.min_replicas)
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
         listener = self.listeners.get(dst)
@@ -425,6 +432,11 @@ class Simulator:
             for dst, listener in self.listeners.items():  # its listeners hear of it then
                 if rank in listener.peer_of:
                     self.post(rank, dst, self.worlds[rank].clock, exc)
+            for dst in sorted(self.waiting):  # so do the ranks waiting for its message
+                if self.waiting[dst] == ("recv", rank) and self.told:
+                    del self.waiting[dst]
+                    at = max(self.worlds[dst].clock, self.worlds[rank].clock)
+                    self.ready.push(at, (dst, self.loss_of(rank), None))
             self._recheck_live()  # a live collective goes on without it
             return
         if request[0] == "recv":
@@ -444,6 +456,10 @@ class Simulator:
             self.waiting[rank], self.welcomed[rank] = request, request[1]
             self._welcome()
         # else a collective: the rank waits for it (`collective`, `await_`)
+
+    def loss_of(self, rank: int) -> WorkerLost:
+        """What a rank waiting for a message from the lost `rank` gets."""
+        return WorkerLost(rank, f"rank {rank} lost: {self.lost[rank]}")
 
     def _begin(self, rank: int) -> None:
         """Every rank set up: the run starts, in rank order (the simulator's own time, for

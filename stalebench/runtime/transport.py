@@ -63,10 +63,10 @@ class Transport:
     def barrier(self) -> None:
         raise NotImplementedError
 
-    def regroup(self, group: Any) -> None:
-        """Collectives from now on over `group`, a gloo group of the ranks left (a wrapper
-        passes it on)."""
-        self.inner.regroup(group)  # type: ignore[attr-defined]
+    def regroup(self, group: Any, members: list[int]) -> None:
+        """Collectives and messages from now on over `group`, a gloo group of the ranks
+        left, `members` (a wrapper passes it on)."""
+        self.inner.regroup(group, members)  # type: ignore[attr-defined]
 
     def watch(self, check: Callable[[], None]) -> None:
         """While a collective is under way, call `check` every few milliseconds: it raises
@@ -88,11 +88,21 @@ class Gloo(Transport):
         self.timeout = timedelta(seconds=timeout_s)
         self.name = name
         self.bytes_sent = 0
-        self.group: Any = None  # collectives' group once the ranks left regrouped (`regroup`)
+        self.group: Any = None  # the group of the ranks left, once they regrouped (`regroup`)
+        self.index: dict[int, int] = {}  # a rank's index in it
         self.check: Callable[[], None] | None = None  # `watch`
 
-    def regroup(self, group: Any) -> None:
-        self.group = group
+    def regroup(self, group: Any, members: list[int]) -> None:
+        # messages too: the default group's connections may be broken by the lost rank
+        self.group, self.index = group, {r: i for i, r in enumerate(members)}
+
+    def _p2p(self, buf: torch.Tensor, peer: int, send: bool) -> Any:
+        """A send (or receive) of `buf` to (from) `peer`, over the current group."""
+        if self.group is None:
+            return dist.isend(buf, peer) if send else dist.irecv(buf, peer)
+        if peer not in self.index:
+            raise RunError(f"{self.name(peer)} is not among the ranks left")
+        return (self.group.send if send else self.group.recv)([buf], self.index[peer], 0)
 
     def watch(self, check: Callable[[], None]) -> None:
         self.check = check
@@ -117,14 +127,14 @@ class Gloo(Transport):
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
         try:
-            dist.send(buf, dst)
+            self._p2p(buf, dst, send=True).wait(self.timeout)
         except Exception as exc:
             raise self.lost(dst, exc) from exc
         self.bytes_sent += buf.numel() * buf.element_size()
 
     def isend(self, buf: torch.Tensor, dst: int):
         try:
-            work = dist.isend(buf, dst)
+            work = self._p2p(buf, dst, send=True)
         except Exception as exc:
             raise self.lost(dst, exc) from exc
         self.bytes_sent += buf.numel() * buf.element_size()
@@ -138,7 +148,7 @@ class Gloo(Transport):
 
     def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
         try:
-            dist.irecv(buf, src).wait(timeout or self.timeout)
+            self._p2p(buf, src, send=False).wait(timeout or self.timeout)
         except Exception as exc:
             raise self.lost(src, exc) from exc
 

@@ -6,7 +6,7 @@ documented status within its timeout, with the exit code of that status, no proc
 (by pid), and events.jsonl whole up to its `end` (or the supervisor's `stop`) event; a
 resumed run goes on from its last checkpoint where its engine keeps them.
 
-80 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+88 runs of several seconds: outside CI (the cells CI needs are in test_signals,
 test_worker_loss and test_cli). Run it with
 
     STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
@@ -56,6 +56,7 @@ FAMILIES = {
     # three replicas, rounds going on over two once one is lost (cluster.min_replicas)
     "allreduce/quorum (bsp)": (["algorithm=bsp", "engine=allreduce", *QUORUM], UPDATE, 1, True),
     "local/sync quorum (diloco)": (["algorithm=diloco", *QUORUM], INNER, 1, True),
+    "gossip/quorum (dpsgd)": (["algorithm=dpsgd", *QUORUM], INNER, 1, True),
     "gossip (dpsgd)": (["algorithm=dpsgd", *DATA], INNER, 1, False),
     "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),
     "pipeline/async (pipedream)": (["algorithm=pipedream", *PIPE], OPT, 1, False),

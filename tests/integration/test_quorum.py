@@ -173,10 +173,70 @@ def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
     assert runs[0] == runs[1] == runs[2]
 
 
+GOSSIP4 = ["cluster.num_workers=4", "budget.max_updates=200", "engine.sync_every=10"]
+
+
+def consensus_by_meeting(events, since: int = 0) -> list[float]:
+    """The largest ‖z_i − z̄‖ of each meeting from version `since` on."""
+    meetings = sorted({e["version"] for e in events if "consensus" in e and e["version"] >= since})
+    return [
+        max(e["consensus"] for e in events if e.get("version") == v and "consensus" in e)
+        for v in meetings
+    ]
+
+
+@pytest.mark.parametrize("preset", ["dpsgd", "sgp"])
+@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
+def test_gossip_goes_on_over_the_nodes_left(tmp_path, runtime, preset):
+    # node 2's peers keep the shares they would send it; the meetings average over three
+    base = [f"runtime={runtime}", f"algorithm={preset}", *GOSSIP4, "timeout_s=20"]
+    plain = compose(fast_with(base))
+    plain.run_dir = str(tmp_path / "plain")
+    healthy = experiment.run(plain)
+    cfg = compose(fast_with([*base, "cluster.min_replicas=3", DIE]))
+    cfg.run_dir = str(tmp_path / "lossy")
+    summary = experiment.run(cfg)
+    events = read_events(tmp_path / "lossy" / "events.jsonl")
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [2]
+    (lost,) = [e for e in events if e["kind"] == "worker" and e["event"] == "lost"]
+    rounds = updates_by_worker(events)
+    assert rounds[0] == rounds[1] == rounds[3] == 200 and rounds[2] < lost["round"]
+    # the nodes left keep agreeing (a share lost at every step would make them drift apart,
+    # their disagreement growing to the end), and learn as well as four healthy ones
+    after = consensus_by_meeting(events, since=lost["round"])
+    assert len(after) >= 5 and after[-1] < max(after)
+    assert summary["final"]["accuracy"] >= healthy["final"]["accuracy"] - 0.05
+
+
+def test_sim_gossip_fewer_left_than_min_replicas_fails_by_name(tmp_path):
+    cfg = compose(
+        fast_with(["runtime=sim", "algorithm=dpsgd", *GOSSIP4, "cluster.min_replicas=4", DIE])
+    )
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    assert summary["status"] == "failed"
+    assert "3 replicas left, fewer than cluster.min_replicas=4 (lost: 2)" in summary["error"]
+
+
+def test_sim_gossip_without_a_loss_min_replicas_changes_nothing(tmp_path):
+    runs = []
+    for name, extra in (("plain", []), ("quorum", ["cluster.min_replicas=2"])):
+        cfg = compose(fast_with(["runtime=sim", "algorithm=sgp", *GOSSIP4, *extra]))
+        cfg.run_dir = str(tmp_path / name)
+        experiment.run(cfg)
+        runs.append(read_events(tmp_path / name / "events.jsonl"))
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
         (["algorithm=asp", "cluster.min_replicas=2"], "cluster.min_replicas=2: engine=ps"),
+        (
+            ["algorithm=osgp", "cluster.min_replicas=2"],
+            "cluster.min_replicas=2: with algorithm.gossip.overlap=1 the shares",
+        ),
         ([*BSP4, "cluster.min_replicas=9"], "cluster.min_replicas must be in [0, num_workers=4]"),
         (
             [*BSP4, "engine.bucket_mb=1", "cluster.min_replicas=2"],
@@ -188,7 +248,7 @@ def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
             "cluster.min_replicas=2: engine.mode=streaming cannot go on",
         ),
     ],
-    ids=["ps", "more-than-workers", "buckets-real", "spares-alone", "local-streaming"],
+    ids=["ps", "osgp", "more-than-workers", "buckets-real", "spares-alone", "local-streaming"],
 )
 def test_min_replicas_refused_where_it_cannot_hold(extra, key):
     with pytest.raises(ConfigError) as refused:

@@ -40,6 +40,12 @@ class GossipEngine(Engine):
 
     slots = ("gossip", "inner")  # in label order: `<mixing>+<inner>`
     checkpoints = ("real", "sim")  # every node's part, after a meeting
+    takes_quorum = True  # a lost node's peers keep its share; the meetings go over the rest
+
+    def survives_loss_of(self, rank: int) -> bool:
+        """A node, with cluster.min_replicas set (rank 0 writes the run directory: losing
+        it ends the run)."""
+        return rank > 0 and self.run.cluster.min_replicas > 0
 
     def why_no_checkpoints(self) -> str | None:
         tau = self.run.algorithm.gossip.overlap
@@ -54,6 +60,12 @@ class GossipEngine(Engine):
         super().validate(splits)
         a = self.run.algorithm
         GOSSIP.get(a.gossip.name)[0].check(a.gossip, self.num_workers)
+        if self.run.cluster.min_replicas and a.gossip.overlap:
+            raise ConfigError(
+                f"cluster.min_replicas={self.run.cluster.min_replicas}: with "
+                f"algorithm.gossip.overlap={a.gossip.overlap} the shares sent to a lost node "
+                "in the last τ iterations cannot come back; use overlap 0 (SGP, D-PSGD)"
+            )
         if a.inner.reset:
             raise ConfigError(
                 "algorithm.inner.reset=true: engine=gossip has no rounds to reset the local "

@@ -94,17 +94,26 @@ def sync_bytes(num_params: int, num_nodes: int, sync_every: int) -> tuple[int, i
     return 4 * num_params, 8 * stats_slots(num_nodes, sync_every)
 
 
-def gossip_bytes(rule: Mixing, first: int, last: int, num_params: int) -> int:
-    """Bytes every node together sends in iterations first … last − 1 of the gossip."""
-    nodes = range(rule.num_nodes)
-    sends = sum(len(rule.out_peers(i, k)) for k in range(first, last) for i in nodes)
+def gossip_bytes(
+    rule: Mixing, first: int, last: int, num_params: int, lost: set[int] = frozenset()
+) -> int:  # fmt: skip
+    """Bytes every node together sends in iterations first … last − 1 of the gossip (the
+    nodes `lost` neither send nor are sent to)."""
+    nodes = [i for i in range(rule.num_nodes) if i not in lost]
+    sends = sum(
+        sum(p not in lost for p in rule.out_peers(i, k)) for k in range(first, last) for i in nodes
+    )
     return sends * message_bytes(num_params)
 
 
-def report(emit, first: int, rows: np.ndarray, dists: np.ndarray) -> None:
+def report(
+    emit, first: int, rows: np.ndarray, dists: np.ndarray, nodes: list[int] | None = None
+) -> None:  # fmt: skip
     """The `update` events (and fault pauses) of iterations first, first + 1, … of every
     node, in time order; `rows[i, j]` is node i's row (ROW) of iteration first + j, `dists`
-    each node's ‖z_i − z̄‖ after the window's last iteration (its `consensus`)."""
+    each node's ‖z_i − z̄‖ after the window's last iteration (its `consensus`). `nodes`:
+    the node each row is (default: row i is node i; the nodes left, once some are lost)."""
+    nodes = nodes if nodes is not None else list(range(len(rows)))
     n, m, _ = rows.shape
     ends = rows[:, :, 0]
     # clock_gap: how many iterations the node was ahead of the slowest one when it ended
@@ -114,9 +123,9 @@ def report(emit, first: int, rows: np.ndarray, dists: np.ndarray) -> None:
     for t, j, i in order:
         t_row, loss, compute, wait, comm, paused, lag = rows[i, j].tolist()
         if paused > 0:
-            emit("worker", t, worker=i, event="pause", duration_s=paused)
+            emit("worker", t, worker=nodes[i], event="pause", duration_s=paused)
         fields: dict[str, Any] = dict(
-            worker=i, clock=first + j, version=first + j + 1, lag=int(lag), loss=loss,
+            worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag), loss=loss,
             compute_s=compute, wait_s=wait, comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
         )  # fmt: skip
         if j == m - 1:

@@ -6,7 +6,14 @@ iterations. At the engine's collective every node meets: one all-reduce of z (z�
 rank 0 snapshots), one of the statistics (rank 0 writes the window's events from them)
 with rank 0's stop decision and each node's divergence, so that every rank stops after the
 same iteration. A lost node ends the run: its out-peers' receives and the next collective
-fail, naming whom they lost.
+fail, naming whom they lost — unless cluster.min_replicas is set: then a node whose
+exchange with a peer fails (dead, or silent past timeout_s) counts that peer lost, and from
+then on keeps at home the share it would send it (the share it sent it in that very
+iteration comes back too); the meetings go over the nodes left, which all learn who is
+lost there. A share kept at home is the mixing matrix's weight of the lost edge moved to
+its diagonal: D-PSGD's W stays symmetric and doubly stochastic over the nodes left, and
+PushSum keeps its mass. A node that only sends to a lost peer (a directed exponential
+graph) loses those shares until the next meeting.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from stalebench.engines.gossip.node import (
     sync_bytes,
     syncs_at,
 )
-from stalebench.engines.rounds import ring_volume
+from stalebench.engines.rounds import replicas_left, ring_volume
+from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
@@ -57,6 +65,8 @@ class Peer:
         self.inbox = torch.empty(self.d + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
+        self.quorum, self.lost = job.cfg.cluster.min_replicas, set()  # nodes known lost
+        self.met = list(range(self.n))  # the nodes at the last meeting
 
     def run(self) -> Op[dict[str, Any] | None]:
         world, net, record, error, k = self.world, self.net, self.world.record, None, 0
@@ -127,7 +137,15 @@ class Peer:
             node.step(grad)
         message, sends = node.send(k), []
         for peer in rule.out_peers(self.rank, k):
-            sends.append(((yield from world.isend(message, peer)), peer))
+            try:
+                if peer not in self.lost:
+                    sends.append(((yield from world.isend(message, peer)), peer))
+                    continue
+            except RunError:  # real processes: the peer's connection closed
+                if not self.quorum:
+                    raise
+                self.lost.add(peer)
+            node.receive(message)  # a lost peer's share stays home
         self.in_flight.append((k, message, sends))
         yield from self.settle(k - rule.delay)
         wait, comm = self.carried
@@ -136,7 +154,15 @@ class Peer:
         if took:  # the messages the in-peers sent at k − τ
             pull_s = self.job.profile.pull_s(self.msg_bytes)
             for peer in rule.in_peers(self.rank, k - rule.delay):
-                wait += yield from world.recv(self.inbox, peer)
+                if peer in self.lost:
+                    continue
+                try:
+                    wait += yield from world.recv(self.inbox, peer)
+                except RunError:
+                    if not self.quorum:
+                        raise
+                    self.lose(peer, message if any(p == peer for _, p in sends) else None)
+                    continue
                 comm += pull_s
                 node.receive(self.inbox)
         if rule.mixes_first:
@@ -144,20 +170,33 @@ class Peer:
         self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
         self.carried = [0.0, 0.0]
 
+    def lose(self, peer: int, sent: torch.Tensor | None) -> None:
+        """cluster.min_replicas: `peer` is lost; `sent`, the message this iteration sent
+        it, if any, which it never took in: its share comes back."""
+        self.lost.add(peer)
+        if sent is not None:
+            self.node.receive(sent)
+
     def settle(self, upto: int) -> Op[None]:
         """Wait for the sends of iterations before `upto` (their receivers take them in by
         now) and let their buffers go."""
         while self.in_flight and self.in_flight[0][0] < upto:
             _, _, sends = self.in_flight.popleft()
             for work, peer in sends:
-                yield from self.world.wait(work, peer)
+                try:
+                    yield from self.world.wait(work, peer)
+                except RunError:
+                    if not self.quorum:
+                        raise
+                    self.lost.add(peer)  # a send to a lost peer: nobody took it in
 
     def drain(self, k: int) -> Op[None]:
         """After the last iteration k − 1: the messages still in flight (τ > 0) are received
         and dropped, so that every send completes."""
         for sent_at in range(max(k - self.rule.delay, 0), k):
             for peer in self.rule.in_peers(self.rank, sent_at):
-                yield from self.world.recv(torch.empty(self.d + 1), peer)
+                if peer not in self.lost:
+                    yield from self.world.recv(torch.empty(self.d + 1), peer)
         yield from self.settle(k)
 
     def meet(self, version: int) -> Op[bool]:
@@ -167,8 +206,8 @@ class Peer:
         profile = self.job.profile
         z_bytes, stats_bytes = sync_bytes(self.d, n, self.every)
         t_enter, z = world.now(), self.node.z
-        yield from world.all_reduce(self.z_mean.copy_(z))
-        self.z_mean /= n
+        live = yield from self.all_reduce(self.z_mean.copy_(z))
+        self.z_mean /= len(live)
         stats = torch.zeros(stats_slots(n, self.every), dtype=torch.float64)
         width = self.every * len(ROW)
         mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
@@ -180,18 +219,31 @@ class Peer:
             stop = spent(self.job.cfg.budget, version, t_enter)
             save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
             stats[-2] = STOP if stop else SAVE if save else 0.0
-        yield from world.all_reduce(stats)
-        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
+        live = yield from self.all_reduce(stats)
+        if self.quorum:  # every node learns who is lost; rank 0 logs them
+            before, self.met, self.lost = self.met, live, set(range(n)) - set(live)
+            replicas_left(record, world.now(), version, before, live, self.quorum, n)
+        full = len(live) == n
+        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0 and full), t_enter
         comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
         self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
         if record is not None:  # rank 0 counts every rank's bytes
-            self.nbytes += ring_volume(z_bytes, n) + ring_volume(stats_bytes, n)
-            self.nbytes += gossip_bytes(self.rule, self.first, version, self.d)
-            m = len(self.rows)
-            rows = stats[: n * width].view(n, self.every, len(ROW))[:, :m].numpy()
-            report(record.events.emit, self.first, rows, stats[n * width : -2].numpy())
+            m, left = len(self.rows), len(live)
+            self.nbytes += ring_volume(z_bytes, left) + ring_volume(stats_bytes, left)
+            self.nbytes += gossip_bytes(self.rule, self.first, version, self.d, self.lost)
+            rows = stats[: n * width].view(n, self.every, len(ROW))[live, :m].numpy()
+            dists = stats[n * width : -2].numpy()[live]
+            report(record.events.emit, self.first, rows, dists, live)
             record.snapshots.maybe(world.now(), version, self.z_mean)
             if stats[-1] > 0:
                 self.status = "diverged"
         self.first, self.rows = version, []
         return bool(stats[-2] == STOP or stats[-1] > 0)
+
+    def all_reduce(self, buf: torch.Tensor) -> Op[list[int]]:
+        """A meeting's all-reduce: over every node, or (cluster.min_replicas) over the nodes
+        left; the nodes summed."""
+        if self.quorum:
+            return (yield from self.world.all_reduce_live(buf))
+        yield from self.world.all_reduce(buf)
+        return list(range(self.n))
