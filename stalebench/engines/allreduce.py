@@ -177,10 +177,10 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     # rounds so far, whether to stop, the replicas left (by rank), each rank's worker index
     workers = list(range(n)) + [-1] * (world.size - n)
     at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers, "bytes": 0}
-    first, resumed = list(workers), world.resumed  # a resumed run: this rank's checkpoint
-    if resumed is not None and rank < n:
+    resumed = world.resumed  # a resumed run: this rank's part of the checkpoint
+    if resumed is not None:
         params, rule, at = join(device, net, resumed)
-    elif rank >= n:  # a spare
+    elif rank >= n or world.resumed_from >= 0:  # a spare (a resumed run's: took no part)
         got = yield from world.stand_by()
         if got is None:
             return None
@@ -236,7 +236,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             if world.joining:  # spares take the lost replicas' places from the next round
                 at["live"] = live
                 live = yield from welcome(world, n, params, rule, version, stop, at)
-            if buf[-1] == SAVE and at["workers"] == first and len(live) == n:
+            if buf[-1] == SAVE:
                 at.update(version=version, live=live, bytes=bytes_sent)  # every rank, at once
                 part = {"params": params, "rule": rule, "at": at, "faults": faults}
                 yield from world.checkpoint(version, part, world.now(), live=bool(quorum))

@@ -46,11 +46,18 @@ class Quorum:
     chosen to join at the next `welcome` ((spare, lost rank) pairs)."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout_s: float, active: int):
-        self.store, self.rank, self.timeout_s = store, rank, timeout_s
+        self.store, self.rank, self.timeout_s, self.size = store, rank, timeout_s, size
         self.members, self.epoch = list(range(active)), 0  # the ranks in rounds from the start
         self.spares = list(range(active, size))
         self.grouped = active == size  # with spares, the rounds' first group leaves them out
         self.joining: list[tuple[int, int]] = []
+
+    def resume(self, members: list[int]) -> None:
+        """A resumed run: the rounds go on over `members` (those in the checkpoint set);
+        the other ranks stand by as spares."""
+        self.members = list(members)
+        self.spares = [r for r in range(self.size) if r not in members]
+        self.grouped = not self.spares
 
     def _group(self, epoch: int, members: list[int]) -> Any:
         return dist.ProcessGroupGloo(

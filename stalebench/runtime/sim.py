@@ -467,11 +467,11 @@ class Simulator:
         self.waiting[rank], self.begun = ("begin",), self.begun + 1
         if self.begun < self.size:
             return
-        at, version, due = self.worlds[0]._start_of()
+        at, version, due, ranks = self.worlds[0]._start_of()
         for r in range(self.size):
             del self.waiting[r]
             self.worlds[r].clock = at
-            self.worlds[r]._resume_from(version, due)
+            self.worlds[r]._resume_from(version, due, ranks)
             self.ready.push(at, (r, None, None))
         gc.freeze()  # what the ranks built lives all run: keep the collector off it
         self.started = time.perf_counter()

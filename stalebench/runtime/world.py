@@ -114,8 +114,10 @@ class World:
         raise NotImplementedError
 
     # this rank's part of the checkpoint set the run goes on from (`checkpoint`), once
-    # `begin` has passed; None in a run from the start
+    # `begin` has passed; None in a run from the start, and for a rank that took no part
+    # (lost before it, or a spare standing by): it stands by as a spare
     resumed: Any = None
+    resumed_from = -1  # the version of that set (-1: a run from the start)
     every_s = 0.0  # run seconds between checkpoints (`checkpoint.every_s`); 0: none
     next_checkpoint = math.inf
 
@@ -135,30 +137,37 @@ class World:
         run_dir = self.record.run_dir if self.record is not None else self.run_dir
         checkpoint.save_part(run_dir, version, self.rank, {"part": part, "rng": rng_state()})
         self.next_checkpoint = t + self.every_s
-        barrier = torch.zeros(1)
-        yield from (self.all_reduce_live if live else self.all_reduce)(barrier, 0.0)
+        barrier, ranks = torch.zeros(1), list(range(self.size))
+        if live:  # the ranks in the rounds: those that wrote a part
+            ranks = yield from self.all_reduce_live(barrier, 0.0)
+        else:
+            yield from self.all_reduce(barrier, 0.0)
         if self.record is not None:
-            self.record.checkpoints.save(self.now(), version, {"parts": version, "due": t})
+            state = {"parts": version, "due": t, "ranks": ranks}
+            self.record.checkpoints.save(self.now(), version, state)
             checkpoint.prune_parts(run_dir, version)
 
-    def _resume_from(self, version: int, due: float) -> None:
-        """`begin` in a resumed run (`version` ≥ 0: the checkpoint set's): this rank's part
-        and random generator back, the next checkpoint `every_s` after the last."""
+    def _resume_from(self, version: int, due: float, ranks: list[int]) -> None:
+        """`begin` in a resumed run (`version` ≥ 0: the checkpoint set's, which `ranks`
+        wrote): this rank's part and random generator back, the next checkpoint `every_s`
+        after the last."""
         self.next_checkpoint = due + self.every_s if self.every_s > 0 else math.inf
-        if version >= 0:
+        self.resumed_from = version
+        if version >= 0 and self.rank in ranks:
             run_dir = self.record.run_dir if self.record is not None else self.run_dir
             saved = checkpoint.load_part(run_dir, version, self.rank)
             set_rng_state(saved["rng"])
             self.resumed = saved["part"]
 
-    def _start_of(self) -> tuple[float, int, float]:
+    def _start_of(self) -> tuple[float, int, float, list[int]]:
         """Rank 0: when the run starts (a resumed run's checkpoint time), the version of
-        its checkpoint set (-1: none, or a server's checkpoint) and when it fell due."""
+        its checkpoint set (-1: none, or a server's checkpoint), when it fell due, and the
+        ranks that wrote it."""
         saved = self.record.resumed if self.record is not None else None
-        if not saved:
-            return 0.0, -1, 0.0
-        parts = saved["state"].get("parts", -1) if isinstance(saved["state"], dict) else -1
-        return saved["t"], parts, saved["state"].get("due", saved["t"]) if parts >= 0 else 0.0
+        state = saved["state"] if saved else None
+        if not isinstance(state, dict) or "parts" not in state:
+            return (saved["t"] if saved else 0.0), -1, 0.0, list(range(self.size))
+        return saved["t"], state["parts"], state["due"], state["ranks"]
 
     def strike(self, on_pause: Pause | None = None) -> Op[float]:
         """Strike this rank's faults due at its next step (`Faults.strike`): a pause calls
@@ -319,10 +328,17 @@ class RealWorld(World):
     @blocking
     def begin(self, warm_up: Callable[[], Any]) -> None:
         warm_up()
-        start = torch.tensor(self._start_of() if self.rank == 0 else (0, 0, 0), dtype=torch.float64)
+        start = torch.zeros(3 + self.size, dtype=torch.float64)
+        if self.rank == 0:
+            at, version, due, ranks = self._start_of()
+            start[:3] = torch.tensor([at, version, due], dtype=torch.float64)
+            start[3 + torch.tensor(ranks, dtype=torch.long)] = 1.0
         self.transport.all_reduce(start)  # every rank is here: rank 0's start
-        at, version, due = start.tolist()
-        self._resume_from(int(version), due)
+        at, version, due = start[:3].tolist()
+        ranks = [r for r in range(self.size) if start[3 + r] > 0]
+        self._resume_from(int(version), due, ranks)
+        if version >= 0 and self.quorum is not None:
+            self.quorum.resume(ranks)  # those that wrote no part stand by
         self.t0 = time.perf_counter() - at
 
     @blocking

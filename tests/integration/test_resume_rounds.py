@@ -24,6 +24,7 @@ from stalebench.errors import ConfigError
 from stalebench.metrics.events import read_events, schema_errors
 from tests.conftest import compose
 
+DIE = "cluster.faults=[{worker:2,at_s:0.5,action:die}]"
 COMMON = ["cluster.num_workers=4", "dataset=synthetic", "model=mlp", "logger=none"]
 SIM = {
     "allreduce": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=600",
@@ -34,6 +35,13 @@ SIM = {
                          "algorithm.outer.inner_steps=10", "budget.max_updates=120",
                          "checkpoint_every_s=2"],
     "gossip": ["algorithm=dpsgd", "budget.max_updates=500", "checkpoint_every_s=2"],
+    # checkpoints after a replica was lost (it comes back as a spare), and after a spare
+    # took a lost worker's place (its part is that worker's)
+    "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=600",
+                       "checkpoint_every_s=1", "cluster.min_replicas=3", DIE],
+    "diloco-healed": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
+                      "budget.max_updates=80", "checkpoint_every_s=2",
+                      "cluster.min_replicas=3", "cluster.spares=1", DIE],
 }  # fmt: skip
 
 
@@ -139,6 +147,50 @@ def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
     assert sorted(p.name for p in (parts / str(committed["version"])).iterdir()) == [
         f"rank-{r}.pt" for r in range(4)
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_real_allreduce_healed_then_stopped_resumes_with_the_spare_in_place(tmp_path):
+    # worker 2 dies, spare rank 4 takes its place, a checkpoint, SIGTERM: the resumed run
+    # goes on over ranks 0, 1, 3, 4 (rank 2, started again, stands by) to the budget
+    args = ["runtime=real", "engine=allreduce", "algorithm=bsp", "budget.max_updates=300",
+            "cluster.compute_ms=10", "checkpoint_every_s=0.5", "timeout_s=20",
+            "cluster.min_replicas=3", "cluster.spares=1",
+            "cluster.faults=[{worker:2,at_s:0.3,action:die}]"]  # fmt: skip
+    run_dir = tmp_path / "run"
+    proc = cli(run_dir, args)
+    try:  # stopped once a checkpoint after the spare's arrival is committed
+        deadline = time.monotonic() + 120
+        while not _checkpoint_after_replaced(run_dir):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after the spare joined"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    finished(cli(run_dir, [*args, "resume=true"]))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["updates"] == 300
+    assert summary["workers_lost"] == [2] and summary["workers_replaced"] == [2]
+    events = read_events(run_dir / "events.jsonl")
+    (resume,) = [e for e in events if e.get("event") == "resume"]
+    for w in range(4):  # each round once per worker (worker 2 missed the one it was lost in)
+        rounds = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == w]
+        assert rounds == sorted(set(rounds)) and len(rounds) >= 299
+        assert [v for v in rounds if v > resume["version"]] == list(
+            range(resume["version"] + 1, 301)
+        )
+    assert "rank 2 of 5" in (run_dir / "logs" / "rank-2.log").read_text()
+
+
+def _checkpoint_after_replaced(run_dir: Path) -> bool:
+    events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+    replaced = [i for i, e in enumerate(events) if e.get("event") == "replaced"]
+    return bool(replaced) and any(e.get("event") == "checkpoint" for e in events[replaced[0] :])
 
 
 @pytest.mark.parametrize(

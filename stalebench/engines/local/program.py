@@ -66,7 +66,7 @@ class Member:
         self.workers = list(range(self.m)) + [-1] * (world.size - self.m)
         self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
         self.status, self.version, self.nbytes = "completed", 0, 0
-        if state is not None:  # a spare joining: where the replicas left are
+        if state is not None:  # a spare joining (or resumed): where the replicas left are
             self.workers, self.live, self.version = (
                 state["workers"],
                 state["live"],
@@ -82,13 +82,12 @@ class Member:
             Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
             for part in self.parts
         ]
-        if state is not None:
-            self.take_over(state)
-        world.faults = self.rep.faults
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
         self.step, self.merged_t = self.version * self.plan.steps, 0.0  # inner steps; see merge
-        self.first = list(self.workers)  # checkpoints: while the rounds' members are these
+        if state is not None:  # a checkpoint's part holds where its rank's steps were
+            self.restore(state) if "step" in state else self.take_over(state)
+        world.faults = self.rep.faults
 
     def take_over(self, state: dict[str, Any]) -> None:
         """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
@@ -110,6 +109,8 @@ class Member:
         yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
         if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
             self.restore(world.resumed)
+        elif world.resumed_from >= 0:  # a resumed run's rank that took no part: a spare
+            return (yield from stand_in(job, world))
         elif world.record is not None:
             world.record.snapshots.maybe(0.0, 0, self.theta)
         return (yield from self.rounds())
@@ -258,10 +259,8 @@ class Member:
     def keeps_checkpoints(self, stop: bool) -> bool:
         """After a step's merges (engine.delay=0: nothing left in flight): whether every
         rank checkpoints here, decided from what all share — a checkpoint due by the
-        merged round's time, the run going on, the rounds' members those it started with."""
-        if stop or self.status != "completed" or not self.world.checkpoint_due(self.merged_t):
-            return False
-        return self.workers == self.first and len(self.live) == self.m
+        merged round's time, the run going on."""
+        return not stop and self.status == "completed" and self.world.checkpoint_due(self.merged_t)
 
     def welcome(self) -> Op[None]:
         """The replicas left hand θ, the outer rules and an inner optimizer to the spares
@@ -286,6 +285,15 @@ def spare(job: Job, world: World) -> Op[None]:
     net = world.shared("net", lambda: Net(job, job.device(world.rank)))
     warm = (job.splits.x_train[:1], job.splits.y_train[:1])
     yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
+    if world.resumed is not None:  # it had taken a lost worker's place
+        yield from Member(job, world, world.resumed).rounds()
+        return None
+    return (yield from stand_in(job, world))
+
+
+def stand_in(job: Job, world: World) -> Op[None]:
+    """A spare, once begun: it stands by until it takes a lost worker's place, then runs
+    that worker's rounds."""
     got = yield from world.stand_by()
     if got is not None:
         yield from Member(job, world, got[1]).rounds()
