@@ -85,13 +85,6 @@ class AllReduceEngine(DataParallel):
             return f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces keep none"
         return super().why_no_checkpoints()
 
-    def world_size(self) -> int:
-        return self.num_workers + self.run.cluster.spares
-
-    def rank_name(self, rank: int) -> str:
-        n = self.num_workers
-        return super().rank_name(rank) if rank < n else f"spare {rank - n} (rank {rank})"
-
     def survives_loss_of(self, rank: int) -> bool:
         """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
         0 writes the run directory: losing it ends the run)."""

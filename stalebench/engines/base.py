@@ -77,10 +77,12 @@ class Engine:
         return self.run.cluster.num_workers
 
     def world_size(self) -> int:
-        return self.num_workers
+        """Its processes: by default the N workers, then the spares if it takes them."""
+        return self.num_workers + (self.run.cluster.spares if self.takes_spares else 0)
 
     def rank_name(self, rank: int) -> str:
-        return f"worker {rank} (rank {rank})"
+        n = self.num_workers
+        return f"worker {rank} (rank {rank})" if rank < n else f"spare {rank - n} (rank {rank})"
 
     def survives_loss_of(self, rank: int) -> bool:
         """Does the run go on when this rank dies? (The engine then records the loss; by
@@ -122,7 +124,7 @@ class Engine:
         if run.cluster.spares and not self.takes_spares:
             raise ConfigError(
                 f"cluster.spares={run.cluster.spares}: engine={name} cannot hand a lost "
-                "worker's place to a spare; engine=ps can, and engine=allreduce or local "
+                "worker's place to a spare; engine=ps can, and engine=allreduce, local or gossip "
                 "with cluster.min_replicas"
             )
         if run.cluster.min_replicas and not self.takes_quorum:

@@ -90,10 +90,13 @@ class Gloo(Transport):
         self.bytes_sent = 0
         self.group: Any = None  # the group of the ranks left, once they regrouped (`regroup`)
         self.index: dict[int, int] = {}  # a rank's index in it
+        self.retired: list[Any] = []  # the groups before it
         self.check: Callable[[], None] | None = None  # `watch`
 
     def regroup(self, group: Any, members: list[int]) -> None:
-        # messages too: the default group's connections may be broken by the lost rank
+        # messages too: the default group's connections may be broken by the lost rank. The
+        # group left is kept: dropped, it would wait out its sends to a lost rank first
+        self.retired.append(self.group)
         self.group, self.index = group, {r: i for i, r in enumerate(members)}
 
     def _p2p(self, buf: torch.Tensor, peer: int, send: bool) -> Any:

@@ -209,6 +209,31 @@ def test_gossip_goes_on_over_the_nodes_left(tmp_path, runtime, preset):
     assert summary["final"]["accuracy"] >= healthy["final"]["accuracy"] - 0.05
 
 
+@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
+def test_a_spare_takes_a_lost_gossip_nodes_place(tmp_path, runtime):
+    # at the meeting that finds node 2 lost, spare rank 4 takes its place in the graph,
+    # starting from z̄ with the lowest survivor's optimizer; four nodes to the end
+    args = [f"runtime={runtime}", "algorithm=dpsgd", *GOSSIP4, *SPARE, DIE, "timeout_s=20"]
+    cfg = compose(fast_with(args))
+    cfg.run_dir = str(tmp_path)
+    summary = experiment.run(cfg)
+    events = read_events(tmp_path / "events.jsonl")
+    assert summary["status"] == "completed", summary["error"]
+    assert summary["workers_lost"] == [2] and summary["workers_replaced"] == [2]
+    lost, replaced = [e for e in events if e["kind"] == "worker"]
+    assert (lost["event"], replaced["event"], replaced["by"]) == (
+        "lost",
+        "replaced",
+        "spare 0 (rank 4)",
+    )
+    rounds = updates_by_worker(events)
+    assert rounds[0] == rounds[1] == rounds[3] == 200
+    node2 = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == 2]
+    assert [v for v in node2 if v > lost["round"]] == list(range(lost["round"] + 1, 201))
+    after = consensus_by_meeting(events, since=lost["round"])
+    assert len(after) >= 5 and after[-1] < max(after)
+
+
 def test_sim_gossip_fewer_left_than_min_replicas_fails_by_name(tmp_path):
     cfg = compose(
         fast_with(["runtime=sim", "algorithm=dpsgd", *GOSSIP4, "cluster.min_replicas=4", DIE])
@@ -233,6 +258,7 @@ def test_sim_gossip_without_a_loss_min_replicas_changes_nothing(tmp_path):
     ("extra", "key"),
     [
         (["algorithm=asp", "cluster.min_replicas=2"], "cluster.min_replicas=2: engine=ps"),
+        (["algorithm=dpsgd", "cluster.spares=1"], "cluster.spares=1: engine=gossip hands"),
         (
             ["algorithm=osgp", "cluster.min_replicas=2"],
             "cluster.min_replicas=2: with algorithm.gossip.overlap=1 the shares",
@@ -248,7 +274,15 @@ def test_sim_gossip_without_a_loss_min_replicas_changes_nothing(tmp_path):
             "cluster.min_replicas=2: engine.mode=streaming cannot go on",
         ),
     ],
-    ids=["ps", "osgp", "more-than-workers", "buckets-real", "spares-alone", "local-streaming"],
+    ids=[
+        "ps",
+        "gossip-spares-alone",
+        "osgp",
+        "more-than-workers",
+        "buckets-real",
+        "spares-alone",
+        "local-streaming",
+    ],
 )
 def test_min_replicas_refused_where_it_cannot_hold(extra, key):
     with pytest.raises(ConfigError) as refused:

@@ -42,6 +42,8 @@ SIM = {
     "diloco-healed": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
                       "budget.max_updates=80", "checkpoint_every_s=2",
                       "cluster.min_replicas=3", "cluster.spares=1", DIE],
+    "gossip-healed": ["algorithm=dpsgd", "budget.max_updates=500", "checkpoint_every_s=2",
+                      "cluster.min_replicas=3", "cluster.spares=1", DIE],
 }  # fmt: skip
 
 

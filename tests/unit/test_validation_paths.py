@@ -65,9 +65,19 @@ CASES = [
         "never waits (asp and the update rules on it), not algorithm.barrier=ssp",
     ),
     (
+        ["algorithm=gpipe", "cluster.spares=2"],
+        "cluster.spares=2: engine=pipeline cannot hand a lost worker's place to a spare; "
+        "engine=ps can, and engine=allreduce, local or gossip with cluster.min_replicas",
+    ),
+    (
+        ["algorithm=osgp", "cluster.min_replicas=2"],
+        "cluster.min_replicas=2: with algorithm.gossip.overlap=1 the shares sent to a lost "
+        "node in the last τ iterations cannot come back; use overlap 0 (SGP, D-PSGD)",
+    ),
+    (
         ["algorithm=sgp", "cluster.spares=2"],
-        "cluster.spares=2: engine=gossip cannot hand a lost worker's place to a spare; "
-        "engine=ps can, and engine=allreduce or local with cluster.min_replicas",
+        "cluster.spares=2: engine=gossip hands a lost node's place to a spare at a meeting "
+        "over the nodes left: set cluster.min_replicas too",
     ),
     (
         ["algorithm=diloco", "cluster.spares=2"],

@@ -41,6 +41,7 @@ class GossipEngine(Engine):
     slots = ("gossip", "inner")  # in label order: `<mixing>+<inner>`
     checkpoints = ("real", "sim")  # every node's part, after a meeting
     takes_quorum = True  # a lost node's peers keep its share; the meetings go over the rest
+    takes_spares = True  # with cluster.min_replicas: a spare plays a lost node from a meeting
 
     def survives_loss_of(self, rank: int) -> bool:
         """A node, with cluster.min_replicas set (rank 0 writes the run directory: losing
@@ -60,6 +61,11 @@ class GossipEngine(Engine):
         super().validate(splits)
         a = self.run.algorithm
         GOSSIP.get(a.gossip.name)[0].check(a.gossip, self.num_workers)
+        if self.run.cluster.spares and not self.run.cluster.min_replicas:
+            raise ConfigError(
+                f"cluster.spares={self.run.cluster.spares}: engine=gossip hands a lost node's "
+                "place to a spare at a meeting over the nodes left: set cluster.min_replicas too"
+            )
         if self.run.cluster.min_replicas and a.gossip.overlap:
             raise ConfigError(
                 f"cluster.min_replicas={self.run.cluster.min_replicas}: with "

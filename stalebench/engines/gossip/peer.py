@@ -37,10 +37,10 @@ from stalebench.engines.gossip.node import (
     sync_bytes,
     syncs_at,
 )
-from stalebench.engines.rounds import replicas_left, ring_volume
+from stalebench.engines.rounds import replicas_left, ring_volume, take_in_spares
 from stalebench.errors import RunError
 from stalebench.job import Job
-from stalebench.runtime.faults import WorkerDied
+from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
@@ -50,12 +50,13 @@ STOP, SAVE = 1.0, 2.0  # rank 0's word in the meeting's statistics
 class Peer:
     """One node's rank: its node, its sends in flight, its statistics since the last meeting."""
 
-    def __init__(self, job: Job, world: World):
+    def __init__(self, job: Job, world: World, me: int | None = None):
         self.job, self.world, self.rank = job, world, world.rank
+        self.me = world.rank if me is None else me  # the node it plays (a spare: a lost one)
         self.n, self.rule = job.num_workers, world.shared("mixing", lambda: mixing(job))
         self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
         theta = self.net.flat.detach().cpu().clone()  # θ₀, the same in every rank
-        self.node = Node(job, self.rank, theta, self.net, self.rule)
+        self.node = Node(job, self.me, theta, self.net, self.rule)
         world.faults = self.node.faults
         self.every, self.d = job.cfg.engine.sync_every, theta.numel()
         self.msg_bytes = message_bytes(self.d)
@@ -67,15 +68,34 @@ class Peer:
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
         self.quorum, self.lost = job.cfg.cluster.min_replicas, set()  # nodes known lost
         self.met = list(range(self.n))  # the nodes at the last meeting
+        # each rank's node (-1: a spare standing by, or a lost rank), and each node's rank
+        self.workers = list(range(self.n)) + [-1] * (world.size - self.n)
+        self.ranks = list(range(self.n))
 
     def run(self) -> Op[dict[str, Any] | None]:
-        world, net, record, error, k = self.world, self.net, self.world.record, None, 0
+        world, net, record = self.world, self.net, self.world.record
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
         yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
         if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
-            k = self.restore(world.resumed)
-        elif record is not None:
+            return (yield from self.from_part(world.resumed))
+        if self.rank >= self.n or world.resumed_from >= 0:  # a spare (or took no part)
+            got = yield from world.stand_by()
+            if got is None or got[1]["stop"]:  # the run ends
+                return None
+            peer = Peer(self.job, world, got[1]["workers"][self.rank])
+            return (yield from peer.loop(peer.take_over(got[1])))
+        if record is not None:
             record.snapshots.maybe(0.0, 0, self.z_mean)
+        return (yield from self.loop(0))
+
+    def from_part(self, part: dict[str, Any]) -> Op[dict[str, Any] | None]:
+        """A resumed run's rank: as the node its part of the checkpoint says."""
+        peer = self if part["me"] == self.me else Peer(self.job, self.world, part["me"])
+        return (yield from peer.loop(peer.restore(part)))
+
+    def loop(self, k: int) -> Op[dict[str, Any] | None]:
+        """Iterations from k (and the meetings) until the run stops; rank 0's summary."""
+        world, net, record, error = self.world, self.net, self.world.record, None
         try:
             while True:
                 yield from self.iterate(k)
@@ -101,8 +121,9 @@ class Peer:
             net.model, self.z_mean, self.first, t_end, self.status, error, bytes_sent=self.nbytes
         )
 
-    # what a rank's checkpoint holds besides its node: z̄, the iterations met, bytes so far
-    KEPT = ("z_mean", "first", "nbytes", "carried")
+    # what a rank's checkpoint holds besides its node: the node it plays, z̄, the
+    # iterations met, bytes so far, who plays which node, the nodes lost
+    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "workers", "ranks", "lost", "met")
 
     def checkpoint(self, k: int) -> Op[None]:
         """After the meeting that follows iteration k − 1 (τ = 0: every message sent so far
@@ -112,7 +133,7 @@ class Peer:
         part = {key: getattr(self, key) for key in self.KEPT}
         part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
                     faults=node.faults)  # fmt: skip
-        yield from self.world.checkpoint(k, part, self.met_at)
+        yield from self.world.checkpoint(k, part, self.met_at, live=bool(self.quorum))
 
     def restore(self, part: dict[str, Any]) -> int:
         """A resumed run's rank: its part of the checkpoint set, its minibatches and step
@@ -124,22 +145,54 @@ class Peer:
             part["x"], part["w"], part["inner"], part["buffers"], part["faults"],
         )  # fmt: skip
         self.world.faults = node.faults
-        catch_up(self.job.profile, self.rank, node.batches, part["k"])
+        catch_up(self.job.profile, self.me, node.batches, part["k"])
         return part["k"]
+
+    def take_over(self, state: dict[str, Any]) -> int:
+        """A spare chosen to play a lost node: its x is z̄ (w = 1) and its local optimizer
+        the lowest survivor's; its minibatches, step times and later faults from the
+        iterations the node took; returns the next iteration."""
+        node, k = self.node, state["k"]
+        node.x, node.inner = state["x"], state["inner"]  # the optimizer steps this very x
+        node.x.copy_(state["z_mean"])
+        node.w.fill_(1.0)
+        for key in ("z_mean", "first", "workers", "ranks", "lost", "met"):
+            setattr(self, key, state[key])
+        node.faults = Faults(self.job.profile, self.me, self.world.now(), k, replaced=True)
+        self.world.faults = node.faults
+        catch_up(self.job.profile, self.me, node.batches, k)
+        return k
+
+    def welcome(self, k: int, live: list[int], stop: bool) -> Op[list[int]]:
+        """The nodes left, after the meeting that chose spares: each spare takes a lost
+        node's place (rank 0 logs `replaced`) and gets z̄ and the lowest survivor's local
+        optimizer; returns the nodes in the run from here."""
+        world = self.world
+        lost_ranks = {r for _, r in world.joining}
+        live = take_in_spares(world, self.n, self.workers, live)
+        for r in lost_ranks:
+            self.workers[r] = -1
+        self.ranks = [self.workers.index(i) for i in range(self.n)]
+        self.lost -= set(live)
+        state = {"x": self.node.x, "inner": self.node.inner, "z_mean": self.z_mean, "k": k,
+                 "first": self.first, "workers": self.workers, "ranks": self.ranks,
+                 "lost": self.lost, "met": live, "stop": stop}  # fmt: skip
+        yield from world.welcome(state)
+        return live
 
     def iterate(self, k: int) -> Op[None]:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
         node, rule, world = self.node, self.rule, self.world
         paused = yield from world.strike()
         step = node.gradient(self.net)
-        (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.rank))
+        (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.me))
         if not rule.mixes_first:
             node.step(grad)
         message, sends = node.send(k), []
-        for peer in rule.out_peers(self.rank, k):
+        for peer in rule.out_peers(self.me, k):
             try:
                 if peer not in self.lost:
-                    sends.append(((yield from world.isend(message, peer)), peer))
+                    sends.append(((yield from world.isend(message, self.ranks[peer])), peer))
                     continue
             except RunError:  # real processes: the peer's connection closed
                 if not self.quorum:
@@ -153,11 +206,11 @@ class Peer:
         took = k >= rule.delay
         if took:  # the messages the in-peers sent at k − τ
             pull_s = self.job.profile.pull_s(self.msg_bytes)
-            for peer in rule.in_peers(self.rank, k - rule.delay):
+            for peer in rule.in_peers(self.me, k - rule.delay):
                 if peer in self.lost:
                     continue
                 try:
-                    wait += yield from world.recv(self.inbox, peer)
+                    wait += yield from world.recv(self.inbox, self.ranks[peer])
                 except RunError:
                     if not self.quorum:
                         raise
@@ -184,7 +237,7 @@ class Peer:
             _, _, sends = self.in_flight.popleft()
             for work, peer in sends:
                 try:
-                    yield from self.world.wait(work, peer)
+                    yield from self.world.wait(work, self.ranks[peer])
                 except RunError:
                     if not self.quorum:
                         raise
@@ -194,9 +247,9 @@ class Peer:
         """After the last iteration k − 1: the messages still in flight (τ > 0) are received
         and dropped, so that every send completes."""
         for sent_at in range(max(k - self.rule.delay, 0), k):
-            for peer in self.rule.in_peers(self.rank, sent_at):
+            for peer in self.rule.in_peers(self.me, sent_at):
                 if peer not in self.lost:
-                    yield from self.world.recv(torch.empty(self.d + 1), peer)
+                    yield from self.world.recv(torch.empty(self.d + 1), self.ranks[peer])
         yield from self.settle(k)
 
     def meet(self, version: int) -> Op[bool]:
@@ -211,8 +264,8 @@ class Peer:
         stats = torch.zeros(stats_slots(n, self.every), dtype=torch.float64)
         width = self.every * len(ROW)
         mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
-        stats[self.rank * width : self.rank * width + mine.numel()] = mine
-        stats[n * width + self.rank] = float((z - self.z_mean).norm())
+        stats[self.me * width : self.me * width + mine.numel()] = mine
+        stats[n * width + self.me] = float((z - self.z_mean).norm())
         losses = [row[1] for row in self.rows]
         stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
         if record is not None:  # rank 0's word: stop, or a checkpoint after this meeting
@@ -223,8 +276,7 @@ class Peer:
         if self.quorum:  # every node learns who is lost; rank 0 logs them
             before, self.met, self.lost = self.met, live, set(range(n)) - set(live)
             replicas_left(record, world.now(), version, before, live, self.quorum, n)
-        full = len(live) == n
-        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0 and full), t_enter
+        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
         comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
         self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
         if record is not None:  # rank 0 counts every rank's bytes
@@ -238,12 +290,16 @@ class Peer:
             if stats[-1] > 0:
                 self.status = "diverged"
         self.first, self.rows = version, []
-        return bool(stats[-2] == STOP or stats[-1] > 0)
+        stop = bool(stats[-2] == STOP or stats[-1] > 0)
+        if world.joining:  # spares take the lost nodes' places from the next iteration
+            self.met = yield from self.welcome(version, live, stop)
+        return stop
 
     def all_reduce(self, buf: torch.Tensor) -> Op[list[int]]:
         """A meeting's all-reduce: over every node, or (cluster.min_replicas) over the nodes
         left; the nodes summed."""
         if self.quorum:
-            return (yield from self.world.all_reduce_live(buf))
+            ranks = yield from self.world.all_reduce_live(buf)
+            return sorted(self.workers[r] for r in ranks)
         yield from self.world.all_reduce(buf)
         return list(range(self.n))

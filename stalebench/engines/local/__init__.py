@@ -97,8 +97,7 @@ class LocalEngine(Engine):
 
     def rank_name(self, rank: int) -> str:
         if not self.asynchronous:
-            n = self.num_workers
-            return super().rank_name(rank) if rank < n else f"spare {rank - n} (rank {rank})"
+            return super().rank_name(rank)
         return "server (rank 0)" if rank == 0 else f"worker {rank - 1} (rank {rank})"
 
     def validate(self, splits) -> None:
