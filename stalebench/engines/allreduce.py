@@ -167,34 +167,21 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     model, params, rule, net, net_params = build_replica(job, device)
     x, y = job.splits.x_train[:1], job.splits.y_train[:1]
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
-    # rounds so far, whether to stop, the replicas left (by rank), each rank's worker index
-    workers = list(range(n)) + [-1] * (world.size - n)
-    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers, "bytes": 0}
-    resumed = world.resumed  # a resumed run: this rank's part of the checkpoint
-    if resumed is not None:
-        params, rule, at = join(device, net, resumed)
-    elif rank >= n or world.resumed_from >= 0:  # a spare (a resumed run's: took no part)
-        got = yield from world.stand_by()
-        if got is None:
-            return None
-        params, rule, at = join(device, net, got[1])
-    me, d = at["workers"][rank], params.numel()
+    placed = yield from place(job, world, net, params, rule)
+    if placed is None:  # a spare the run did not need
+        return None
+    params, rule, at = placed
+    me, d, resumed = at["workers"][rank], params.numel(), world.resumed
     buf = torch.zeros(round_slots(d, n))
     step, faults = worker_of(job, world, net, params, me, at["version"], buf[:d])
-    if resumed is not None:
+    if resumed is not None:  # its faults as they were
         world.faults = faults = resumed["faults"]
-    eng = job.cfg.engine
-    sizes = [p.numel() for p in net_params]
+    eng, sizes = job.cfg.engine, [p.numel() for p in net_params]
     buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
     status, error, version = "completed", None, at["version"]
     t_last = world.now() if resumed is not None else 0.0
-    quorum, live, bytes_sent, stop, save = (
-        job.cfg.cluster.min_replicas,
-        at["live"],
-        at["bytes"],
-        False,
-        False,
-    )
+    quorum, live, bytes_sent = job.cfg.cluster.min_replicas, at["live"], at["bytes"]
+    stop = save = False
     if record is not None and resumed is None:
         record.snapshots.maybe(0.0, 0, params)
 
@@ -229,8 +216,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             if world.joining:  # spares take the lost replicas' places from the next round
                 at["live"] = live
                 live = yield from welcome(world, n, params, rule, version, stop, at)
-            if buf[-1] == SAVE:
-                at.update(version=version, live=live, bytes=bytes_sent)  # every rank, at once
+            if buf[-1] == SAVE:  # every rank, at once
+                at.update(version=version, live=live, bytes=bytes_sent)
                 part = {"params": params, "rule": rule, "at": at, "faults": faults}
                 yield from world.checkpoint(version, part, world.now(), live=bool(quorum))
             save = record is not None and not stop and world.checkpoint_due(world.now())
@@ -244,6 +231,23 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         return None
     world.release_spares()
     return record.finish(model, params, version, t_last, status, error, bytes_sent=bytes_sent)
+
+
+def place(job: Job, world: World, net, params, rule) -> Op[tuple | None]:
+    """Where this rank starts: a replica at round 0 (θ₀ and the rule as built); a resumed
+    run's rank where its part of the checkpoint says; a spare, or a resumed run's rank that
+    took no part, once it takes a lost replica's place (None: the run ended first). Returns
+    (θ, rule, at): `at` the rounds so far, whether to stop, the replicas left, each rank's
+    worker index, the bytes sent so far."""
+    n, device = job.num_workers, job.device(world.rank)
+    if world.resumed is not None:
+        return join(device, net, world.resumed)
+    if world.rank >= n or world.resumed_from >= 0:
+        got = yield from world.stand_by()
+        return None if got is None else join(device, net, got[1])
+    workers = list(range(n)) + [-1] * (world.size - n)
+    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers, "bytes": 0}
+    return params, rule, at
 
 
 def worker_of(job: Job, world: World, net, params, me: int, version: int, out):

@@ -2,7 +2,8 @@
 in flight (`World.checkpoint`): each rank writes its part, then rank 0 commits the set. An
 interrupted run resumed with resume=true ends as the uninterrupted run does: in the
 simulator bit for bit (events.jsonl but for its `resume` line, and model.pt), for
-engine=allreduce, local (DiLoCo, streaming DiLoCo with engine.delay=0) and gossip; in real
+engine=local (DiLoCo, streaming DiLoCo with engine.delay=0), engine=allreduce after a
+replica was lost (over the replicas left), and gossip and DiLoCo healed by a spare; in real
 processes, DiLoCo on 4 replicas stopped by SIGTERM ends with the same θ, bit for bit (its
 rounds are synchronous and gloo's ring sums in a fixed order), each round once."""
 
@@ -27,14 +28,11 @@ from tests.conftest import compose
 DIE = "cluster.faults=[{worker:2,at_s:0.5,action:die}]"
 COMMON = ["cluster.num_workers=4", "dataset=synthetic", "model=mlp", "logger=none"]
 SIM = {
-    "allreduce": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=600",
-                  "checkpoint_every_s=1"],
     "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=80",
                "checkpoint_every_s=2"],
     "streaming-diloco": ["algorithm=streaming_diloco", "engine.delay=0",
                          "algorithm.outer.inner_steps=10", "budget.max_updates=120",
                          "checkpoint_every_s=2"],
-    "gossip": ["algorithm=dpsgd", "budget.max_updates=500", "checkpoint_every_s=2"],
     # checkpoints after a replica was lost (it comes back as a spare), and after a spare
     # took a lost worker's place (its part is that worker's)
     "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=600",
