@@ -80,19 +80,16 @@ def load(run_dir: Path) -> dict[str, Any] | None:
 
 
 class Checkpoints:
-    """Saves a checkpoint when `every_s` run seconds have passed since the last one."""
+    """Rank 0's checkpoints of the run directory (when one falls due is the world's to say:
+    `World.checkpoint_due`, every `every_s(cfg)` run seconds)."""
 
-    def __init__(
-        self, run_dir: Path, every_s: float, events: EventLog, snapshots: Snapshots, sha: str
-    ):  # every_s: `every_s(cfg)`
+    def __init__(self, run_dir: Path, events: EventLog, snapshots: Snapshots, sha: str):
         self.dir = Path(run_dir) / DIR
-        self.every_s, self.events, self.snapshots, self.sha = every_s, events, snapshots, sha
+        self.events, self.snapshots, self.sha = events, snapshots, sha
         self.saved_snapshots = len(snapshots.taken)  # those already on disk
-        self._next_t = every_s
 
     def resume(self, saved: dict[str, Any]) -> None:
-        """A run that goes on from the checkpoint `saved`: its θ snapshots back in place,
-        and the next checkpoint due `every_s` after it."""
+        """A run that goes on from the checkpoint `saved`: its θ snapshots back in place."""
         for i in range(saved["snapshots"]):
             self.snapshots.taken.append(Snapshot(**torch.load(self.dir / f"snap-{i:05d}.pt")))
         self.snapshots.next_version, self.snapshots.next_t = saved["snapshot_next"]
@@ -100,10 +97,6 @@ class Checkpoints:
             held, self.snapshots.next_grid, self.snapshots._held_taken = saved["snapshot_grid"]
             self.snapshots.held = Snapshot(**held) if held is not None else None
         self.saved_snapshots = len(self.snapshots.taken)
-        self._next_t = saved["t"] + self.every_s
-
-    def due(self, t: float) -> bool:
-        return self.every_s > 0 and t >= self._next_t
 
     def save(self, t: float, version: int, state: dict[str, Any]) -> None:
         """Write the checkpoint at run time `t`: the events up to here, the snapshots not yet
@@ -134,7 +127,6 @@ class Checkpoints:
         tmp = self.dir / "state.pt.tmp"
         torch.save(record, tmp)
         os.replace(tmp, self.dir / "state.pt")
-        self._next_t = t + self.every_s
 
 
 def rewind(run_dir: Path, saved: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
 from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
-from stalebench.runtime import checkpoint
 from stalebench.runtime.checkpoint import Checkpoints
 from stalebench.runtime.faults import WorkerLost
 
@@ -38,9 +37,8 @@ class RunRecord:
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(
-            self.run_dir, checkpoint.every_s(job.cfg), self.events, self.snapshots,
-            job.meta["config_sha"],
-        )  # fmt: skip
+            self.run_dir, self.events, self.snapshots, job.meta["config_sha"]
+        )
         if resume:  # the checkpoint this run goes on from (events.jsonl rewound to it)
             self.checkpoints.resume(resume)
             self.events.emit("system", resume["t"], event="resume", version=resume["version"])

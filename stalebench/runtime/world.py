@@ -83,6 +83,7 @@ class World:
     rank: int
     size: int
     profile: Profile
+    run_dir: Path  # the run directory (each rank's own, with torchrun across machines)
     record: RunRecord | None
     faults: Faults | None = None
     hub = False  # a parameter server's rank: its side of every link costs nothing
@@ -126,6 +127,10 @@ class World:
         start). Every rank that asks gets the same answer for the same `t`."""
         return t >= self.next_checkpoint
 
+    def checkpoint_taken(self, t: float) -> None:
+        """The checkpoint due by run time `t` is taken: the next falls due `every_s` after."""
+        self.next_checkpoint = t + self.every_s
+
     def checkpoint(self, version: int, part: Any, t: float, live: bool = False) -> Op[None]:
         """Every rank at once, at the same point of the run (a round's end, nothing in
         flight): `part`, what this rank needs to go on from here (its θ, optimizer state,
@@ -134,9 +139,9 @@ class World:
         so that a kill at any moment leaves the last complete set. `t`: the run time the
         checkpoint was due by (the next falls due `every_s` after it); `live`: over the
         ranks in the rounds (cluster.min_replicas: spares standing by take no part)."""
-        run_dir = self.record.run_dir if self.record is not None else self.run_dir
+        run_dir = self.run_dir
         checkpoint.save_part(run_dir, version, self.rank, {"part": part, "rng": rng_state()})
-        self.next_checkpoint = t + self.every_s
+        self.checkpoint_taken(t)
         barrier, ranks = torch.zeros(1), list(range(self.size))
         if live:  # the ranks in the rounds: those that wrote a part
             ranks = yield from self.all_reduce_live(barrier, 0.0)
@@ -154,19 +159,20 @@ class World:
         self.next_checkpoint = due + self.every_s if self.every_s > 0 else math.inf
         self.resumed_from = version
         if version >= 0 and self.rank in ranks:
-            run_dir = self.record.run_dir if self.record is not None else self.run_dir
-            saved = checkpoint.load_part(run_dir, version, self.rank)
+            saved = checkpoint.load_part(self.run_dir, version, self.rank)
             set_rng_state(saved["rng"])
             self.resumed = saved["part"]
 
     def _start_of(self) -> tuple[float, int, float, list[int]]:
         """Rank 0: when the run starts (a resumed run's checkpoint time), the version of
-        its checkpoint set (-1: none, or a server's checkpoint), when it fell due, and the
-        ranks that wrote it."""
+        its checkpoint set (-1: none, or a server's checkpoint), when the checkpoint fell
+        due, and the ranks that wrote the set."""
         saved = self.record.resumed if self.record is not None else None
-        state = saved["state"] if saved else None
-        if not isinstance(state, dict) or "parts" not in state:
-            return (saved["t"] if saved else 0.0), -1, 0.0, list(range(self.size))
+        if not saved:
+            return 0.0, -1, 0.0, list(range(self.size))
+        state = saved["state"]
+        if not isinstance(state, dict) or "parts" not in state:  # a server's checkpoint
+            return saved["t"], -1, saved["t"], list(range(self.size))
         return saved["t"], state["parts"], state["due"], state["ranks"]
 
     def strike(self, on_pause: Pause | None = None) -> Op[float]:
@@ -286,9 +292,7 @@ class RealWorld(World):
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
-        self.run_dir = run_dir
-        self.every_s = every_s
-        self.next_checkpoint = every_s if every_s > 0 else math.inf
+        self.run_dir, self.every_s = run_dir, every_s
 
     @property
     def events(self) -> EventLog:

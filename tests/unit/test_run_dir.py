@@ -96,7 +96,7 @@ def _checkpointed_run(run_dir, cfg):
     events = EventLog(run_dir / "events.jsonl")
     events.emit("system", 0.0, event="start")
     events.emit("update", 1.0, version=1)
-    saver = Checkpoints(run_dir, 1.0, events, Snapshots(cfg.eval), config_sha(cfg))
+    saver = Checkpoints(run_dir, events, Snapshots(cfg.eval), config_sha(cfg))
     saver.save(1.5, 2, {"ps": "state"})
     at_checkpoint = (run_dir / "events.jsonl").read_bytes()
     events.emit("update", 2.0, version=3)

@@ -16,6 +16,7 @@ payload. The header holds int32s and float64s, packed and read in place with `st
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from typing import Any
 
@@ -119,14 +120,16 @@ class Server:
         return self.world.now()
 
     def checkpoint(self) -> None:
-        t, checkpoints = self.now(), self.record.checkpoints
-        if not checkpoints.due(t):
+        t, world = self.now(), self.world
+        if not world.checkpoint_due(t):
             return
         if self.worker_state:  # e.g. DANA-Slim's momentum, on the workers: none is saved
             log.warning("server: the workers keep state of their own: no checkpoints")
-            checkpoints.every_s = 0.0
+            world.next_checkpoint = math.inf
             return
-        checkpoints.save(t, self.ps.version, {"ps": self.ps.state(), "bytes_sent": self.bytes})
+        world.checkpoint_taken(t)
+        state = {"ps": self.ps.state(), "bytes_sent": self.bytes}
+        self.record.checkpoints.save(t, self.ps.version, state)
 
     def next_push(self) -> Op[Push | None]:
         item = yield from self.listener.next(self.active, self.cfg.budget.max_wall_s)
