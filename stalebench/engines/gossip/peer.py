@@ -70,7 +70,7 @@ class Peer:
         self.met = list(range(self.n))  # the nodes at the last meeting
         # each rank's node (-1: a spare standing by, or a lost rank), and each node's rank
         self.workers = list(range(self.n)) + [-1] * (world.size - self.n)
-        self.ranks = list(range(self.n))
+        self.ranks = list(range(self.n))  # from `workers` (`placed`)
 
     def run(self) -> Op[dict[str, Any] | None]:
         world, net, record = self.world, self.net, self.world.record
@@ -123,7 +123,7 @@ class Peer:
 
     # what a rank's checkpoint holds besides its node: the node it plays, z̄, the
     # iterations met, bytes so far, who plays which node, the nodes lost
-    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "workers", "ranks", "lost", "met")
+    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "workers", "lost", "met")
 
     def checkpoint(self, k: int) -> Op[None]:
         """After the meeting that follows iteration k − 1 (τ = 0: every message sent so far
@@ -140,6 +140,7 @@ class Peer:
         times from the iterations it took; returns the next iteration."""
         for key in self.KEPT:
             setattr(self, key, part[key])
+        self.placed()
         node = self.node
         node.x, node.w, node.inner, node.buffers, node.faults = (
             part["x"], part["w"], part["inner"], part["buffers"], part["faults"],
@@ -156,8 +157,9 @@ class Peer:
         node.x, node.inner = state["x"], state["inner"]  # the optimizer steps this very x
         node.x.copy_(state["z_mean"])
         node.w.fill_(1.0)
-        for key in ("z_mean", "first", "workers", "ranks", "lost", "met"):
+        for key in ("z_mean", "first", "workers", "lost", "met"):
             setattr(self, key, state[key])
+        self.placed()
         node.faults = Faults(self.job.profile, self.me, self.world.now(), k, replaced=True)
         self.world.faults = node.faults
         catch_up(self.job.profile, self.me, node.batches, k)
@@ -172,13 +174,17 @@ class Peer:
         live = take_in_spares(world, self.n, self.workers, live)
         for r in lost_ranks:
             self.workers[r] = -1
-        self.ranks = [self.workers.index(i) for i in range(self.n)]
+        self.placed()
         self.lost -= set(live)
         state = {"x": self.node.x, "inner": self.node.inner, "z_mean": self.z_mean, "k": k,
-                 "first": self.first, "workers": self.workers, "ranks": self.ranks,
-                 "lost": self.lost, "met": live, "stop": stop}  # fmt: skip
+                 "first": self.first, "workers": self.workers, "lost": self.lost, "met": live,
+                 "stop": stop}  # fmt: skip
         yield from world.welcome(state)
         return live
+
+    def placed(self) -> None:
+        """Each node's rank, from each rank's node (`workers`)."""
+        self.ranks = [self.workers.index(i) for i in range(self.n)]
 
     def iterate(self, k: int) -> Op[None]:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""

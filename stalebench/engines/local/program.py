@@ -84,7 +84,10 @@ class Member:
         ]
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
-        self.step, self.merged_t = self.version * self.plan.steps, 0.0  # inner steps; see merge
+        self.step, self.merged_t = (
+            self.version * self.plan.steps,
+            0.0,
+        )  # inner steps taken; see merge
         if state is not None:  # a checkpoint's part holds where its rank's steps were
             self.restore(state) if "step" in state else self.take_over(state)
         world.faults = self.rep.faults
@@ -142,10 +145,10 @@ class Member:
 
     def rounds(self) -> Op[dict[str, Any] | None]:
         job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
-        error, step, stop = None, self.step, False
+        error, stop = None, False
         try:
             while self.status == "completed" and not stop:
-                if step % plan.steps == 0:
+                if self.step % plan.steps == 0:
                     rep.inner.new_round()
                 self.paused += yield from world.strike()
                 loss, compute_s = yield from world.compute(
@@ -153,16 +156,15 @@ class Member:
                 )
                 self.losses.append(loss)
                 self.compute += compute_s
-                step += 1
+                self.step += 1
                 if plan.delay == 0:  # a merge follows its send at once
-                    yield from self.send(plan.sends(step))
-                merges = plan.merges(step)
+                    yield from self.send(plan.sends(self.step))
+                merges = plan.merges(self.step)
                 for p in merges:
                     stop = (yield from self.merge(p)) or stop
                 if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
-                    yield from self.send(plan.sends(step))
+                    yield from self.send(plan.sends(self.step))
                 elif merges and self.keeps_checkpoints(stop):
-                    self.step = step
                     yield from self.checkpoint()
             for s in self.sent.values():  # started by every rank: finish them before leaving
                 for handle in s.pending:
