@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from stalebench.algorithms.torch_optim import torch_step
+from stalebench.algorithms.torch_optim import check_torch_fields, torch_optimizer, torch_step
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -87,7 +87,7 @@ class MomentumConfig(InnerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _unit("algorithm.inner.momentum", self.momentum)
+        check_torch_fields(self, "algorithm.inner")
 
 
 @dataclasses.dataclass
@@ -101,20 +101,22 @@ class AdamWConfig(InnerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _unit("algorithm.inner.beta1", self.beta1)
-        _unit("algorithm.inner.beta2", self.beta2)
-        _positive("algorithm.inner.eps", self.eps)
+        check_torch_fields(self, "algorithm.inner")
 
 
 class InnerOptimizer:
-    """A worker's optimizer over its flat replica `x` (updated in place by `step`). With
+    """A worker's optimizer over its flat replica `x` (updated in place by `step`): torch's
+    class `optimizer`, its arguments from the config (`torch_optimizer`). With
     `lr_decay`, torch's LambdaLR sets the step before each inner step k to lr ×
     lr_factor(k); k counts every inner step the worker takes (a round's `reset` does not
     restart it). Without one, no scheduler exists: the constant step is what it was."""
 
+    optimizer: ClassVar[str] = "SGD"
+
     def __init__(self, cfg: InnerConfig, x: torch.Tensor):
         self.cfg, self.x = cfg, x
-        self.opt = self.build(x)
+        # one tensor: torch's single-tensor code path (foreach=False)
+        self.opt = torch_optimizer(self.optimizer, [x], cfg, foreach=False)
         self.schedule = None
         if cfg.lr_decay != "none":
             import torch
@@ -123,9 +125,6 @@ class InnerOptimizer:
             self.schedule = torch.optim.lr_scheduler.LambdaLR(
                 self.opt, lambda k: lr_factor(decay, k, steps)
             )
-
-    def build(self, x: torch.Tensor):
-        raise NotImplementedError
 
     def step(self, grad: torch.Tensor) -> None:
         torch_step(self.opt, [self.x], grad)
@@ -152,40 +151,17 @@ INNER: Registry[InnerOptimizer] = Registry(
 class InnerSGD(InnerOptimizer):
     """x ← x − η(g + λx)."""
 
-    def build(self, x):
-        import torch
-
-        return torch.optim.SGD(
-            [x], lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, foreach=False
-        )
-
 
 @INNER.register("momentum", MomentumConfig)
 class InnerMomentum(InnerOptimizer):
     """Heavy-ball (or Nesterov) momentum SGD, torch's convention: b ← μb + g, x ← x − ηb."""
-
-    def build(self, x):
-        import torch
-
-        c = self.cfg
-        return torch.optim.SGD(
-            [x], lr=c.lr, momentum=c.momentum, nesterov=c.nesterov,
-            weight_decay=c.weight_decay, foreach=False,
-        )  # fmt: skip
 
 
 @INNER.register("adamw", AdamWConfig)
 class InnerAdamW(InnerOptimizer):
     """AdamW (Loshchilov & Hutter): DiLoCo's inner optimizer."""
 
-    def build(self, x):
-        import torch
-
-        c = self.cfg
-        return torch.optim.AdamW(
-            [x], lr=c.lr, betas=(c.beta1, c.beta2), eps=c.eps, weight_decay=c.weight_decay,
-            foreach=False,
-        )  # fmt: skip
+    optimizer = "AdamW"
 
 
 # ---------------------------------------------------------------------------- outer

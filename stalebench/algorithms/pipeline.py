@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from stalebench.algorithms.torch_optim import torch_step
+from stalebench.algorithms.torch_optim import check_torch_fields, torch_optimizer, torch_step
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -137,32 +137,23 @@ class AdamConfig(OptimizerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.beta2 < 1.0:
-            raise ConfigError(f"algorithm.optimizer.beta2 must be in [0, 1), got {self.beta2}")
+        check_torch_fields(self, "algorithm.optimizer")
 
 
 class _Torch(StageOptimizer):
     """A torch.optim optimizer on the flat weights, fed one gradient per step; a subclass
-    names the class (`torch_name`) and the arguments beyond Adam's (`extra`)."""
+    names the class (`torch_name`) and what it sets whatever the config says (`fixed`), the
+    config the rest (`torch_optimizer`)."""
 
     torch_name = ""
+    fixed: ClassVar[dict] = {}
 
     def __init__(self, cfg: AdamConfig, w: torch.Tensor):
         super().__init__(cfg, w)
         import torch
 
         self.param = torch.nn.Parameter(w, requires_grad=False)  # shares w's storage
-        self.opt = getattr(torch.optim, self.torch_name)(
-            [self.param],
-            lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2),
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            **self.extra(cfg),
-        )
-
-    def extra(self, cfg: AdamConfig) -> dict:
-        return {}
+        self.opt = torch_optimizer(self.torch_name, [self.param], cfg, **self.fixed)
 
     def step(self, grad: torch.Tensor, lr: float, beta1: float) -> None:
         torch_step(self.opt, [self.param], grad, lr=lr, betas=(beta1, self.cfg.beta2))
@@ -183,13 +174,6 @@ class NAdamConfig(AdamConfig):
     # at the same fraction of the run with ψ = 0.004 · 50,000 / T (§10.6)
     momentum_decay: float = 0.004
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.momentum_decay >= 0:
-            raise ConfigError(
-                f"algorithm.optimizer.momentum_decay must be >= 0, got {self.momentum_decay}"
-            )
-
 
 @OPTIMIZERS.register("nadamw", NAdamConfig)
 class NAdamW(_Torch):
@@ -199,9 +183,7 @@ class NAdamW(_Torch):
     momentum μ_t follows the schedule set by `momentum_decay`, not β₁ itself."""
 
     torch_name = "NAdam"
-
-    def extra(self, cfg: NAdamConfig) -> dict:
-        return {"momentum_decay": cfg.momentum_decay, "decoupled_weight_decay": True}
+    fixed: ClassVar[dict] = {"decoupled_weight_decay": True}
 
 
 @dataclasses.dataclass

@@ -13,6 +13,12 @@ Config fields and defaults are torch's (betas as beta1, beta2). The optimizer st
 per-tensor views once the engine says which tensors θ is made of (`set_shapes`), so each
 element takes the very code path it takes in DDP's replica; `warmup_updates` sets the
 group's learning rate before each step.
+
+This module is also the one place a plain optimizer is made and stepped, whatever role it
+plays: `torch_optimizer` builds torch's class from a config's fields (an update rule here,
+an inner optimizer of engine=local and gossip, a pipeline stage's), `torch_step` steps it
+with a flat gradient, and `check_torch_fields` refuses the settings torch would refuse,
+naming the config key. The staleness-aware rules and the outer rules stay their own.
 """
 
 from __future__ import annotations
@@ -24,21 +30,48 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalebench.algorithms.base import UPDATES, UpdateConfig, UpdateRule
-from stalebench.algorithms.updates import check_momentum
 from stalebench.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
 
-def _check_unit(key: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ConfigError(f"algorithm.update.{key} must be in [0, 1), got {value}")
+# the torch.optim classes a plain optimizer is, and the arguments each takes from a config
+# (`betas` from its beta1 and beta2); an argument whose field a config lacks keeps torch's
+# default
+ARGUMENTS = {
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+    "Adam": ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+    "AdamW": ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+    "NAdam": ("lr", "betas", "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay"),
+}
 
 
-def _check_positive(key: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"algorithm.update.{key} must be > 0, got {value}")
+def torch_optimizer(name: str, tensors: Sequence[torch.Tensor], cfg: Any, **fixed: Any):
+    """torch.optim.<name> over `tensors`, its arguments the fields of `cfg` that name them
+    (`ARGUMENTS`), then `fixed` (what the role sets whatever the config says)."""
+    import torch
+
+    args = {}
+    for key in ARGUMENTS[name]:
+        if key == "betas" and hasattr(cfg, "beta1"):
+            args["betas"] = (cfg.beta1, cfg.beta2)
+        elif hasattr(cfg, key):
+            args[key] = getattr(cfg, key)
+    return getattr(torch.optim, name)(tensors, **{**args, **fixed})
+
+
+def check_torch_fields(cfg: Any, key: str) -> None:
+    """Refuse, naming `key`.<field>, the values torch's optimizers refuse or misbehave with,
+    of the fields `cfg` has: β₁, β₂ and momentum in [0, 1), eps > 0, momentum_decay >= 0."""
+    for field in ("beta1", "beta2", "momentum"):
+        value = getattr(cfg, field, 0.0)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}.{field} must be in [0, 1), got {value}")
+    if not getattr(cfg, "eps", 1.0) > 0:
+        raise ConfigError(f"{key}.eps must be > 0, got {cfg.eps}")
+    if getattr(cfg, "momentum_decay", 0.0) < 0:
+        raise ConfigError(f"{key}.momentum_decay must be >= 0, got {cfg.momentum_decay}")
 
 
 def torch_step(opt: torch.optim.Optimizer, tensors: Sequence[torch.Tensor], grad, **group) -> None:
@@ -61,7 +94,7 @@ def torch_step(opt: torch.optim.Optimizer, tensors: Sequence[torch.Tensor], grad
 
 class TorchRule(UpdateRule):
     """A torch.optim optimizer over θ (or θ's per-tensor views), stepped with each gradient
-    the engine applies; subclasses name the class (`optimizer`) and its arguments."""
+    the engine applies; subclasses name the class (`optimizer`), its config the arguments."""
 
     optimizer: ClassVar[str] = ""  # the torch.optim class
     # torch steps whole tensors (Adam's step count, SGD's first momentum buffer are per
@@ -74,16 +107,8 @@ class TorchRule(UpdateRule):
         self.tensors = [params]  # what it steps: θ itself until `set_shapes`
         self.opt = self._build()
 
-    def arguments(self) -> dict[str, Any]:
-        """The optimizer's keyword arguments beyond `lr` and `weight_decay` (from `self.cfg`)."""
-        return {}
-
     def _build(self):
-        import torch
-
-        return getattr(torch.optim, self.optimizer)(
-            self.tensors, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, **self.arguments()
-        )
+        return torch_optimizer(self.optimizer, self.tensors, self.cfg)
 
     def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
         if self.updates:
@@ -121,7 +146,7 @@ class TorchSGDConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_momentum(self.momentum)
+        check_torch_fields(self, "algorithm.update")
         if not 0.0 <= self.dampening <= 1.0:
             raise ConfigError(f"algorithm.update.dampening must be in [0, 1], got {self.dampening}")
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
@@ -139,10 +164,6 @@ class TorchSGD(TorchRule):
 
     optimizer = "SGD"
 
-    def arguments(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"momentum": c.momentum, "dampening": c.dampening, "nesterov": c.nesterov}
-
 
 # ---------------------------------------------------------------------------- Adam family
 
@@ -158,9 +179,7 @@ class MomentsConfig(UpdateConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_unit("beta1", self.beta1)
-        _check_unit("beta2", self.beta2)
-        _check_positive("eps", self.eps)
+        check_torch_fields(self, "algorithm.update")
 
 
 @dataclasses.dataclass
@@ -173,10 +192,6 @@ class Adam(TorchRule):
     """torch.optim.Adam (Kingma & Ba 2015): weight_decay is L2, added to the gradient."""
 
     optimizer = "Adam"
-
-    def arguments(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"betas": (c.beta1, c.beta2), "eps": c.eps, "amsgrad": c.amsgrad}
 
 
 @dataclasses.dataclass
@@ -198,25 +213,9 @@ class NAdamConfig(MomentsConfig):
     # weight_decay decoupled (θ ← θ(1 − ηλ), "NAdamW") instead of L2 in the gradient
     decoupled_weight_decay: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.momentum_decay < 0:
-            raise ConfigError(
-                f"algorithm.update.momentum_decay must be >= 0, got {self.momentum_decay}"
-            )
-
 
 @UPDATES.register("nadam", NAdamConfig)
 class NAdam(TorchRule):
     """torch.optim.NAdam (Dozat 2016): Adam with Nesterov momentum and its μ_t warm-up."""
 
     optimizer = "NAdam"
-
-    def arguments(self) -> dict[str, Any]:
-        c = self.cfg
-        return {
-            "betas": (c.beta1, c.beta2),
-            "eps": c.eps,
-            "momentum_decay": c.momentum_decay,
-            "decoupled_weight_decay": c.decoupled_weight_decay,
-        }
