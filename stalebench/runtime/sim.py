@@ -195,10 +195,10 @@ class SimWorld(World):
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait))
 
-    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None):
+    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None, wait=True):
         if seconds is None:
             seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
-        return (yield from self._collective(Collective.SUM, buf, None, seconds, True, live=True))
+        return (yield from self._collective(Collective.SUM, buf, None, seconds, wait, live=True))
 
     @property
     def joining(self) -> list[tuple[int, int]]:  # type: ignore[override]

@@ -31,6 +31,7 @@ A rank that hears from many peers in whatever order they send (a server) listens
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -228,12 +229,17 @@ class World:
         untouched until then). A rank's collectives run in the order it starts them."""
         raise NotImplementedError
 
-    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None) -> Op[list[int]]:
+    def all_reduce_live(
+        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True
+    ) -> Op[Any]:
         """`all_reduce` over the ranks still alive: a rank lost before or during it (dead,
         or silent past timeout_s) is left out, the others agreeing on who is left (a quorum)
         and summing their buffers as they brought them. Returns the ranks summed, in order;
         a rank itself left out (silent too long) gets a RunError. Every rank of the run
-        calls it, the same number of times, as it does `all_reduce`."""
+        calls it, the same number of times, as it does `all_reduce`. With `wait=False`, a
+        handle for `complete` (its `members`, the ranks summed, once complete): a loss found
+        while several are under way sums again, over the ranks left, every one of them not
+        yet complete, in the order they were started."""
         raise NotImplementedError
 
     # spares chosen by the last `all_reduce_live` to take lost ranks' places: (spare rank,
@@ -267,6 +273,19 @@ class World:
         raise NotImplementedError
 
 
+@dataclasses.dataclass(eq=False)
+class Live:
+    """A real rank's `all_reduce_live` under way: its buffer, what the rank brought (summed
+    again over the ranks left if a peer is lost), its priced seconds, the collective, and
+    once complete the ranks it summed."""
+
+    buf: torch.Tensor
+    brought: torch.Tensor
+    seconds: float | None
+    pending: Any
+    members: list[int] = dataclasses.field(default_factory=list)
+
+
 class RealWorld(World):
     """A process of the real runtime: gloo messages through the profile's `Shaped` network,
     time by `time.perf_counter` from the barrier that starts the run."""
@@ -293,6 +312,7 @@ class RealWorld(World):
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
         self.run_dir, self.every_s = run_dir, every_s
+        self.live: list[Live] = []  # this rank's `all_reduce_live`s under way, in order
 
     @property
     def events(self) -> EventLog:
@@ -388,20 +408,36 @@ class RealWorld(World):
         return self._complete(pending) if wait else pending
 
     @blocking
-    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None) -> list[int]:
+    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None, wait=True):
         if self.quorum is None:
             raise RunError("all_reduce_live needs the run's store (a RealWorld made without)")
-        brought = buf.clone()
         self.quorum.start(self.transport)
         self.transport.watch(self.quorum.check)
-        while True:
+        live = Live(buf, buf.clone(), seconds, self.net.all_reduce_start(buf, seconds))
+        self.live.append(live)
+        if not wait:
+            return live
+        self._settle(live)
+        return live.members
+
+    def _settle(self, handle: Live) -> float:
+        """Wait for the live collectives under way, in the order started, up to `handle`;
+        when one fails (a peer lost), agree on the ranks left and start every one not yet
+        complete again over them, from what this rank brought. The seconds waited."""
+        start = time.perf_counter()
+        while handle in self.live:
+            first = self.live[0]
             try:
-                self._complete(self.net.all_reduce_start(buf, seconds))
-                self.joining = list(self.quorum.joining)
-                return list(self.quorum.members)
+                first.pending.wait()
             except RunError as exc:  # a peer lost: again over the ranks left
-                buf.copy_(brought)
                 self.quorum.reform(self.transport, exc)
+                for again in self.live:
+                    again.buf.copy_(again.brought)
+                    again.pending = self.net.all_reduce_start(again.buf, again.seconds)
+                continue
+            self.live.pop(0)
+            first.members, self.joining = list(self.quorum.members), list(self.quorum.joining)
+        return time.perf_counter() - start
 
     @blocking
     def welcome(self, state: Any) -> None:
@@ -423,7 +459,7 @@ class RealWorld(World):
 
     @blocking
     def complete(self, handle: Any) -> float:
-        return self._complete(handle)
+        return self._settle(handle) if isinstance(handle, Live) else self._complete(handle)
 
     def _complete(self, pending: Any) -> float:
         start = time.perf_counter()

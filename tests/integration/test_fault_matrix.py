@@ -56,6 +56,13 @@ FAMILIES = {
     # three replicas, rounds going on over two once one is lost (cluster.min_replicas)
     "allreduce/quorum (bsp)": (["algorithm=bsp", "engine=allreduce", *QUORUM], UPDATE, 1, True),
     "local/sync quorum (diloco)": (["algorithm=diloco", *QUORUM], INNER, 1, True),
+    # fragments merged 5 inner steps after their send: the exchanges run meanwhile
+    "local/streaming quorum (streaming_diloco)": (
+        ["algorithm=streaming_diloco", *QUORUM],
+        INNER,
+        1,
+        True,
+    ),
     "gossip/quorum (dpsgd)": (["algorithm=dpsgd", *QUORUM], INNER, 1, True),
     "gossip (dpsgd)": (["algorithm=dpsgd", *DATA], INNER, 1, False),
     "pipeline/sync (gpipe)": (["algorithm=gpipe", *PIPE], OPT, 1, False),

@@ -1,4 +1,5 @@
-"""engine=allreduce with `cluster.min_replicas`: a replica lost mid-run (a `die` fault, or
+"""The serverless engines (allreduce; local in its collective modes; gossip) with
+`cluster.min_replicas`: a replica lost mid-run (a `die` fault, or
 silent past timeout_s) leaves the others to agree on who is left and go on, averaging over
 themselves, in both runtimes; fewer left than min_replicas fails the run by name; with no
 loss the rounds are those of a plain all-reduce, event for event. The real runtime's regroup
@@ -142,9 +143,31 @@ DILOCO4 = ["algorithm=diloco", "algorithm.outer.inner_steps=10", "cluster.num_wo
            "budget.max_updates=20"]  # fmt: skip
 
 
-@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
-def test_diloco_goes_on_over_the_replicas_left(tmp_path, runtime):
-    overrides = [f"runtime={runtime}", *DILOCO4, "cluster.min_replicas=3", DIE, "timeout_s=20"]
+# engine=local's collective modes: sync rounds; Streaming DiLoCo's fragments merged at once
+# (delay 0) or two inner steps after their send, the collectives running meanwhile (a loss
+# found at a merge sums every exchange still in flight again over the replicas left); HPSGD's
+# rounds merged a whole round later
+MODES = {
+    "sync": [],
+    "streaming": ["algorithm=streaming_diloco", "engine.delay=0"],
+    "streaming-delayed": ["algorithm=streaming_diloco", "engine.delay=2"],
+    "overlap": ["algorithm=hpsgd"],
+}
+REAL = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("runtime", "mode"),
+    [
+        *(("sim", mode) for mode in MODES),
+        pytest.param("real", "sync", marks=REAL),
+        pytest.param("real", "streaming-delayed", marks=REAL),
+        pytest.param("real", "overlap", marks=REAL),
+    ],
+)
+def test_diloco_goes_on_over_the_replicas_left(tmp_path, runtime, mode):
+    overrides = [f"runtime={runtime}", *DILOCO4, *MODES[mode], "cluster.min_replicas=3", DIE,
+                 "timeout_s=20"]  # fmt: skip
     cfg = compose(fast_with(overrides))
     cfg.run_dir = str(tmp_path)
     summary = experiment.run(cfg)
@@ -156,13 +179,29 @@ def test_diloco_goes_on_over_the_replicas_left(tmp_path, runtime):
     assert rounds[0] == rounds[1] == rounds[3] == 20 and rounds[2] == lost["round"] - 1
 
 
-@pytest.mark.parametrize("runtime", ["sim", pytest.param("real", marks=pytest.mark.slow)])
-def test_a_spare_takes_a_lost_diloco_workers_place(tmp_path, runtime):
-    overrides = [f"runtime={runtime}", *DILOCO4, *SPARE, DIE, "timeout_s=20"]
+@pytest.mark.parametrize(
+    ("runtime", "mode"),
+    [("sim", "sync"), ("sim", "streaming"), pytest.param("real", "sync", marks=REAL)],
+)
+def test_a_spare_takes_a_lost_diloco_workers_place(tmp_path, runtime, mode):
+    # streaming: the spare takes up the fragments' schedule at the survivors' inner step
+    overrides = [f"runtime={runtime}", *DILOCO4, *MODES[mode], *SPARE, DIE, "timeout_s=20"]
     cfg = compose(fast_with(overrides))
     cfg.run_dir = str(tmp_path)
     summary = experiment.run(cfg)
-    healed(summary, read_events(tmp_path / "events.jsonl"), 20)
+    events = read_events(tmp_path / "events.jsonl")
+    healed(summary, events, 20)
+    # the spare's Δ is the fragment the others send, taken over as many inner steps (a
+    # spare half a round out of step sent, in the simulator, twice the others' Δ)
+    joined = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == 2][-5:]
+    for v in joined:
+        norms = {
+            e["worker"]: e["delta_norm"]
+            for e in events
+            if e["kind"] == "update" and e["version"] == v
+        }
+        others = sorted(norms[w] for w in (0, 1, 3))
+        assert 0.67 < norms[2] / others[1] < 1.5, (v, norms)
 
 
 def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
@@ -269,8 +308,12 @@ def test_sim_gossip_without_a_loss_min_replicas_changes_nothing(tmp_path):
         ),
         ([*BSP4, "cluster.spares=1"], "cluster.spares=1: engine=allreduce hands"),
         (
-            ["algorithm=streaming_diloco", "cluster.min_replicas=2"],
-            "cluster.min_replicas=2: engine.mode=streaming cannot go on",
+            ["algorithm=lsgd", "cluster.min_replicas=2"],
+            "cluster.min_replicas=2: algorithm.outer=leader cannot go on",
+        ),
+        (
+            ["algorithm=streaming_diloco", "cluster.min_replicas=2", "cluster.spares=1"],
+            "cluster.spares=1: engine.mode=streaming with engine.delay=5 has an exchange",
         ),
     ],
     ids=[
@@ -280,7 +323,8 @@ def test_sim_gossip_without_a_loss_min_replicas_changes_nothing(tmp_path):
         "more-than-workers",
         "buckets-real",
         "spares-alone",
-        "local-streaming",
+        "local-leaders",
+        "local-spares-in-flight",
     ],
 )
 def test_min_replicas_refused_where_it_cannot_hold(extra, key):

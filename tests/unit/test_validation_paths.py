@@ -85,6 +85,22 @@ CASES = [
         "that go on over the replicas left: set cluster.min_replicas too",
     ),
     (
+        ["algorithm=lsgd", "cluster.min_replicas=2"],
+        "cluster.min_replicas=2: algorithm.outer=leader cannot go on over the replicas left "
+        "(a rule that averages, with quantize none or fp16, can)",
+    ),
+    (
+        ["algorithm=diloco", "engine.quantize=int8", "cluster.min_replicas=2"],
+        "cluster.min_replicas=2: engine.quantize=int8 cannot go on over the replicas left "
+        "(a rule that averages, with quantize none or fp16, can)",
+    ),
+    (
+        ["algorithm=hpsgd", "cluster.min_replicas=2", "cluster.spares=1"],
+        "cluster.spares=1: engine.mode=overlap has an exchange in flight at every merge, "
+        "which a spare joining then would not be part of (spares join engine.mode=sync, or "
+        "streaming with engine.delay=0)",
+    ),
+    (
         ["algorithm=bsp", "engine=allreduce", "cluster.spares=2"],
         "cluster.spares=2: engine=allreduce hands a lost replica's place to a spare in rounds "
         "that go on over the replicas left: set cluster.min_replicas too",

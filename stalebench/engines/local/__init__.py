@@ -65,7 +65,7 @@ class LocalEngine(Engine):
     """N workers take H local steps each, then reconcile their replicas (local SGD, DiLoCo)."""
 
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
-    takes_quorum = True  # engine.mode=sync with a mean exchange (`validate`)
+    takes_quorum = True  # the collective modes with a mean exchange (`validate`)
     takes_spares = True  # with cluster.min_replicas (`validate`)
     checkpoints = ("real", "sim")  # every worker's part, after a step's merges
 
@@ -90,8 +90,8 @@ class LocalEngine(Engine):
 
     def survives_loss_of(self, rank: int) -> bool:
         """A worker, in the asynchronous mode (nobody waits for it): the server goes on with
-        the others; in sync mode with cluster.min_replicas, the rounds go on over the
-        replicas left (rank 0, which writes the run directory, cannot be lost). A sync round
+        the others; in the collective modes with cluster.min_replicas, the rounds go on over
+        the replicas left (rank 0, which writes the run directory, cannot be lost). A sync round
         otherwise needs every replica; a dead server ends the run."""
         return rank > 0 and (self.asynchronous or self.run.cluster.min_replicas > 0)
 
@@ -130,21 +130,24 @@ class LocalEngine(Engine):
                 "round's losses before it sends; it runs with engine.mode=sync only"
             )
         quorum = self.run.cluster.min_replicas
-        if quorum and (e.mode != "sync" or leads or e.quantize == "int8"):
-            what = (
-                f"engine.mode={e.mode}" if e.mode != "sync"
-                else f"algorithm.outer={a.outer.name}" if leads
-                else f"engine.quantize={e.quantize}"
-            )  # fmt: skip
+        if quorum and (leads or e.quantize == "int8"):
+            what = f"algorithm.outer={a.outer.name}" if leads else f"engine.quantize={e.quantize}"
             raise ConfigError(
                 f"cluster.min_replicas={quorum}: {what} cannot go on over the replicas left "
-                "(engine.mode=sync with a rule that averages, quantize none or fp16, can)"
+                "(a rule that averages, with quantize none or fp16, can)"
             )
         spares = self.run.cluster.spares
         if spares and not quorum:
             raise ConfigError(
                 f"cluster.spares={spares}: engine=local hands a lost worker's place to a spare "
                 "in rounds that go on over the replicas left: set cluster.min_replicas too"
+            )
+        if spares and (e.mode == "overlap" or e.delay):
+            delay = f" with engine.delay={e.delay}" if e.mode == "streaming" else ""
+            raise ConfigError(
+                f"cluster.spares={spares}: engine.mode={e.mode}{delay} has an exchange in "
+                "flight at every merge, which a spare joining then would not be part of "
+                "(spares join engine.mode=sync, or streaming with engine.delay=0)"
             )
         groups = getattr(a.outer, "groups", 1)
         if groups > n:

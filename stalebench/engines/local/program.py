@@ -50,7 +50,6 @@ class Sent:
     pending: list[Any]
     waited_s: float  # seconds the send itself waited (a leaders exchange runs in full)
     steps: int
-    live: list[int] | None = None  # cluster.min_replicas: the replicas the payload summed
 
 
 class Member:
@@ -84,10 +83,7 @@ class Member:
         ]
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
-        self.step, self.merged_t = (
-            self.version * self.plan.steps,
-            0.0,
-        )  # inner steps taken; see merge
+        self.step, self.merged_t = 0, 0.0  # inner steps taken; see merge
         if state is not None:  # a checkpoint's part holds where its rank's steps were
             self.restore(state) if "step" in state else self.take_over(state)
         world.faults = self.rep.faults
@@ -96,12 +92,13 @@ class Member:
         """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
         replicas left sent them; its predecessor's minibatches, step times and later faults
         from the steps they took."""
-        job, rep, steps = self.job, self.rep, self.version * self.plan.steps
-        self.theta, self.exs, rep.x, rep.inner = (
+        job, rep, steps = self.job, self.rep, state["steps"]
+        self.theta, self.exs, rep.x, rep.inner, self.step = (
             state["theta"],
             state["exs"],
             state["x"],
             state["inner"],
+            steps,
         )
         rep.faults = Faults(job.profile, self.me, self.world.now(), steps, replaced=True)
         catch_up(job.profile, self.me, rep.batches, steps)
@@ -198,16 +195,11 @@ class Member:
             stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
             stats[rank] = torch.tensor(row, dtype=torch.float64)
             waited, pending = 0.0, []
-            if self.quorum:  # sync, a mean: both collectives over the replicas left
-                start = world.now()
-                yield from world.all_reduce_live(stats, stats_s)
+            if self.quorum:  # a mean: both collectives over the replicas left
+                pending.append((yield from world.all_reduce_live(stats, stats_s, wait=False)))
                 payload = ex.contribution(rank, delta)
-                live = yield from world.all_reduce_live(payload, payload_s)
-                self.sent[p] = Sent(payload, stats, delta, [], world.now() - start,
-                                    len(self.losses), live)  # fmt: skip
-                self.compute, self.paused, self.losses = 0.0, 0.0, []
-                continue
-            if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
+                pending.append((yield from world.all_reduce_live(payload, payload_s, wait=False)))
+            elif ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
                 waited += yield from world.all_reduce(stats, stats_s)
                 ex.choose(stats[:, 1].tolist())
                 payload = ex.contribution(rank, delta)
@@ -231,8 +223,9 @@ class Member:
         blocked = s.waited_s
         for handle in s.pending:
             blocked += yield from self.world.complete(handle)
-        live = list(range(m)) if s.live is None else [self.workers[r] for r in s.live]
-        if s.live is not None:
+        live = list(range(m))
+        if self.quorum:  # the replicas the payload summed
+            live = [self.workers[r] for r in s.pending[-1].members]
             before, self.live = self.live, live
             t, n = self.world.now(), self.m
             replicas_left(self.world.record, t, self.version + 1, before, live, self.quorum, n)
@@ -272,6 +265,7 @@ class Member:
         yield from world.welcome({
             "theta": self.theta, "exs": self.exs, "x": self.rep.x, "inner": self.rep.inner,
             "workers": self.workers, "live": self.live, "version": self.version,
+            "steps": self.step,  # every worker's inner steps (a merge ends them all)
         })  # fmt: skip
 
 
