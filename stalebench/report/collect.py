@@ -115,11 +115,17 @@ def _yaml_scalars(text: str) -> dict[str, str]:
     return out
 
 
+# a run's label names the parts that decide how it coordinates first, then the optimizer
+# it steps with: `<barrier>+<update>`, `<schedule>+<optimizer>`, `<outer>+<inner>`,
+# `<mixing>+<inner>` (an engine's slots, which a report cannot ask the engines for)
+OPTIMIZER_PARTS = ("update", "inner", "optimizer")
+
+
 def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
-    """The algorithm's label as the run gave it: the preset's name, unless a barrier or
-    update rule was swapped on the command line (without `algorithm.name=`) or the name is
-    empty; then `<barrier>+<update>` (a pipeline: `<schedule>+<optimizer>`, local updates:
-    `<outer>+<inner>`)."""
+    """The algorithm's label as the run gave it: the preset's name, unless a part was
+    swapped on the command line (without `algorithm.name=`) or the name is empty; then its
+    parts joined by `+`: those config.yaml holds (the parts the run's engine does not read
+    are null there), the optimizer last."""
     name = cfg.get("algorithm.name")
     overrides = []
     if overrides_file.is_file():
@@ -129,12 +135,15 @@ def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
         ]
     if name and keeps_preset_name(overrides):
         return name
-    parts = [cfg.get("algorithm.pipeline.schedule"), cfg.get("algorithm.optimizer.name")]
-    if None in parts:
-        parts = [cfg.get("algorithm.outer.name"), cfg.get("algorithm.inner.name")]
-    if None in parts:
-        parts = [cfg.get("algorithm.barrier.name"), cfg.get("algorithm.update.name")]
-    return "+".join(parts) if None not in parts else name
+    parts: dict[str, str] = {}
+    for key, value in cfg.items():
+        root, *rest = key.split(".")
+        if root == "algorithm" and len(rest) == 2 and value not in ("null", ""):
+            slot, field = rest
+            if field == ("schedule" if slot == "pipeline" else "name"):  # a pipeline's label
+                parts[slot] = value
+    ordered = sorted(parts, key=lambda slot: slot in OPTIMIZER_PARTS)  # stable: config order
+    return "+".join(parts[slot] for slot in ordered) if parts else name
 
 
 def hydra_labels(run_dir: Path) -> dict:

@@ -425,3 +425,40 @@ def test_a_job_refused_after_its_config_was_read_is_labelled_as_its_run_would_be
         "refused",
         label,
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "label"),
+    [
+        (["algorithm=ssp", "algorithm/barrier=asp"], "asp+sgd"),
+        (["algorithm=sgp", "algorithm/gossip=dpsgd"], "dpsgd+momentum"),
+        (["algorithm=diloco", "algorithm/outer=average"], "average+adamw"),
+        (["algorithm=gpipe", "algorithm/optimizer=nadamw"], "gpipe+nadamw"),
+        (["algorithm=sgp"], "sgp"),
+    ],
+    ids=["ps", "gossip", "local", "pipeline", "preset"],
+)
+def test_a_run_killed_before_its_start_event_is_labelled_by_the_parts_its_config_holds(
+    tmp_path, overrides, label
+):
+    # .hydra/config.yaml as Hydra writes it for the command (the parts the engine does not
+    # read are null there): the label its run would give, `<how>+<optimizer>`, for every
+    # engine; the preset's name while no part was swapped
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from stalebench.config import register_configs
+    from tests.conftest import compose
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("stalebench.conf", version_base=None):
+            config_yaml = OmegaConf.to_yaml(hydra_compose("config", overrides=overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    make_run_without_summary(tmp_path, config_yaml, "", [*OVERRIDES, *overrides])
+    runs, _, _ = collect([tmp_path])
+    assert runs.loc[0, "algorithm"] == label == compose(overrides).label
