@@ -10,10 +10,11 @@ profile's network is paid by the world (a ring all-reduce of that whole message 
 round), its faults and step times by the compute step.
 
 `engine.bucket_mb > 0` sends the round in pieces that overlap backward, and with
-`engine.schedule=p3` the next forward pass too. In real processes those rounds are not yet
-a program: `overlapped` (stalebench.engines.overlap) posts the pieces from backward hooks on
-a link thread. In the simulator they run as `replica`, the round's all-reduce lasting what
-the buckets take behind the modelled backward (`BucketedRing`; fifo only, not P3).
+`engine.schedule=p3` the next forward pass too (`Rounds`, stalebench.engines.overlap): in
+real processes backward hooks post each piece as it is made (`World.pieces`); in the
+simulator the round's all-reduce lasts what the buckets take behind the modelled backward
+(fifo only, not P3). Under P3 a round is applied by layer in the next round's forward
+pass, and closed (reported, its stop decided) after that step.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.base import BARRIERS, UPDATES
-from stalebench.cluster import Profile
 from stalebench.engines.base import ENGINES, EngineConfig
 from stalebench.engines.common import DataParallel, GradientStep, Net, catch_up
-from stalebench.engines.overlap import Layout, build_replica
+from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import (
     close_round,
     replicas_left,
@@ -146,24 +146,16 @@ class AllReduceEngine(DataParallel):
     def program(self, job, world):
         return replica(job, world)
 
-    @property
-    def has_program(self) -> bool:
-        # the rounds in pieces of real processes: still `overlapped` (run_rank)
-        return not (self.cfg.bucket_mb and self.run.runtime == "real")
-
-    def run_rank(self, job, rank: int, ctx) -> dict[str, Any] | None:
-        from stalebench.engines.overlap import overlapped
-
-        return overlapped(job, rank, ctx.run_dir, ctx.transport)
-
 
 def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
-    """One replica's program: a round's gradient and statistics in one all-reduce, then the
-    mean gradient's step; rank 0 reports the round and decides the stop, which the next
-    round's message carries to every rank (that round is not applied). A spare (a rank
-    after the N replicas) stands by until it takes a lost replica's place (`join`)."""
+    """One replica's program: a round's statistics and gradient all-reduced (in one
+    message, or with engine.bucket_mb in pieces as backward makes them: `Rounds`), then the
+    mean gradient's step (P3: applied by layer in the next round's forward pass); rank 0
+    reports the round and decides the stop, which the next round's message carries to every
+    rank (that round is not applied). A spare (a rank after the N replicas) stands by until
+    it takes a lost replica's place (`join`)."""
     n, rank, record, profile = job.num_workers, world.rank, world.record, job.profile
-    device = job.device(rank)
+    device, eng = job.device(rank), job.cfg.engine
     model, params, rule, net, net_params = build_replica(job, device)
     x, y = job.splits.x_train[:1], job.splits.y_train[:1]
     yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
@@ -171,13 +163,18 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     if placed is None:  # a spare the run did not need
         return None
     params, rule, at = placed
-    me, d, resumed = at["workers"][rank], params.numel(), world.resumed
-    buf = torch.zeros(round_slots(d, n))
-    step, faults = worker_of(job, world, net, params, me, at["version"], buf[:d])
+    me, d, resumed, tail = at["workers"][rank], params.numel(), world.resumed, 3 * n + 1
+    buf = torch.zeros(round_slots(d, n))  # the tail (statistics, rank 0's word), the gradient
+    step, faults = worker_of(job, world, net, params, me, at["version"], buf[tail:])
     if resumed is not None:  # its faults as they were
         world.faults = faults = resumed["faults"]
-    eng, sizes = job.cfg.engine, [p.numel() for p in net_params]
-    buckets = BucketedRing.build(profile, sizes, eng, n) if eng.bucket_mb else None
+    p3, rounds = eng.schedule == "p3", None
+    if eng.bucket_mb:
+        nominal = (yield from measure_step(job, world, net, net_params)) if p3 else 1.0
+        rounds = Rounds(job, world, step, params, rule, nominal, buf)
+        step = rounds.step if rounds.pieces.hooked else step
+    stats, word = buf[: 3 * n].view(n, 3), buf[3 * n : tail]
+    hooked = rounds is not None and rounds.pieces.hooked
     status, error, version = "completed", None, at["version"]
     t_last = world.now() if resumed is not None else 0.0
     quorum, live, bytes_sent = job.cfg.cluster.min_replicas, at["live"], at["bytes"]
@@ -185,45 +182,61 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     if record is not None and resumed is None:
         record.snapshots.maybe(0.0, 0, params)
 
+    def close(round_stats, reduce_s: float, own: float, live: list[int]) -> None:
+        nonlocal version, bytes_sent, status, stop, t_last  # the round is in θ
+        version, bytes_sent = version + 1, bytes_sent + ring_volume(buf.numel() * 4, len(live))
+        if record is not None:  # rank 0 reports it and decides the stop
+            t_last = world.now()
+            bad, spent_ = close_round(record, t_last, version, round_stats, reduce_s, own,
+                                      params, live)  # fmt: skip
+            status, stop = "diverged" if bad else status, stop or bad or spent_
+
     try:
         while True:
             paused = yield from world.strike()  # a pause stalls the round
-            loss, compute = yield from world.compute(step, profile.step_s(me))
-            buf[d:].zero_()
-            buf[d + 3 * me : d + 3 * me + 3] = torch.tensor([compute, loss, paused])
-            buf[-1] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
-            reduce_start = world.now()
-            lasts = buckets.comm_s(compute, faults.slow_s) if buckets else None
-            if quorum:  # over the replicas left, once some are lost
-                before, ranks = live, (yield from world.all_reduce_live(buf, lasts))
-                live = [at["workers"][r] for r in ranks]
-                replicas_left(record, world.now(), version + 1, before, live, quorum, n)
-            else:
-                yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
-            if buf[-1] == STOP:  # rank 0 decided last round that this one is not applied
+            closing = rounds.next_round(profile.step_s(me)) if rounds is not None else None
+            if closing is not None and word[0] == STOP:  # P3: read from the round before
                 break
-            rule.step(params, buf[:d].div_(len(live)), -1, 0)  # the mean over the replicas left
-            version += 1
-            bytes_sent += ring_volume(buf.numel() * 4, len(live))
-            if record is not None:
-                t_last, stats = world.now(), buf[d:-1].view(n, 3)
-                reduce_s = t_last - reduce_start
-                bad, spent_ = close_round(
-                    record, t_last, version, stats, reduce_s, compute, params, live
-                )
-                status = "diverged" if bad else status
-                stop = stop or bad or spent_
+            loss, compute = yield from world.compute(step, profile.step_s(me))
+            if closing is not None:  # P3: the forward pass applied the round before
+                waited = rounds.pieces.waited - rounds.mark
+                compute -= waited
+                close(closing, waited, float(closing[0, 0]), live)
+            buf[:tail].zero_()
+            stats[me] = torch.tensor([compute, loss, paused])
+            word[0] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
+            reduce_start = world.now()
+            if rounds is not None:
+                rounds.finish()  # the tail completes the first piece
+            if p3:
+                continue
+            if hooked:  # the pieces went as backward made them
+                yield from rounds.pieces.settle(compute)
+            else:
+                lasts = rounds.pieces.comm_s(compute, faults.slow_s) if rounds else None
+                if quorum:  # over the replicas left, once some are lost
+                    before, ranks = live, (yield from world.all_reduce_live(buf, lasts))
+                    live = [at["workers"][r] for r in ranks]
+                    replicas_left(record, world.now(), version + 1, before, live, quorum, n)
+                else:
+                    yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
+            if word[0] == STOP:  # rank 0 decided last round that this one is not applied
+                break
+            rule.step(params, buf[tail:].div_(len(live)), -1, 0)  # the mean over those left
+            close(stats, world.now() - reduce_start, compute, live)
             if world.joining:  # spares take the lost replicas' places from the next round
                 at["live"] = live
                 live = yield from welcome(world, n, params, rule, version, stop, at)
-            if buf[-1] == SAVE:  # every rank, at once
+            if word[0] == SAVE:  # every rank, at once
                 at.update(version=version, live=live, bytes=bytes_sent)
                 part = {"params": params, "rule": rule, "at": at, "faults": faults}
                 yield from world.checkpoint(version, part, world.now(), live=bool(quorum))
             save = record is not None and not stop and world.checkpoint_due(world.now())
+        if rounds is not None:
+            rounds.pieces.close()  # inside: a peer lost at the last piece fails the run
     except WorkerDied:
         raise  # it is lost; the others lose it in the next all-reduce
-    except Exception as exc:
+    except Exception as exc:  # what is still under way is abandoned: waiting would raise again
         status, error, t_last = "failed", str(exc), world.now()
         if record is None:
             raise
@@ -282,34 +295,3 @@ def join(device: torch.device, net, state: dict):
         flatten_parameters(net, params)  # the net's parameters views of θ (copied into it)
         params.copy_(sent)
     return params, rule, at
-
-
-@dataclasses.dataclass(frozen=True)
-class BucketedRing:
-    """engine.bucket_mb > 0 (schedule=fifo) in the simulator: the buckets' ring all-reduces
-    run one after another, each once the previous is done and the backward of a step of c
-    seconds has made it (`Pace`'s model, `Layout.ready_at`); the round's communication ends
-    at e(c), the last bucket's end. e grows with c, so the round ends at max_r e(c_r) =
-    e(max c), as the real engine's."""
-
-    layout: Layout
-    order: tuple[int, ...]
-    ready: tuple[float, ...]  # in steps
-    profile: Profile
-
-    @classmethod
-    def build(
-        cls, profile: Profile, sizes: list[int], cfg: AllReduceConfig, num_workers: int
-    ) -> BucketedRing:
-        piece = max(1, int(cfg.bucket_mb * 2**20 / 4))
-        layout = Layout.build(sizes, num_workers, piece, p3=False)
-        order = layout.order(profile, 1.0, p3=False)
-        return cls(layout, tuple(order), tuple(layout.ready_at()), profile)
-
-    def comm_s(self, step_s: float, slow_s: float = 0.0) -> float:
-        """e(c) − c: how long the round's communication lasts past a step of `step_s`."""
-        end = 0.0
-        for k in self.order:
-            lo, hi = self.layout.pieces[k]
-            end = max(end, self.ready[k] * step_s) + self.profile.allreduce_s(4 * (hi - lo), slow_s)
-        return end - step_s

@@ -18,10 +18,7 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
 - `program(job, world)`: what one rank does, written once for both runtimes against the
   world it sees (`stalebench.runtime.world`): rank 0 owns the run directory
   (`world.record`) and returns the summary, the others return None. The real runtime runs
-  one rank per process, the simulator every rank in one process on a virtual clock;
-- `run_rank(job, rank, ctx)`: one process of the real runtime that is not (yet) a program
-  (`has_program` False there: engine=allreduce's rounds in pieces, whose backward hooks
-  post the pieces); the simulator runs programs only.
+  one rank per process, the simulator every rank in one process on a virtual clock.
 
 The runtime gives every engine the cluster profile: a transport that pays the profile's
 network delays, the worker's faults, and its step times (`stalebench.runtime.faults`).
@@ -39,7 +36,6 @@ from stalebench.errors import ConfigError
 if TYPE_CHECKING:
     from stalebench.data import Splits
     from stalebench.job import Job
-    from stalebench.runtime.launch import RankContext
     from stalebench.runtime.world import Op, World
 
 __all__ = ["ENGINES", "NETWORK", "Engine", "EngineConfig"]
@@ -170,10 +166,3 @@ class Engine:
 
     def program(self, job: Job, world: World) -> Op[dict[str, Any] | None]:
         raise NotImplementedError(f"engine={self.name} has no rank program")
-
-    @property
-    def has_program(self) -> bool:
-        return type(self).program is not Engine.program
-
-    def run_rank(self, job: Job, rank: int, ctx: RankContext) -> dict[str, Any] | None:
-        raise NotImplementedError(f"engine={self.name} has no real runtime")

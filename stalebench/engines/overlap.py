@@ -6,9 +6,12 @@ iteration's computation too.
 
 Both are BSP: round r's update is the mean of the N gradients of round r, applied by the
 configured rule, exactly as the one-message round; only when the pieces travel changes.
-`Layout` cuts the buffer; `Link` (stalebench.runtime.link) all-reduces its pieces in one
-order fixed at start-up, the same on every rank; `Pace` spreads the profile's step time over
-forward and backward so that what the pieces overlap is the modelled computation.
+`Layout` cuts the buffer; the world all-reduces its pieces (`World.pieces`: in real
+processes in one order fixed at start-up, the same on every rank, as backward hooks post
+them, with `World.pace` spreading the profile's step time over forward and backward so that
+what the pieces overlap is the modelled computation; on the virtual clock as one all-reduce
+lasting what the pieces would). `Rounds` holds a replica's side of it, for the replica's
+one program (stalebench.engines.allreduce.replica).
 """
 
 from __future__ import annotations
@@ -16,22 +19,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.cluster import Profile
-from stalebench.engines.rounds import close_round, ring_volume
 from stalebench.evaluation import objective
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
-from stalebench.runtime.faults import Faults, Shaped, WorkerDied
-from stalebench.runtime.link import FORWARD, Link, Pace
-from stalebench.runtime.record import RunRecord, gradient
-from stalebench.runtime.transport import Transport
+from stalebench.runtime.link import FORWARD
+from stalebench.runtime.record import gradient
+from stalebench.runtime.world import Op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +129,27 @@ class Layout:
 
 
 class Rounds:
-    """One replica's rounds in pieces: the hooks that post each piece when backward has
-    made it (and under P3 apply the last round's pieces as the forward pass reaches them),
-    and the update once a round's pieces are in."""
+    """One replica's rounds in pieces (`engine.bucket_mb` > 0) over `World.pieces`: the
+    buffer's layout (`Layout`) and, where a step's backward hooks are heard (real
+    processes), the hooks that post each piece when backward has made it and under P3
+    apply the last round's pieces as the forward pass reaches them, the paced step that
+    fires them, and the update once a round's pieces are in."""
 
-    def __init__(self, job: Job, rank: int, net, net_params, params, rule, network: Shaped):
-        eng, n = job.cfg.engine, job.num_workers
-        self.p3, self.n, self.rank = eng.schedule == "p3", n, rank
-        nominal = measure_step(job, rank, net, net_params, network)  # before any hook
+    def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, buf):
+        eng, n, net = job.cfg.engine, job.num_workers, gradient_step.net.model
+        self.p3, self.n = eng.schedule == "p3", n
+        self.net_params = net_params = list(net.parameters())
         sizes = [p.numel() for p in net_params]
         piece = max(1, int(eng.bucket_mb * 2**20 / 4))
         self.layout = layout = Layout.build(sizes, n, piece, self.p3)
-        self.buf = torch.zeros(layout.size)
-        self.params, self.rule, self.net_params = params, rule, net_params
+        if buf.numel() != layout.size:
+            raise ValueError(f"a round's buffer of {buf.numel()} slots for {layout.size}")
+        self.buf = buf  # the tail, then θ's gradient (the step's `out` where not hooked)
+        self.params, self.rule, self.batches = params, rule, gradient_step.batches
+        self.device = job.device(world.rank)
         self.in_place = params.data_ptr() == net_params[0].data_ptr()  # views of θ: no copies
-        self.round, self.waited = 0, 0.0  # the round being computed; seconds waited for pieces
+        self.round, self.step_s = 0, 0.0  # the round being computed, its modelled step time
+        self.mark = 0.0  # seconds waited for pieces before the round began
         self.applied = [0] * len(layout.pieces)  # the last round each piece was applied for
         index = {id(p): i for i, p in enumerate(net_params)}
         self.left_in = [0] * len(layout.pieces)  # tensors (and the tail) still to come
@@ -153,16 +158,46 @@ class Rounds:
                 self.left_in[k] += 1
         self.left_in[0] += 1
         self.fresh = list(self.left_in)
+        order = layout.order(job.profile, nominal, self.p3)
+        self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at())
+        if not self.pieces.hooked:
+            return
         if self.p3:
             for module in net.modules():
                 own = [index[id(p)] for p in module.parameters(recurse=False)]
                 if own:
                     module.register_forward_pre_hook(lambda m, a, own=own: self.apply(own))
-        self.pace = Pace(net, net_params)  # after P3's waits, before the gradient hooks
+        self.pace = world.pace(net, net_params)  # after P3's waits, before the gradient hooks
         for i, p in enumerate(net_params):
             p.register_hook(lambda g, i=i: self.made(i, g))
-        order = layout.order(network.profile, nominal, self.p3)
-        self.link = Link(network, [self.buf[a:b] for a, b in layout.pieces], order)
+        self.net = net
+
+    def next_round(self, step_s: float) -> torch.Tensor | None:
+        """A new round of `step_s` modelled seconds. Under P3 from the second round on: the
+        round before's tail waited for (its word in the buffer), its statistics returned —
+        the round closes once the next forward pass has applied it — and `mark` set to the
+        seconds waited before it; else None."""
+        self.round, self.step_s, self.mark = self.round + 1, step_s, self.pieces.waited
+        if not self.p3 or self.round == 1:
+            return None
+        self.pieces.wait(0)
+        return self.buf[: 3 * self.n].view(self.n, 3).clone()
+
+    def step(self) -> float:
+        """A hooked step (`World.compute`): the forward pass (under P3 applying the round
+        before by layer, then what it did not reach), backward posting the pieces as it
+        makes them; the loss."""
+        self.pace.start(self.step_s)
+        if not self.p3 and not self.in_place:
+            vector_to_parameters(self.params.to(self.device), self.net_params)
+        x, y = next(self.batches)
+        loss = objective(self.net(x.to(self.device)), y.to(self.device))
+        if self.p3 and self.round > 1:
+            self.apply(list(range(len(self.net_params))))
+            self.rule.count()
+        self.pace.backward()
+        torch.autograd.grad(loss, self.net_params)  # the hooks post the pieces as they are made
+        return loss.item()
 
     def made(self, i: int, grad: torch.Tensor) -> None:
         """Backward has made tensor i's gradient: into the buffer; post what it completes."""
@@ -174,25 +209,13 @@ class Rounds:
     def one_less(self, k: int) -> None:
         self.left_in[k] -= 1
         if self.left_in[k] == 0:
-            self.link.post(k, self.round)
+            self.pieces.post(k, self.round)
 
-    def finish(self, stats: list[float], stop: bool) -> None:
-        """Backward is done: the tail (this rank's slots, zeros elsewhere) completes piece 0."""
-        tail = self.buf[: self.layout.tail]
-        tail.zero_()
-        rank_slots = tail[:-1].view(self.n, 3)
-        rank_slots[self.rank] = torch.tensor(stats)
-        tail[-1] = float(stop)
-        self.one_less(0)
-        self.left_in = list(self.fresh)
-
-    def stats(self, round_: int) -> tuple[torch.Tensor, bool]:
-        """Round `round_`'s tail once it is in: (per-rank stats, stop flag)."""
-        start = time.perf_counter()
-        self.link.wait(0)
-        self.waited += time.perf_counter() - start
-        tail = self.buf[: self.layout.tail]
-        return tail[:-1].view(self.n, 3).clone(), bool(tail[-1] > 0)
+    def finish(self) -> None:
+        """Backward is done and the tail written: it completes piece 0."""
+        if self.pieces.hooked:
+            self.one_less(0)
+            self.left_in = list(self.fresh)
 
     def apply(self, tensors: list[int]) -> None:
         """P3: the previous round's pieces of these tensors, applied (waited for first)."""
@@ -202,9 +225,7 @@ class Rounds:
         for i in tensors:
             for k in self.layout.holding(i):
                 if self.applied[k] < done:
-                    start = time.perf_counter()
-                    self.link.wait(k)
-                    self.waited += time.perf_counter() - start
+                    self.pieces.wait(k)
                     lo, hi = self.layout.span(k)
                     grad = self.buf[self.layout.tail :]
                     grad[lo:hi].div_(self.n)
@@ -214,21 +235,8 @@ class Rounds:
                 p, lo = self.net_params[i], self.layout.offsets[i] - self.layout.tail
                 p.data.copy_(self.params[lo : lo + p.numel()].view_as(p))
 
-    def apply_all(self) -> None:
-        """The round's update, all of it: under fifo once its pieces are in, under P3 what the
-        forward pass did not reach. Counted once."""
-        if self.p3:
-            self.apply(list(range(len(self.net_params))))
-            self.rule.count()
-            return
-        start = time.perf_counter()
-        for k in range(len(self.layout.pieces)):
-            self.link.wait(k)
-        self.waited += time.perf_counter() - start
-        self.rule.step(self.params, self.buf[self.layout.tail :].div_(self.n), -1, 0)
 
-
-def measure_step(job: Job, rank: int, net, net_params, network: Shaped) -> float:
+def measure_step(job: Job, world, net, net_params) -> Op[float]:
     """The step time the P3 order is planned for, the same on every rank: the profile's mean
     step time, or with no modelled compute rank 0's measured step (a warm-up)."""
     if job.profile.cfg.compute_ms > 0:
@@ -237,8 +245,8 @@ def measure_step(job: Job, rank: int, net, net_params, network: Shaped) -> float
     gradient(net, net_params, sample, device)
     start = time.perf_counter()
     gradient(net, net_params, sample, device)
-    seconds = torch.tensor([time.perf_counter() - start if rank == 0 else 0.0])
-    network.inner.all_reduce(seconds)
+    seconds = torch.tensor([time.perf_counter() - start if world.rank == 0 else 0.0])
+    yield from world.all_reduce(seconds, 0.0)
     return float(seconds[0])
 
 
@@ -253,73 +261,3 @@ def build_replica(job: Job, device: torch.device):
     if device.type == "cpu":
         flatten_parameters(net, params)
     return model, params, rule, net, list(net.parameters())
-
-
-def overlapped(job: Job, rank: int, run_dir: Path, transport: Transport) -> dict[str, Any] | None:
-    """One replica of engine=allreduce with its rounds in pieces (the one-message round's
-    `replica`, with `Rounds` in place of the single all-reduce)."""
-    n = job.num_workers
-    device = job.device(rank)
-    model, params, rule, net, net_params = build_replica(job, device)
-    batches, profile, faults = job.batches(rank), job.profile, Faults(job.profile, rank)
-    network = Shaped(transport, profile, faults)
-    record = RunRecord(job, run_dir) if rank == 0 else None
-    rounds = Rounds(job, rank, net, net_params, params, rule, network)
-    status, error, stop, version, bytes_sent = "completed", None, False, 0, 0
-    network.barrier()
-    t0 = time.perf_counter()
-
-    def applied(stats: torch.Tensor, reduce_s: float) -> None:  # rank 0: a round is in θ
-        nonlocal status, stop
-        t, own = time.perf_counter() - t0, float(stats[0, 0])
-        bad, spent_ = close_round(record, t, version, stats, reduce_s, own, params)
-        status = "diverged" if bad else status
-        stop = stop or bad or spent_
-
-    try:
-        while True:
-            rounds.round += 1
-            now = time.perf_counter() - t0
-            paused = faults.strike(now, lambda at, s: time.sleep(s)) - now  # stalls the round
-            start, rounds.waited = time.perf_counter(), 0.0
-            if rounds.p3 and rounds.round > 1:  # round − 1's tail: its statistics, the stop flag
-                stats, halt = rounds.stats(rounds.round - 1)
-                if halt:
-                    break
-            elif not rounds.in_place:
-                vector_to_parameters(params.to(device), net_params)
-            rounds.pace.start(profile.step_s(rank))
-            x, y = next(batches)
-            loss = objective(net(x.to(device)), y.to(device))  # P3: applies round − 1 by layer
-            if rounds.p3 and rounds.round > 1:
-                rounds.apply_all()
-                version += 1
-                bytes_sent += ring_volume(rounds.buf.numel() * 4, n)
-                if record is not None:
-                    applied(stats, rounds.waited)
-            rounds.pace.backward()
-            torch.autograd.grad(loss, net_params)  # the hooks post the pieces as they are made
-            compute = time.perf_counter() - start - rounds.waited
-            rounds.finish([compute, loss.item(), paused], stop)
-            if not rounds.p3:
-                rounds.waited = 0.0
-                stats, halt = rounds.stats(rounds.round)
-                if halt:
-                    break
-                rounds.apply_all()
-                version += 1
-                bytes_sent += ring_volume(rounds.buf.numel() * 4, n)
-                if record is not None:
-                    applied(stats, rounds.waited)
-        rounds.link.close()  # inside: a peer lost at the last piece fails the run, by name
-    except WorkerDied:
-        raise  # its process exits; the others lose it in the next all-reduce
-    except Exception as exc:  # what is still under way is abandoned: waiting would raise again
-        status, error = "failed", str(exc)
-        if record is None:
-            raise
-    if record is None:
-        return None
-    return record.finish(
-        model, params, version, time.perf_counter() - t0, status, error, bytes_sent=bytes_sent
-    )

@@ -3,13 +3,12 @@ by `torchrun`), form the gloo process group, hand each rank to its engine, super
 make sure summary.json exists and no process outlives the run.
 
 The runtime knows an engine only through its hooks (`world_size`, `rank_name`,
-`num_workers`, `one_stream`, `run_rank`); rank 0 owns the run directory.
+`num_workers`, `one_stream`, `program`); rank 0 owns the run directory.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import logging
@@ -43,15 +42,6 @@ from stalebench.runtime.world import RealWorld, run_program
 log = logging.getLogger("stalebench")
 
 SHM = "/dev/shm"  # where same-host mailboxes live (Linux); elsewhere messages go over gloo
-
-
-@dataclasses.dataclass
-class RankContext:
-    """What the runtime gives one rank: where the run is written, and its transport."""
-
-    run_dir: Path
-    transport: Transport
-    world_size: int
 
 
 def run_rank(
@@ -91,25 +81,21 @@ def run_rank(
     transport: Transport = Gloo(cfg.timeout_s, engine.rank_name)
     if shared is not None:
         transport = SharedMemory(transport, shared)
-    ctx = RankContext(run_dir, transport, world_size)
     summary = None
     try:
         job = Job.build(cfg, engine.num_workers, engine.one_stream)
-        if engine.has_program:
-            resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
-            record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
-            world = RealWorld(
-                rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s,
-                store if store is not None else dist.distributed_c10d._get_default_store(),
-                spares=cfg.cluster.spares if engine.takes_quorum else 0,
-                every_s=checkpoint.every_s(cfg),
-            )  # fmt: skip
-            try:
-                summary = run_program(engine.program(job, world))
-            finally:
-                world.close()
-        else:
-            summary = engine.run_rank(job, rank, ctx)
+        resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
+        record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
+        world = RealWorld(
+            rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s,
+            store if store is not None else dist.distributed_c10d._get_default_store(),
+            spares=cfg.cluster.spares if engine.takes_quorum else 0,
+            every_s=checkpoint.every_s(cfg),
+        )  # fmt: skip
+        try:
+            summary = run_program(engine.program(job, world))
+        finally:
+            world.close()
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
         if summary and node_store is not None:

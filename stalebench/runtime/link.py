@@ -66,6 +66,36 @@ class Link:
             self.wait(piece)
 
 
+class Pieces:
+    """`World.pieces` in real processes: a `Link` over the rank's network (its faults slow
+    each piece), and the seconds this rank waited for pieces (`waited`)."""
+
+    hooked = True  # a step's backward hooks post the pieces as they are made
+
+    def __init__(self, network: Shaped, buf: torch.Tensor, bounds, order: Sequence[int]):
+        self.link = Link(network, [buf[a:b] for a, b in bounds], order)
+        self.waited = 0.0
+
+    def post(self, piece: int, round_: int) -> None:
+        self.link.post(piece, round_)
+
+    def wait(self, piece: int) -> None:
+        start = time.perf_counter()
+        self.link.wait(piece)
+        self.waited += time.perf_counter() - start
+
+    def settle(self, step_s: float):
+        """Every piece of the round (an op of the rank's program); the seconds waited."""
+        before = self.waited
+        for piece in range(len(self.link.bufs)):
+            self.wait(piece)
+        return self.waited - before
+        yield  # unreachable: an op that never suspends
+
+    def close(self) -> None:
+        self.link.close()
+
+
 class Pace:
     """Hooks on `net` that make a step last the step time given to `start`, spread as the
     module docstring says; `backward()` marks the end of the forward pass. Register hooks

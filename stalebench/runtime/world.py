@@ -272,6 +272,29 @@ class World:
         """Wait for a collective started with `wait=False`; the seconds waited."""
         raise NotImplementedError
 
+    def pieces(
+        self, buf: torch.Tensor, bounds: list[tuple[int, int]], order: list[int],
+        ready: list[float],
+    ) -> Any:  # fmt: skip
+        """A round's all-reduce of `buf` in pieces (`bounds`: their ranges), each issued once
+        it is written and the pieces before it in `order` (the same on every rank) are.
+        With `hooked` true (real processes, `runtime.link.Pieces`) a compute step's backward
+        hooks `post(k, round)` each piece as it is made; `wait(k)` waits for a piece's sum
+        at once (inside a step), `settle(step_s)` (an op) for every piece of the round,
+        `waited` counts the seconds waited, `close()` waits for what is under way. On a
+        virtual clock a step takes no time and nothing is posted (`hooked` false): the
+        round is one all-reduce of `buf` lasting `comm_s(step_s, slow_s)` past the step,
+        what the pieces, made at `ready` (fractions of the step) and all-reduced one after
+        another in `order`, would take; `wait` is refused."""
+        raise NotImplementedError
+
+    def pace(self, net: torch.nn.Module, params: list[torch.Tensor]) -> Any:
+        """Hooks on `net` that spread a step's modelled time over its forward and backward
+        passes, so that pieces posted from backward overlap the modelled computation
+        (`runtime.link.Pace`: `start(step_s)`, `backward()`); None where a step takes no
+        time (the simulator)."""
+        return None
+
 
 @dataclasses.dataclass(eq=False)
 class Live:
@@ -460,6 +483,16 @@ class RealWorld(World):
     @blocking
     def complete(self, handle: Any) -> float:
         return self._settle(handle) if isinstance(handle, Live) else self._complete(handle)
+
+    def pieces(self, buf, bounds, order, ready):
+        from stalebench.runtime.link import Pieces
+
+        return Pieces(self.net, buf, bounds, order)
+
+    def pace(self, net, params):
+        from stalebench.runtime.link import Pace
+
+        return Pace(net, params)
 
     def _complete(self, pending: Any) -> float:
         start = time.perf_counter()

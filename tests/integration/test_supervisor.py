@@ -20,9 +20,10 @@ from tests.conftest import FAST, compose
 class Hang(Engine):
     """Every rank writes its pid, then never returns."""
 
-    def run_rank(self, job, rank, ctx):
-        (ctx.run_dir / f"pid-{rank}").write_text(str(os.getpid()))
+    def program(self, job, world):
+        (world.run_dir / f"pid-{world.rank}").write_text(str(os.getpid()))
         time.sleep(3600)
+        yield
 
 
 def _alive(pid: int) -> bool:

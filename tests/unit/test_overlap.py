@@ -11,10 +11,10 @@ import torch
 from stalebench.algorithms.base import UPDATES
 from stalebench.algorithms.updates import MomentumConfig, SGDConfig
 from stalebench.cluster import ClusterConfig, Profile
-from stalebench.engines.allreduce import AllReduceConfig, BucketedRing
 from stalebench.engines.overlap import Layout
 from stalebench.engines.rounds import round_bytes
 from stalebench.runtime.link import FORWARD, LinkClock
+from stalebench.runtime.sim import pieces_s
 
 TAIL = 7  # 3·N + 1 slots for N = 2
 
@@ -105,15 +105,21 @@ def test_the_link_carries_one_collective_at_a_time():
     assert second == pytest.approx(first + 0.1, abs=1e-9)
 
 
+def buckets_s(profile: Profile, sizes: list[int], bucket_mb: float, step_s: float) -> float:
+    """What the simulator's round of fifo buckets of `bucket_mb` lasts past its step."""
+    layout = Layout.build(sizes, 2, max(1, int(bucket_mb * 2**20 / 4)), p3=False)
+    order = layout.order(profile, 1.0, p3=False)
+    return pieces_s(profile, layout.pieces, order, layout.ready_at(), step_s)
+
+
 def test_the_simulated_buckets_end_when_the_last_is_through():
     # the three pieces above as fifo buckets, made at 0.556, 0.778, 1.0 of a 1 s step,
     # 0.5 s each: the link ends at 1.056, 1.556, 2.056; the push is what follows the step
-    net = BucketedRing.build(
-        latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=400 / 2**20), 2
+    net = latency_only(250)
+    assert len(Layout.build([100, 100, 100], 2, 100, p3=False).pieces) == 3
+    assert buckets_s(net, [100, 100, 100], 400 / 2**20, 1.0) == pytest.approx(
+        FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0
     )
-    assert len(net.layout.pieces) == 3
-    assert net.comm_s(step_s=1.0) == pytest.approx(FORWARD + (1 - FORWARD) / 3 + 1.5 - 1.0)
     # one bucket: the one-message round's all-reduce (gradient and tail) after the whole step
-    one = BucketedRing.build(latency_only(250), [100, 100, 100], AllReduceConfig(bucket_mb=1), 2)
     message = round_bytes(300, 2)
-    assert one.comm_s(step_s=1.0) == pytest.approx(latency_only(250).allreduce_s(message))
+    assert buckets_s(net, [100, 100, 100], 1, 1.0) == pytest.approx(net.allreduce_s(message))
