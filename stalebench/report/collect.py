@@ -139,8 +139,8 @@ def _algorithm_label(cfg: dict[str, str], overrides_file: Path) -> str | None:
     for key, value in cfg.items():
         root, *rest = key.split(".")
         if root == "algorithm" and len(rest) == 2 and value not in ("null", ""):
-            slot, field = rest
-            if field == ("schedule" if slot == "pipeline" else "name"):  # a pipeline's label
+            slot, field = rest  # a part is labelled by its name; one without, its schedule
+            if field == "name" or (field == "schedule" and f"algorithm.{slot}.name" not in cfg):
                 parts[slot] = value
     ordered = sorted(parts, key=lambda slot: slot in OPTIMIZER_PARTS)  # stable: config order
     return "+".join(parts[slot] for slot in ordered) if parts else name
