@@ -126,7 +126,7 @@ class Engine:
         if run.cluster.min_replicas and not self.takes_quorum:
             raise ConfigError(
                 f"cluster.min_replicas={run.cluster.min_replicas}: engine={name} has no rounds "
-                "to go on with the replicas left; engine=allreduce has"
+                "to go on with the replicas left; engine=allreduce, local and gossip have"
             )
         for key in self.ignores:
             value = getattr(run.cluster, key)

@@ -84,6 +84,27 @@ CASES = [
         "cluster.spares=2: engine=local hands a lost worker's place to a spare in rounds "
         "that go on over the replicas left: set cluster.min_replicas too",
     ),
+    (["cluster.min_replicas=9"], "cluster.min_replicas must be in [0, num_workers=4], got 9"),
+    (
+        ["algorithm=gpipe", "cluster.min_replicas=2"],
+        "cluster.min_replicas=2: engine=pipeline has no rounds to go on with the replicas left; "
+        "engine=allreduce, local and gossip have",
+    ),
+    (
+        [
+            "algorithm=bsp",
+            "engine=allreduce",
+            "runtime=real",
+            "engine.bucket_mb=1",
+            "cluster.min_replicas=2",
+        ],
+        "cluster.min_replicas=2: engine.bucket_mb=1.0 sends a round in pieces, which cannot go "
+        "on over the replicas left (set engine.bucket_mb=0, or runtime=sim)",
+    ),  # fmt: skip
+    (
+        ["dataset.shuffle=sometimes"],
+        "dataset.shuffle must be one of auto, randperm, affine, got 'sometimes'",
+    ),
     (
         ["algorithm=lsgd", "cluster.min_replicas=2"],
         "cluster.min_replicas=2: algorithm.outer=leader cannot go on over the replicas left "
