@@ -194,10 +194,11 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
     try:
         while True:
             paused = yield from world.strike()  # a pause stalls the round
-            closing = rounds.next_round(profile.step_s(me)) if rounds is not None else None
+            step_s = profile.step_s(me)  # the round's draw from the worker's stream
+            closing = rounds.next_round(step_s) if rounds is not None else None
             if closing is not None and word[0] == STOP:  # P3: read from the round before
                 break
-            loss, compute = yield from world.compute(step, profile.step_s(me))
+            loss, compute = yield from world.compute(step, step_s)
             if closing is not None:  # P3: the forward pass applied the round before
                 waited = rounds.pieces.waited - rounds.mark
                 compute -= waited
@@ -211,7 +212,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             if p3:
                 continue
             if hooked:  # the pieces went as backward made them
-                yield from rounds.pieces.settle(compute)
+                yield from rounds.pieces.settle()
             else:
                 lasts = rounds.pieces.comm_s(compute, faults.slow_s) if rounds else None
                 if quorum:  # over the replicas left, once some are lost

@@ -84,7 +84,7 @@ class Pieces:
         self.link.wait(piece)
         self.waited += time.perf_counter() - start
 
-    def settle(self, step_s: float):
+    def settle(self):
         """Every piece of the round (an op of the rank's program); the seconds waited."""
         before = self.waited
         for piece in range(len(self.link.bufs)):

@@ -273,7 +273,7 @@ class SimPieces:
     waited = 0.0
 
     def __init__(self, world: SimWorld, buf, bounds, order, ready):
-        self.world, self.buf, self.bounds = world, buf, list(bounds)
+        self.world, self.bounds = world, list(bounds)  # `buf` is all-reduced whole
         self.order, self.ready = list(order), list(ready)
 
     def post(self, piece: int, round_: int) -> None:

@@ -280,7 +280,7 @@ class World:
         it is written and the pieces before it in `order` (the same on every rank) are.
         With `hooked` true (real processes, `runtime.link.Pieces`) a compute step's backward
         hooks `post(k, round)` each piece as it is made; `wait(k)` waits for a piece's sum
-        at once (inside a step), `settle(step_s)` (an op) for every piece of the round,
+        at once (inside a step), `settle()` (an op) for every piece of the round,
         `waited` counts the seconds waited, `close()` waits for what is under way. On a
         virtual clock a step takes no time and nothing is posted (`hooked` false): the
         round is one all-reduce of `buf` lasting `comm_s(step_s, slow_s)` past the step,

@@ -154,13 +154,15 @@ def test_a_real_allreduce_round_takes_at_least_the_modelled_time(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_sim_buckets_change_the_clock_not_the_numbers(tmp_path):
-    """engine.bucket_mb in the simulator: the same updates and parameters as one message;
-    one bucket holding everything takes the one message's rounds; buckets of some fifty
-    floats behind a latency-bound link take longer (each pays the ring's latency)."""
-    one = run_job(tmp_path / "one", SIM_AR)
-    whole = run_job(tmp_path / "whole", [*SIM_AR, "engine.bucket_mb=1"])
-    small = run_job(tmp_path / "small", [*SIM_AR, "engine.bucket_mb=0.0002"])
-    key = ("worker", "clock", "version", "lag", "loss")
+    """engine.bucket_mb in the simulator: the same updates, step times (one draw a round
+    from each worker's stream) and parameters as one message; one bucket holding everything
+    takes the one message's rounds; buckets of some fifty floats behind a latency-bound link
+    take longer (each pays the ring's latency)."""
+    drawn = [*SIM_AR, "cluster.compute=gamma"]
+    one = run_job(tmp_path / "one", drawn)
+    whole = run_job(tmp_path / "whole", [*drawn, "engine.bucket_mb=1"])
+    small = run_job(tmp_path / "small", [*drawn, "engine.bucket_mb=0.0002"])
+    key = ("worker", "clock", "version", "lag", "loss", "compute_s")
     seen = [[tuple(e[k] for k in key) for e in ups(run)] for run in (one, whole, small)]
     assert seen[0] == seen[1] == seen[2]
     pa, pb = torch.load(one.dir / "model.pt"), torch.load(small.dir / "model.pt")
