@@ -195,17 +195,15 @@ class Member:
             stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
             stats[rank] = torch.tensor(row, dtype=torch.float64)
             waited, pending = 0.0, []
-            if self.quorum:  # a mean: both collectives over the replicas left
-                pending.append((yield from world.all_reduce_live(stats, stats_s, wait=False)))
-                payload = ex.contribution(rank, delta)
-                pending.append((yield from world.all_reduce_live(payload, payload_s, wait=False)))
-            elif ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
+            # cluster.min_replicas (a mean, never int8): over the replicas left
+            reduce = world.all_reduce_live if self.quorum else world.all_reduce
+            if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
                 waited += yield from world.all_reduce(stats, stats_s)
                 ex.choose(stats[:, 1].tolist())
                 payload = ex.contribution(rank, delta)
                 waited += yield from world.all_reduce(payload, payload_s)
             else:
-                pending.append((yield from world.all_reduce(stats, stats_s, wait=False)))
+                pending.append((yield from reduce(stats, stats_s, wait=False)))
                 payload = ex.contribution(rank, delta)
                 if ex.gathers:  # int8: every worker's piece, summed after decoding
                     pieces = [torch.empty_like(payload) for _ in range(m)]
@@ -213,7 +211,7 @@ class Member:
                     pending.append(handle)
                     payload = pieces
                 else:
-                    pending.append((yield from world.all_reduce(payload, payload_s, wait=False)))
+                    pending.append((yield from reduce(payload, payload_s, wait=False)))
             self.sent[p] = Sent(payload, stats, delta, pending, waited, len(self.losses))
             self.compute, self.paused, self.losses = 0.0, 0.0, []
 
