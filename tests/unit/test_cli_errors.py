@@ -2,9 +2,9 @@
 the bad value, nothing on stdout, and no process started (no per-rank logs/ anywhere).
 
 Each case is the `stalebench` command in a process of its own: one driver process imports
-the CLI (and torch) once, then forks a child per case that runs `stalebench.cli.main` with
-the case's arguments, its working directory and its stdout and stderr as files, and exits
-with main's code, as the command would."""
+the CLI (and torch, Hydra and the experiment) once, then forks a child per case that runs
+`stalebench.cli.main` with the case's arguments, its working directory and its stdout and
+stderr as files, and exits with main's code, as the command would."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ IDS = [
 DRIVER = """
 import json, os, sys
 from stalebench.cli import main
+import hydra, torch, stalebench.experiment  # what a run imports: once, not once per case
 
 for case in json.loads(sys.argv[1]):
     pid = os.fork()
