@@ -129,9 +129,9 @@ def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> to
     if y.is_floating_point():
         squared = 0.5 * (out.reshape(y.shape) - y).square()
         return squared.mean() if reduction == "mean" else squared.sum()
-    return torch.nn.functional.cross_entropy(
-        out.reshape(y.numel(), -1), y.reshape(-1), reduction=reduction
-    )
+    if y.dim() != 1 or out.dim() != 2:  # a sequence's positions, each a sample
+        out, y = out.reshape(y.numel(), -1), y.reshape(-1)
+    return torch.nn.functional.cross_entropy(out, y, reduction=reduction)
 
 
 def evaluate(

@@ -193,7 +193,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
 
     try:
         while True:
-            paused = yield from world.strike()  # a pause stalls the round
+            paused = world.strike()  # a pause stalls the round
             step_s = profile.step_s(me)  # the round's draw from the worker's stream
             closing = rounds.next_round(step_s) if rounds is not None else None
             if closing is not None and word[0] == STOP:  # P3: read from the round before

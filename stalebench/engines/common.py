@@ -13,7 +13,7 @@ from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError
 from stalebench.job import Job
-from stalebench.runtime.record import gradient
+from stalebench.runtime.record import Into, gradient
 
 
 class DataParallel(Engine):
@@ -91,7 +91,11 @@ class Net:
         self._vmapped: Any = None
 
     def gradient_at(
-        self, x: torch.Tensor, buffers: list[torch.Tensor], batch, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        buffers: list[torch.Tensor],
+        batch,
+        out: torch.Tensor | Into | None = None,
     ) -> tuple[torch.Tensor, float]:
         """The gradient (into `out`, if given) and loss of `batch` at θ = x, with the
         BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
@@ -202,7 +206,7 @@ class GradientStep:
     (nets of one architecture): its inputs are the worker's own, fixed once the step is
     taken, so it reads the same whenever it runs."""
 
-    __slots__ = ("net", "at", "buffers", "batches", "out", "then")
+    __slots__ = ("net", "at", "buffers", "batches", "out", "then", "into", "batch_key")
 
     def __init__(
         self,
@@ -215,14 +219,13 @@ class GradientStep:
     ):
         self.net, self.at, self.buffers, self.batches = net, at, buffers, batches
         self.out, self.then = out, then
-
-    @property
-    def batch_key(self) -> tuple | None:
-        return self.net.signature
+        cpu = out is not None and net.device.type == "cpu"
+        self.into = Into(out, net.params) if cpu else out  # written without a concatenation
+        self.batch_key = net.signature
 
     def run_batch(self, steps: list[GradientStep]) -> tuple[list[Any], int]:
         return self.net.run_batch(steps)
 
     def __call__(self) -> Any:
-        grad, loss = self.net.gradient_at(self.at, self.buffers, next(self.batches), self.out)
+        grad, loss = self.net.gradient_at(self.at, self.buffers, next(self.batches), self.into)
         return self.then(grad, loss)

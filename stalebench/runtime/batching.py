@@ -56,15 +56,12 @@ class Batcher:
         self.step_bytes = 0
 
     @staticmethod
-    def key_of(step: Any) -> Any:
-        """The step's batch key; None: it runs alone."""
-        return getattr(step, "batch_key", None)
-
-    def can_batch(self, step: Any) -> bool:
-        return self.key_of(step) is not None
+    def can_batch(step: Any) -> bool:
+        """Whether the step has a batch key (None: it runs alone)."""
+        return getattr(step, "batch_key", None) is not None
 
     def add(self, deferred: Deferred) -> None:
-        key = self.key_of(deferred.step)
+        key = getattr(deferred.step, "batch_key", None)
         if key is None:
             return
         deferred.key, deferred.seq = key, next(self.seq)

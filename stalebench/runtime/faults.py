@@ -80,8 +80,9 @@ class Faults:
             now = self._hit(self.by_step.pop(0), now, pause)
         while self.pending and self.pending[0].at_s <= now:
             now = self._hit(self.pending.pop(0), now, pause)
-        self.slowing = [(until, s) for until, s in self.slowing if until > now]
-        self.slow_s = sum(s for _, s in self.slowing)
+        if self.slowing:
+            self.slowing = [(until, s) for until, s in self.slowing if until > now]
+            self.slow_s = sum(s for _, s in self.slowing)
         return now
 
     def _hit(self, fault: FaultConfig, now: float, pause) -> float:

@@ -150,21 +150,41 @@ def diverged(loss: float, params: torch.Tensor | None = None) -> bool:
     return params is not None and not bool(torch.isfinite(params).all())
 
 
+class Into:
+    """A flat CPU buffer that gradients are written into (a message's payload), with its
+    views shaped as the model's parameters: a gradient goes in by one copy of the pieces,
+    not a concatenation (`gradient`)."""
+
+    __slots__ = ("flat", "views")
+
+    def __init__(self, flat: torch.Tensor, params: list[torch.Tensor]):
+        self.flat, self.views, at = flat, [], 0
+        for p in params:
+            self.views.append(flat[at : at + p.numel()].view(p.shape))
+            at += p.numel()
+
+
 def gradient(
     model: torch.nn.Module,
     params: list[torch.Tensor],
     batch,
     device: torch.device,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | Into | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Flat CPU gradient of the mean `objective` on one minibatch (cross-entropy for labels,
     ½·mean squared error for float targets), and the loss; written into `out` if given (a
-    message's payload: no copy of its own)."""
+    message's payload: no copy of its own; an `Into` on the CPU)."""
     x, y = batch
-    loss = objective(model(x.to(device)), y.to(device))
-    grads = [g.reshape(-1) for g in torch.autograd.grad(loss, params)]
+    if device.type != "cpu":  # the data is on the CPU
+        x, y = x.to(device), y.to(device)
+    loss = objective(model(x), y)
+    grads = torch.autograd.grad(loss, params)
+    if isinstance(out, Into):
+        torch._foreach_copy_(out.views, grads)  # what torch.optim's foreach paths use
+        return out.flat, loss.item()
+    flat = [g.reshape(-1) for g in grads]
     if out is None:
-        return torch.cat(grads).cpu(), loss.item()
+        return torch.cat(flat).cpu(), loss.item()
     if device.type == "cpu":
-        return torch.cat(grads, out=out), loss.item()
-    return out.copy_(torch.cat(grads)), loss.item()
+        return torch.cat(flat, out=out), loss.item()
+    return out.copy_(torch.cat(flat)), loss.item()

@@ -54,6 +54,10 @@ from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 Program = Callable[[Job, World], Op[Any]]
 
 
+def _no_pause(at: float, seconds: float) -> None:
+    pass
+
+
 class EventQueue:
     """Items by virtual time, ties in the order they were pushed (so a config and a seed
     give one history)."""
@@ -112,12 +116,11 @@ class SimWorld(World):
     def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
         yield ("begin",)  # no warm-up on a virtual clock; every rank starts together
 
-    def strike(self, on_pause: Pause | None = None) -> Op[float]:
+    def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "set world.faults before its first step"
-        start = self.faults.strike(self.clock, on_pause or (lambda at, s: None))
+        start = self.faults.strike(self.clock, on_pause or _no_pause)
         paused, self.clock = start - self.clock, start
         return paused
-        yield
 
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         self.clock += step_s
@@ -154,7 +157,8 @@ class SimWorld(World):
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
         if not self.hub:
-            self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
+            slow_s = self.faults.slow_s if self.faults is not None else 0.0
+            self.clock += self.profile.push_s(nbytes(buf), slow_s)
         if self.pending:  # the lazy steps that write this message, and any still unrun
             self.pending = [d for d in self.pending if d.step is not None]
         self.sim.post(self.rank, dst, self.clock, buf, tuple(self.pending))

@@ -176,10 +176,12 @@ class World:
             return saved["t"], -1, saved["t"], list(range(self.size))
         return saved["t"], state["parts"], state["due"], state["ranks"]
 
-    def strike(self, on_pause: Pause | None = None) -> Op[float]:
+    def strike(self, on_pause: Pause | None = None) -> float:
         """Strike this rank's faults due at its next step (`Faults.strike`): a pause calls
         `on_pause(at, seconds)`, then waits; a death raises `WorkerDied`. Returns the
-        seconds paused."""
+        seconds paused. A plain call, not an operation to `yield from`: a pause waits for
+        nothing another rank does (real processes sleep it; in the simulator it moves the
+        rank's clock, and the rank's next waiting operation takes its turn)."""
         raise NotImplementedError
 
     def compute(
@@ -388,7 +390,6 @@ class RealWorld(World):
             self.quorum.resume(ranks)  # those that wrote no part stand by
         self.t0 = time.perf_counter() - at
 
-    @blocking
     def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "set world.faults before its first step"
 

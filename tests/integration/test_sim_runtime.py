@@ -79,7 +79,7 @@ def test_an_all_reduce_sums_in_rank_order_and_ends_at_the_latest_clock_plus_each
 
     def program(job, world):
         world.faults = Faults(job.profile, world.rank)
-        yield from world.strike()  # worker 2's slow fault starts with its first step
+        world.strike()  # worker 2's slow fault starts with its first step
         yield from world.compute(lambda: None, [0.1, 0.4, 0.2][world.rank])
         buf = torch.full((100,), float(world.rank + 1))
         yield from world.all_reduce(buf)
@@ -99,7 +99,7 @@ def test_a_lost_rank_reaches_every_rank_waiting_for_it_as_a_timeout(tmp_path):
         world.faults = Faults(job.profile, world.rank)
         try:
             for _ in range(10):
-                yield from world.strike()
+                world.strike()
                 yield from world.compute(lambda: None, 0.2)
                 yield from world.all_reduce(torch.zeros(4))
         except RunError as exc:

@@ -189,7 +189,7 @@ class Peer:
     def iterate(self, k: int) -> Op[None]:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
         node, rule, world = self.node, self.rule, self.world
-        paused = yield from world.strike()
+        paused = world.strike()
         step = node.gradient(self.net)
         (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.me))
         if not rule.mixes_first:

@@ -147,7 +147,7 @@ class Member:
             while self.status == "completed" and not stop:
                 if self.step % plan.steps == 0:
                     rep.inner.new_round()
-                self.paused += yield from world.strike()
+                self.paused += world.strike()
                 loss, compute_s = yield from world.compute(
                     rep.step(net), job.profile.step_s(self.me)
                 )

@@ -187,7 +187,7 @@ def worker(job: Job, world: World) -> Op[None]:
         rep.inner.new_round()
         compute, paused, losses = 0.0, 0.0, []
         for _ in range(steps):
-            paused += yield from world.strike()
+            paused += world.strike()
             loss, seconds = yield from world.compute(rep.step(net), profile.step_s(w))
             losses.append(loss)
             compute += seconds

@@ -65,36 +65,26 @@ def serve(
     lets the others go on without it."""
     record.snapshots.maybe(t, ps.version, ps.params)
     yield from port.send(ps.start(t))
-    while True:
+    while True:  # one push in, its replies out
         try:
-            status = yield from _serve_one(ps, port, record, budget)
+            push = yield from port.next_push()
+            if push is None:  # the wall budget ran out while no push arrived
+                yield from port.stop(set(ps.held))
+                return "completed"
+            replies = ps.on_push(push, port.now())
+            t = port.now()
+            snapped = record.snapshots.maybe(t, ps.version, ps.params)
+            status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
+            if status or spent(budget, ps.version, t):  # θ is checked at snapshots
+                yield from port.stop(set(ps.held) | {r.worker for r in replies})
+                return status or "completed"
+            yield from port.send(replies)
         except WorkerLost as lost:
             if not ps.barrier.survives_loss(ps.barrier.cfg):
                 raise
             yield from _lose(ps, port, record, lost)
             continue
-        if status:
-            return status
         port.checkpoint()
-
-
-def _serve_one(
-    ps: ParameterServer, port: Port, record: RunRecord, budget: BudgetConfig
-) -> Op[str | None]:
-    """One push in, its replies out; the status once the run ends, else None."""
-    push = yield from port.next_push()
-    if push is None:  # the wall budget ran out while no push arrived
-        yield from port.stop(set(ps.held))
-        return "completed"
-    replies = ps.on_push(push, port.now())
-    t = port.now()
-    snapped = record.snapshots.maybe(t, ps.version, ps.params)
-    status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
-    if status or spent(budget, ps.version, t):  # θ is checked at snapshots
-        yield from port.stop(set(ps.held) | {r.worker for r in replies})
-        return status or "completed"
-    yield from port.send(replies)
-    return None
 
 
 def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> Op[None]:

@@ -61,6 +61,7 @@ class Server:
     def __init__(self, job: Job, world: World):
         cfg, n = job.cfg, job.num_workers
         self.job, self.cfg, self.world, self.n = job, cfg, world, n
+        self.now = world.now  # the port's clock is the world's
         world.hub = True
         self.record = record = world.record
         self.model, self.ps = build_server(job, record.events.emit)
@@ -115,9 +116,6 @@ class Server:
         return self.record.finish(
             self.model, ps.params, ps.version, t_end, status, error, bytes_sent=self.bytes
         )
-
-    def now(self) -> float:
-        return self.world.now()
 
     def checkpoint(self) -> None:
         t, world = self.now(), self.world
@@ -204,6 +202,7 @@ class Worker:
         self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
         self.out = world.mailbox(rank, 0, size, HEADER)
+        self.out_bytes = nbytes(self.out)
         self.head, self.sent = Header(self.inbox), Header(self.out)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
@@ -234,13 +233,13 @@ class Worker:
                     self.join(index, clock, started_at)
                 self.joined = None
                 pushed_at = received if self.spare else pushed_at
-            yield from world.strike(self.pause)
+            world.strike(self.pause)
             # the gradient goes into the push, which the simulator computes once it is read
             _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
             SENT.pack_into(sent.raw, 0, self.clock, version)
             TIMES.pack_into(sent.raw, 16, compute, received - pushed_at)
             yield from world.send(self.out, 0)
-            pushed_at = world.now() - self.profile.push_s(nbytes(self.out), self.faults.slow_s)
+            pushed_at = world.now() - self.profile.push_s(self.out_bytes, self.faults.slow_s)
             self.clock += 1
 
     def join(self, w: int, clock: int, started_at: float) -> None:

@@ -71,7 +71,7 @@ class Lone(Engine):
         version, status = 0, "completed"
         record.snapshots.maybe(0.0, 0, params)
         while status == "completed" and not spent(cfg.budget, version, world.now()):
-            yield from world.strike()
+            world.strike()
             (grad, loss), compute = yield from world.compute(step, job.profile.step_s(0))
             rule.step(params, grad)
             version += 1
