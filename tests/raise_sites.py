@@ -1,7 +1,7 @@
 """Which `raise ConfigError(...)` sites (and `raise bad(...)`, their helper) of stalebench/
 a coverage run executed, and the share:
 
-    coverage run --source=stalebench -m pytest tests/unit
+    coverage run --source=stalebench -m pytest -n 0 tests/unit
     python tests/raise_sites.py [.coverage]
 """
 
