@@ -157,8 +157,7 @@ class SimWorld(World):
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
         if not self.hub:
-            slow_s = self.faults.slow_s if self.faults is not None else 0.0
-            self.clock += self.profile.push_s(nbytes(buf), slow_s)
+            self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
         if self.pending:  # the lazy steps that write this message, and any still unrun
             self.pending = [d for d in self.pending if d.step is not None]
         self.sim.post(self.rank, dst, self.clock, buf, tuple(self.pending))

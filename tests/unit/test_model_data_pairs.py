@@ -19,7 +19,7 @@ from stalebench.data.base import Splits
 from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.models import MODELS
-from stalebench.runtime.record import gradient
+from stalebench.runtime.record import Into, gradient
 from tests.conftest import compose
 from tests.unit.test_cifar_resnet import ALL_FILES, NUM_TEST, TEST_FILE, write_cifar
 from tests.unit.test_data import write_mnist
@@ -78,8 +78,16 @@ def test_each_pair_trains_a_step_or_is_refused_by_name(files, model, dataset, tm
         return
     job = Job.build(cfg, engine.num_workers)
     net = MODELS.build(cfg.model, job.splits.input_shape, job.splits.num_classes)
-    grad, loss = gradient(net, list(net.parameters()), next(job.batches(0)), torch.device("cpu"))
+    params, batch, cpu = list(net.parameters()), next(job.batches(0)), torch.device("cpu")
+    torch.manual_seed(0)  # a model's dropout draws the same in each call
+    grad, loss = gradient(net, params, batch, cpu)
     assert math.isfinite(loss) and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    # the same gradient written into a message: concatenated, and copied into views (Into)
+    for out in (torch.empty_like(grad), Into(torch.empty_like(grad), params)):
+        torch.manual_seed(0)
+        again, loss_again = gradient(net, params, batch, cpu, out)
+        assert torch.equal(again, grad) and loss_again == loss
+        assert again.data_ptr() == (out.flat if isinstance(out, Into) else out).data_ptr()
 
 
 def test_the_pairs_refused_are_the_ones_that_cannot_meet(files):
