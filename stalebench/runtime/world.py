@@ -12,7 +12,8 @@ An engine writes each of its roles once, as a program against a `World`:
         ...
         return world.record.finish(...) if world.record else None
 
-Every operation that may wait is a generator, taken with `yield from`: in the real runtime
+Every operation that may wait for another rank is a generator, taken with `yield from`
+(`strike`, whose pauses wait for no one, is a plain call): in the real runtime
 (`RealWorld`) it blocks over gloo and never suspends the program; in the simulator
 (`stalebench.runtime.sim`) it suspends the program until the event it waits for, on a
 virtual clock, while the other ranks of the run go on in the same process. A program
