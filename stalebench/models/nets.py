@@ -15,11 +15,20 @@ def flatten_parameters(model: torch.nn.Module, into: torch.Tensor | None = None)
     flat tensor is `into`, a buffer messages arrive in; the model's device is the CPU)."""
     flat = parameters_to_vector(model.parameters()).detach()
     flat = into.copy_(flat) if into is not None else flat.clone()
-    offset = 0
-    for p in model.parameters():
-        p.data = flat[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
+    params = list(model.parameters())
+    for p, view in zip(params, param_views(flat, params), strict=True):
+        p.data = view
     return flat
+
+
+def param_views(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`flat`'s pieces, laid end to end in the order of `params`, each a view shaped as its
+    parameter."""
+    views, at = [], 0
+    for p in params:
+        views.append(flat[at : at + p.numel()].view(p.shape))
+        at += p.numel()
+    return views
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int]) -> nn.Module:

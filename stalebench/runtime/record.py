@@ -17,7 +17,7 @@ from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
 from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize
-from stalebench.models.nets import flatten_parameters  # noqa: F401  (re-exported)
+from stalebench.models.nets import flatten_parameters, param_views  # noqa: F401  (re-exported)
 from stalebench.runtime.checkpoint import Checkpoints
 from stalebench.runtime.faults import WorkerLost
 
@@ -158,10 +158,7 @@ class Into:
     __slots__ = ("flat", "views")
 
     def __init__(self, flat: torch.Tensor, params: list[torch.Tensor]):
-        self.flat, self.views, at = flat, [], 0
-        for p in params:
-            self.views.append(flat[at : at + p.numel()].view(p.shape))
-            at += p.numel()
+        self.flat, self.views = flat, param_views(flat, params)
 
 
 def gradient(
