@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import ComponentConfig, Registry, stored
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
 FAULT_ACTIONS = ("pause", "die", "slow", "slow_compute")
@@ -28,6 +28,7 @@ FAULT_ACTIONS = ("pause", "die", "slow", "slow_compute")
 STEP_ACTIONS = ("slow_compute",)
 
 
+@stored
 @dataclasses.dataclass
 class FaultConfig:
     worker: int = 0

@@ -199,6 +199,10 @@ class RunConfig:
     # or overwrite (replace it)
     resume: bool = False
     overwrite: bool = False
+    # resume=true with a checkpoint of this config that cannot be read safely: error (the
+    # run is refused, naming the file; nothing changed) or restart (the run's files moved
+    # aside to previous/<n>/, and it starts over)
+    resume_unreadable: str = "error"
     # run seconds between checkpoints (the server's state, or every rank's at a round's end
     # for the engines without one); 0: none; null: 60 in runtime=real, none in runtime=sim
     checkpoint_every_s: float | None = None
@@ -217,6 +221,10 @@ class RunConfig:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:
             raise ConfigError(f"grace_s must be > 0, got {self.grace_s}")
+        if self.resume_unreadable not in ("error", "restart"):
+            raise ConfigError(
+                f"resume_unreadable must be error or restart, got {self.resume_unreadable!r}"
+            )
         if self.checkpoint_every_s is not None and not self.checkpoint_every_s >= 0:
             raise ConfigError(f"checkpoint_every_s must be >= 0, got {self.checkpoint_every_s}")
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,12 @@ class RunDirTaken(ConfigError):
     """run_dir holds a run and neither resume nor overwrite was asked for."""
 
 
+class BadCheckpoint(RunDirTaken):
+    """resume=true, and the run's checkpoint of this config holds a file that cannot be read
+    safely: the run is not started, and nothing of its directory is changed."""
+
+
+PREVIOUS = "previous"  # where resume=true moves a run it does not go on from
 RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint")
 
 
@@ -129,8 +136,10 @@ def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:
     """Make `cfg.run_dir` ready for this run. A directory that holds a run is refused
     unless `resume` (returns that run's summary when it completed with this very config:
     nothing to do; keeps it when it holds a checkpoint of this config, which the run goes
-    on from; otherwise clears it to run again) or `overwrite` (clears it). `keep` False:
-    never keep a completed one (the other ranks of a torchrun launch are already waiting)."""
+    on from; otherwise runs again, the earlier run's files moved aside to `previous/<n>/`)
+    or `overwrite` (clears it). Nothing is deleted but what overwrite=true asks for and
+    what a resumed run computes again. `keep` False: never keep a completed one (the other
+    ranks of a torchrun launch are already waiting)."""
     run_dir = Path(cfg.run_dir)
     held = [n for n in RUN_FILES if (run_dir / n).exists()]
     if not held:
@@ -149,20 +158,48 @@ def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:
     saved = _checkpoint(run_dir, cfg) if cfg.resume else None
     if saved:  # go on from it: the files of the run's end are written again
         checkpoint.rewind(run_dir, saved)
-        held = [n for n in held if n in ("summary.json", "metrics.parquet", "model.pt")]
-    for name in held:
-        path = run_dir / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for name in ("summary.json", "metrics.parquet", "model.pt"):
+            (run_dir / name).unlink(missing_ok=True)
+    elif cfg.overwrite:
+        for name in held:
+            path = run_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    else:
+        aside = move_aside(run_dir, held)
+        log.warning("resume=true: running again from the start; the run it held is in %s", aside)
     return None
 
 
+def move_aside(run_dir: Path, names: list[str]) -> Path:
+    """Move the files `names` of run_dir into a new `previous/<n>/` (n = 1, 2, ...), where
+    the report does not look (a run directory holds no other runs); returns it."""
+    folder = run_dir / PREVIOUS
+    n = 1 + max((int(p.name) for p in folder.glob("*") if p.name.isdigit()), default=0)
+    (folder / str(n)).mkdir(parents=True)
+    for name in names:
+        os.replace(run_dir / name, folder / str(n) / name)
+    return folder / str(n)
+
+
 def _checkpoint(run_dir: Path, cfg: RunConfig) -> dict[str, Any] | None:
-    """The checkpoint in run_dir of a run of this very config, if there is one."""
+    """The checkpoint in run_dir of a run of this very config, if there is one, with every
+    file it goes on from read safely first. One that cannot be is refused by name
+    (`BadCheckpoint`) before anything of the run directory is changed, or with
+    resume_unreadable=restart, the run starts over (its files moved aside)."""
     try:
-        saved = checkpoint.load(run_dir)
-    except Exception:  # a checkpoint that cannot be read is no checkpoint: run again
-        return None
-    return saved if saved and saved.get("config_sha") == config_sha(cfg) else None
+        saved = checkpoint.load(run_dir, config_sha(cfg))
+        if saved is not None:
+            checkpoint.verify(run_dir, saved)
+    except checkpoint.Unreadable as exc:
+        if cfg.resume_unreadable == "restart":
+            log.warning("resume=true: %s; resume_unreadable=restart: starting over", exc)
+            return None
+        raise BadCheckpoint(
+            f"resume=true: {exc}. Nothing of the run directory was changed: set "
+            "resume_unreadable=restart to start over (the run's files moved aside to "
+            f"{PREVIOUS}/), or remove the checkpoint"
+        ) from None
+    return saved
 
 
 def _summary(path: Path) -> dict[str, Any] | None:

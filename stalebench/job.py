@@ -53,7 +53,7 @@ def config_sha(cfg: RunConfig) -> str:
     """A fingerprint of everything that decides what a run computes: the resolved config
     without where it is written and how a rerun treats an earlier one."""
     fields = dataclasses.asdict(cfg)
-    for key in ("run_dir", "resume", "overwrite", "checkpoint_every_s"):
+    for key in ("run_dir", "resume", "overwrite", "resume_unreadable", "checkpoint_every_s"):
         fields.pop(key, None)
     text = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

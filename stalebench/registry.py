@@ -40,6 +40,18 @@ PARTS: dict[str, type] = {}
 # every registry, by its config group, in the order made: what `stalebench list` shows and
 # the CLI checks names against
 REGISTRIES: dict[str, Registry] = {}
+# the classes a checkpoint may hold besides tensors and plain data (`stored`): every
+# registered class and its config, and the helpers they keep. A checkpoint is read by
+# torch's weights-only loader, which rebuilds these and nothing else (it calls no other
+# code a file names)
+STORED: set[type] = set()
+
+
+def stored(cls: type[T]) -> type[T]:
+    """Mark `cls` as data a checkpoint may hold (a helper object a registered part keeps,
+    such as a rule's buffers or a worker's faults); a registered class is marked already."""
+    STORED.add(cls)
+    return cls
 
 
 def algorithm_part(slot: str, base: type) -> None:
@@ -67,6 +79,7 @@ class Registry(Generic[T]):
             if name in self._entries and self._entries[name][0] is not cls:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = (cls, config)
+            STORED.update((cls, config))
             ConfigStore.instance().store(group=self.group, name=name, node=config(name=name))
             cls.registered_name = name  # type: ignore[attr-defined]
             return cls

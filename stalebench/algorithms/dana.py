@@ -18,6 +18,7 @@ from stalebench.algorithms.staleness import (
 )
 from stalebench.algorithms.updates import SGD, check_momentum
 from stalebench.errors import ConfigError
+from stalebench.registry import stored
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,7 @@ class DanaConfig(UpdateConfig):
             )
 
 
+@stored
 class ServerMomentum:
     """zero (§9.2): per-worker buffers at the server, v_i ← γv_i + (g + wd·θ), θ ← θ − ηv_i,
     with their running sum S; a worker is sent the look-ahead θ − ηγS at the current η
@@ -117,6 +119,7 @@ class ServerMomentum:
         return grad
 
 
+@stored
 class DelayCompensated(ServerMomentum):
     """dc (§9.4): zero, with g ← g + λ·g⊙g⊙(θ − θ̂_i) before weight decay and momentum, θ̂_i
     the look-ahead last sent to worker i (so it always keeps them)."""
@@ -129,6 +132,7 @@ class DelayCompensated(ServerMomentum):
         return grad.add(correction, alpha=self.rule.cfg.dc_lambda)
 
 
+@stored
 class WorkerMomentum:
     """slim (§9.3): the workers keep their buffers (`worker_message` sends m = γv_i + g, v_i
     already updated); the server keeps only Φ, applies Φ ← Φ − η(m + wd·Φ) and sends Φ.

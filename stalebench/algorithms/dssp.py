@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from stalebench.algorithms.base import BARRIERS, Barrier, BarrierConfig
 from stalebench.errors import ConfigError
+from stalebench.registry import stored
 
 CONTROLLERS = ("next_push", "multi")
 
@@ -66,6 +67,7 @@ def sync_controller(
     return best_k, best_wait
 
 
+@stored
 class GrantController:
     """How many extra steps r* to grant the fastest worker p when it is past s_low (§5.2):
     from the last two push times of p and of the slowest worker q, the r* ≤ r_max after which

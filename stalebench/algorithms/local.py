@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from stalebench.algorithms.torch_optim import check_torch_fields, torch_optimizer, torch_step
+from stalebench.algorithms.torch_optim import (
+    KeepsOptimizer,
+    check_torch_fields,
+    torch_optimizer,
+    torch_step,
+)
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -104,7 +109,7 @@ class AdamWConfig(InnerConfig):
         check_torch_fields(self, "algorithm.inner")
 
 
-class InnerOptimizer:
+class InnerOptimizer(KeepsOptimizer):
     """A worker's optimizer over its flat replica `x` (updated in place by `step`): torch's
     class `optimizer`, its arguments from the config (`torch_optimizer`). With
     `lr_decay`, torch's LambdaLR sets the step before each inner step k to lr ×
@@ -115,16 +120,34 @@ class InnerOptimizer:
 
     def __init__(self, cfg: InnerConfig, x: torch.Tensor):
         self.cfg, self.x = cfg, x
-        # one tensor: torch's single-tensor code path (foreach=False)
-        self.opt = torch_optimizer(self.optimizer, [x], cfg, foreach=False)
-        self.schedule = None
-        if cfg.lr_decay != "none":
-            import torch
+        self.opt = self._build()
+        self.schedule = self._schedule()
 
-            decay, steps = cfg.lr_decay, cfg.lr_decay_steps
-            self.schedule = torch.optim.lr_scheduler.LambdaLR(
-                self.opt, lambda k: lr_factor(decay, k, steps)
-            )
+    def _build(self):
+        # one tensor: torch's single-tensor code path (foreach=False)
+        return torch_optimizer(self.optimizer, [self.x], self.cfg, foreach=False)
+
+    def _schedule(self):
+        if self.cfg.lr_decay == "none":
+            return None
+        import torch
+
+        decay, steps = self.cfg.lr_decay, self.cfg.lr_decay_steps
+        return torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(decay, k, steps))
+
+    # pickled with the optimizer's and the scheduler's state_dicts (KeepsOptimizer): the
+    # scheduler's function is not data
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        return {**state, "schedule": self.schedule and self.schedule.state_dict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self.opt = self._build()
+        self.schedule = self._schedule()  # its first step sets the lr the state then resets
+        self.opt.load_state_dict(state["opt"])
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
 
     def step(self, grad: torch.Tensor) -> None:
         torch_step(self.opt, [self.x], grad)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from stalebench.algorithms.base import UPDATES, UpdateConfig
 from stalebench.algorithms.updates import SGD, MomentumConfig
 from stalebench.errors import ConfigError
+from stalebench.registry import stored
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,7 @@ def check_gap_statistics(beta: float, eps: float) -> None:
         raise ConfigError(f"algorithm.update.eps must be > 0, got {eps}")
 
 
+@stored
 class GapStatistics:
     """Gap-Aware's yardstick of one step (Barkai et al. 2020, as FTPipe's code computes it):
     an EMA of u² (u: the step direction before this step), bias-corrected, gives

@@ -92,7 +92,27 @@ def torch_step(opt: torch.optim.Optimizer, tensors: Sequence[torch.Tensor], grad
             t.grad = None  # the caller's buffer is not kept past the step
 
 
-class TorchRule(UpdateRule):
+class KeepsOptimizer:
+    """An object that keeps a torch optimizer `opt`, made by its `_build()`: pickled (into a
+    checkpoint, or a spare's welcome) with the optimizer's `state_dict()` in its place —
+    tensors and plain dicts, which a checkpoint's weights-only loader reads; the optimizer
+    object holds a defaultdict it refuses — and rebuilt over the same tensors when loaded."""
+
+    opt: Any
+
+    def _build(self) -> Any:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**vars(self), "opt": self.opt.state_dict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self.opt = self._build()
+        self.opt.load_state_dict(state["opt"])
+
+
+class TorchRule(KeepsOptimizer, UpdateRule):
     """A torch.optim optimizer over θ (or θ's per-tensor views), stepped with each gradient
     the engine applies; subclasses name the class (`optimizer`), its config the arguments."""
 

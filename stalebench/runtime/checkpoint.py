@@ -4,31 +4,45 @@ A checkpoint is the directory `checkpoint/` of the run directory: `state.pt` (wh
 engine needs to go on, the run time and the length of events.jsonl when it was taken) and
 one file per θ snapshot taken so far (`snap-00000.pt`, ..., written once each). It is
 replaced whole (a new state.pt is renamed over the old), so a kill at any moment leaves
-the previous one intact. Before a resumed run starts, events.jsonl is cut back to that
-length (what happened after the checkpoint is computed again; the cut lines are kept in
-`cut-<version>.jsonl`), and the run goes on from there, on the same time axis.
+the previous one intact. `config.json` beside it names the config the run was started
+with, so that a resume checks it before reading any state. Before a resumed run starts,
+events.jsonl is cut back to that length (what happened after the checkpoint is computed
+again; the cut lines are kept in `cut-<version>.jsonl`), and the run goes on from there,
+on the same time axis.
 
 An engine without a server checkpoints every rank at once, at a round's end where nothing
 is in flight (`World.checkpoint`): each rank writes its part, `parts/<version>/rank-<r>.pt`
 (its θ, optimizer state, worker, faults, the random generator's state), and once every
 part is on disk rank 0 commits the set by writing state.pt, which names it. A kill before
 the commit leaves the previous set named; a set is removed once a later one is committed.
+
+A run directory is data, never code: every file of a checkpoint (and the state ranks hand
+a spare) is read by torch's weights-only loader (`read`), which rebuilds tensors, plain
+data and the classes marked `stored` (every registered part and its config, the helpers
+they keep, torch's optimizers) and calls nothing else a file names. A file that holds
+anything else, or cannot be read, is refused by name (`Unreadable`).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from stalebench.errors import RunError
 from stalebench.evaluation import Snapshot, Snapshots
 from stalebench.metrics.events import EventLog
+from stalebench.metrics.summary import write_json
+from stalebench.registry import STORED
 
 DIR = "checkpoint"
+CONFIG = "config.json"  # {"config_sha": ...}: the config of the run whose checkpoint it is
 EVERY_S = 60.0  # checkpoint_every_s's default in runtime=real (the simulator: none)
 
 
@@ -39,6 +53,47 @@ def every_s(cfg: Any) -> float:
     if cfg.checkpoint_every_s is not None:
         return float(cfg.checkpoint_every_s)
     return 0.0 if cfg.runtime == "sim" else EVERY_S
+
+
+class Unreadable(RunError):
+    """A checkpoint file that holds what the safe loader refuses, or cannot be read."""
+
+
+def _safe_types() -> list[type]:
+    # and a barrier's random stream (random.Random: its state is a tuple of ints). A torch
+    # optimizer is kept as its state_dict (`KeepsOptimizer`): the object holds a
+    # defaultdict, which the loader does not rebuild
+    return [random.Random, *STORED]
+
+
+def read(source: Path | IO[bytes], name: str | None = None) -> Any:
+    """What a checkpoint file `source` (or a state sent between ranks, as bytes) holds, by
+    torch's weights-only loader: tensors, plain data, and the classes `_safe_types` names.
+    Nothing a file names is executed; raises `Unreadable`, naming it (`name`, or the path),
+    for a file that holds anything else or cannot be read."""
+    name = name or str(source)
+    try:
+        with torch.serialization.safe_globals(_safe_types()):
+            return torch.load(source, weights_only=True)
+    except Exception as exc:  # whatever the loader says of the file, as the reason
+        raise Unreadable(f"{name}: not loaded: {_why_unreadable(exc)}") from None
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """torch's reason, in one line: the global it refused, or the first line it gives."""
+    text = str(exc)
+    refused = re.search(r"GLOBAL (\S+)", text)
+    if refused:
+        return (
+            f"it names {refused.group(1)}, which is not data a checkpoint may hold (tensors, "
+            "plain data, and the classes marked with stalebench.registry.stored)"
+        )
+    if isinstance(exc, EOFError) or not text.strip():
+        return "the file ends early (empty or truncated)"
+    first = text.strip().splitlines()[0]
+    if "central directory" in first or "zip archive" in first:
+        return "the file is truncated or corrupt (not a whole torch.save archive)"
+    return f"{type(exc).__name__}: {first}"
 
 
 def _part_path(run_dir: Path, version: int, rank: int) -> Path:
@@ -54,12 +109,11 @@ def save_part(run_dir: Path, version: int, rank: int, part: Any) -> None:
 
 
 def load_part(run_dir: Path, version: int, rank: int) -> Any:
-    """Rank `rank`'s part of the committed set at `version`. (Pickled objects of this
-    package: only a part this code wrote is to be loaded.)"""
+    """Rank `rank`'s part of the committed set at `version` (read safely: `read`)."""
     path = _part_path(run_dir, version, rank)
     if not path.exists():
         raise RunError(f"resume: the checkpoint at version {version} has no {path}")
-    return torch.load(path, weights_only=False)
+    return read(path)
 
 
 def prune_parts(run_dir: Path, kept: int) -> None:
@@ -70,13 +124,41 @@ def prune_parts(run_dir: Path, kept: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load(run_dir: Path) -> dict[str, Any] | None:
-    """The run directory's last checkpoint, or None. (It holds pickled objects of this
-    package: only a checkpoint this code wrote is to be loaded.)"""
+def load(run_dir: Path, sha: str) -> dict[str, Any] | None:
+    """The run directory's last checkpoint if one was taken by a run of the config `sha`,
+    else None. The config is checked first (`config.json`), before any state is read;
+    state.pt is read safely (`read`: raises `Unreadable` naming a file it refuses)."""
     path = Path(run_dir) / DIR / "state.pt"
-    if not path.exists():
+    if not path.exists() or config_of(run_dir) != sha:
         return None
-    return torch.load(path, weights_only=False)
+    saved = read(path)
+    if not isinstance(saved, dict) or saved.get("config_sha") != sha:
+        raise Unreadable(f"{path}: not a checkpoint of this config (its config.json says so)")
+    return saved
+
+
+def config_of(run_dir: Path) -> str | None:
+    """The config sha `config.json` names (None: no checkpoint, or one that names none)."""
+    try:
+        return json.loads((Path(run_dir) / DIR / CONFIG).read_text()).get("config_sha")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def verify(run_dir: Path, saved: dict[str, Any]) -> None:
+    """Read every file the checkpoint `saved` goes on from — its θ snapshots and, for a set
+    of rank parts, each part — safely, before anything of the run directory is changed:
+    one that is missing or refused raises (`Unreadable`, naming it)."""
+    folder = Path(run_dir) / DIR
+    for i in range(saved["snapshots"]):
+        read(folder / f"snap-{i:05d}.pt")
+    state = saved["state"]
+    if isinstance(state, dict) and "parts" in state:
+        for rank in state["ranks"]:
+            path = _part_path(run_dir, state["parts"], rank)
+            if not path.exists():
+                raise Unreadable(f"{path}: missing (the checkpoint's set names rank {rank})")
+            read(path)
 
 
 class Checkpoints:
@@ -91,7 +173,7 @@ class Checkpoints:
     def resume(self, saved: dict[str, Any]) -> None:
         """A run that goes on from the checkpoint `saved`: its θ snapshots back in place."""
         for i in range(saved["snapshots"]):
-            self.snapshots.taken.append(Snapshot(**torch.load(self.dir / f"snap-{i:05d}.pt")))
+            self.snapshots.taken.append(Snapshot(**read(self.dir / f"snap-{i:05d}.pt")))
         self.snapshots.next_version, self.snapshots.next_t = saved["snapshot_next"]
         if "snapshot_grid" in saved:
             held, self.snapshots.next_grid, self.snapshots._held_taken = saved["snapshot_grid"]
@@ -101,7 +183,9 @@ class Checkpoints:
     def save(self, t: float, version: int, state: dict[str, Any]) -> None:
         """Write the checkpoint at run time `t`: the events up to here, the snapshots not yet
         on disk, then `state` (the engine's) with where events.jsonl ends."""
-        self.dir.mkdir(exist_ok=True)
+        if not (self.dir / CONFIG).exists():
+            self.dir.mkdir(exist_ok=True)
+            write_json(self.dir / CONFIG, {"config_sha": self.sha})
         self.events.emit("system", t, event="checkpoint", version=version)
         self.events.flush()
         for i in range(self.saved_snapshots, len(self.snapshots.taken)):

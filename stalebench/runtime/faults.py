@@ -18,6 +18,7 @@ import torch
 
 from stalebench.cluster import STEP_ACTIONS, FaultConfig, Profile
 from stalebench.errors import RunError
+from stalebench.registry import stored
 from stalebench.runtime.transport import Pending, Transport
 
 FAULT_EXIT = 3  # exit code of a process that an injected fault killed
@@ -42,6 +43,7 @@ class WorkerDied(WorkerLost):
         self.at_s = at_s
 
 
+@stored
 class Faults:
     """One worker's scheduled faults, struck when its steps start: those of its step index
     (`at_step`), then those due by the time (`at_s`), in order. Every engine calls `strike`

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from stalebench.config import RunConfig
 from stalebench.errors import RunError, last_line
-from stalebench.job import Job, meta
+from stalebench.job import Job, config_sha, meta
 from stalebench.metrics.summary import finalize, stop, write_json
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
@@ -84,7 +84,7 @@ def run_rank(
     summary = None
     try:
         job = Job.build(cfg, engine.num_workers, engine.one_stream)
-        resume = checkpoint.load(run_dir) if cfg.resume and rank == 0 else None
+        resume = checkpoint.load(run_dir, config_sha(cfg)) if cfg.resume and rank == 0 else None
         record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
         world = RealWorld(
             rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s,

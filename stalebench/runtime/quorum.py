@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from stalebench.errors import RunError
+from stalebench.runtime import checkpoint
 
 log = logging.getLogger("stalebench")
 
@@ -157,7 +158,8 @@ class Quorum:
         log.warning("rank %d: ranks %s from here (epoch %d)", self.rank, members, epoch)
         if state is not None:
             return None
-        return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+        sent = io.BytesIO(data.numpy().tobytes())
+        return checkpoint.read(sent, f"the state rank {members[0]} sent")
 
     def release(self) -> None:
         """The run is over: spares still standing by end."""

@@ -379,7 +379,7 @@ class Simulator:
 
     def __init__(self, job: Job, run_dir: Path, size: int):
         self.job, self.size = job, size
-        resume = checkpoint.load(run_dir) if job.cfg.resume else None
+        resume = checkpoint.load(run_dir, job.meta["config_sha"]) if job.cfg.resume else None
         self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume)
         self.record.virtual_time = True
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
@@ -575,10 +575,7 @@ class Simulator:
         cost = self.job.profile.allreduce_s(data.tell(), 0.0)
         done = max(self.worlds[r].clock for r in expected) + cost
         for spare, lost in self.joining:
-            self.handoff[spare] = (
-                lost,
-                torch.load(io.BytesIO(data.getvalue()), weights_only=False),
-            )
+            self.handoff[spare] = (lost, checkpoint.read(io.BytesIO(data.getvalue()), "welcome"))
             del self.waiting[spare]
             self.worlds[spare].clock = done
             self.issued[spare] = self.issued[expected[0]]

@@ -30,6 +30,11 @@ COMMON = ["cluster.num_workers=4", "dataset=synthetic", "model=mlp", "logger=non
 SIM = {
     "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=80",
                "checkpoint_every_s=2"],
+    # the inner optimizer's scheduler goes on from its step (it was unpicklable: its
+    # function is not data; now kept as its state_dict)
+    "diloco-lr-decay": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
+                        "budget.max_updates=80", "checkpoint_every_s=2",
+                        "algorithm.inner.lr_decay=cosine", "algorithm.inner.lr_decay_steps=400"],
     "streaming-diloco": ["algorithm=streaming_diloco", "engine.delay=0",
                          "algorithm.outer.inner_steps=10", "budget.max_updates=120",
                          "checkpoint_every_s=2"],

@@ -66,10 +66,12 @@ def test_resume_keeps_a_run_that_completed_with_the_same_config(tmp_path):
 
 def test_resume_runs_again_from_the_start_when_the_config_differs(tmp_path):
     _run(tmp_path)
+    before = _files(tmp_path)
     summary = _run(tmp_path, "resume=true", "budget.max_updates=40")
     events = read_events(tmp_path / "events.jsonl")
     assert summary["updates"] == 40
     assert [e["event"] for e in events if e["kind"] == "system"].count("start") == 1
+    assert _files(tmp_path / "previous" / "1") == before  # the earlier run, kept aside
 
 
 def test_resume_runs_again_a_run_that_did_not_complete(tmp_path):
@@ -122,11 +124,26 @@ def test_resume_rewinds_to_a_checkpoint_of_this_config(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("flags", [["resume=true", "seed=5"], ["overwrite=true"]])
-def test_a_checkpoint_of_another_config_or_an_overwrite_starts_over(tmp_path, flags):
-    ours = compose(fast_with([*SIM]))
-    _checkpointed_run(tmp_path, ours)
-    cfg = compose(fast_with([*SIM, *flags]))
+def test_an_overwrite_starts_over_and_clears_the_run(tmp_path):
+    _checkpointed_run(tmp_path, compose(fast_with([*SIM])))
+    cfg = compose(fast_with([*SIM, "overwrite=true"]))
     cfg.run_dir = str(tmp_path)
     assert experiment.claim_run_dir(cfg) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_resume_with_a_checkpoint_of_another_config_starts_over_keeping_the_run_aside(tmp_path):
+    _checkpointed_run(tmp_path, compose(fast_with([*SIM])))
+    before = _files(tmp_path)
+    cfg = compose(fast_with([*SIM, "resume=true", "seed=5"]))
+    cfg.run_dir = str(tmp_path)
+    assert experiment.claim_run_dir(cfg) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
+    aside = tmp_path / "previous" / "1"
+    assert _files(aside) == before  # events, summary and the rest, byte for byte
+    assert (aside / "checkpoint" / "state.pt").exists()
+    # a second start-over keeps the first one's files too
+    (tmp_path / "events.jsonl").write_text("{}\n")
+    assert experiment.claim_run_dir(cfg) is None
+    assert sorted(p.name for p in (tmp_path / "previous").iterdir()) == ["1", "2"]
+    assert _files(aside) == before

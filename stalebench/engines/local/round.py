@@ -27,6 +27,7 @@ from stalebench.algorithms.local import INNER, OUTER, OuterRule
 from stalebench.engines.common import GradientStep, Net
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
+from stalebench.registry import stored
 from stalebench.runtime.faults import Faults
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error; then its end
@@ -59,6 +60,7 @@ class Replica:
         return loss
 
 
+@stored
 class Wire:
     """How a pseudo-gradient travels: as float32 (`none`, bit-exact), cast to float16 and
     summed in it by the all-reduce (`fp16`), or as int8 with one float32 scale per model
@@ -154,6 +156,7 @@ class Plan:
         return self.mode == "overlap"
 
 
+@stored
 class Exchange:
     """One round's arithmetic (of one fragment of θ), the same on every worker and in the
     simulator."""

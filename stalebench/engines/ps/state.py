@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stalebench.errors import RunError
+from stalebench.registry import stored
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from stalebench.algorithms.base import Barrier, UpdateRule
 
 
+@stored
 @dataclasses.dataclass
 class Push:
     worker: int  # 0-based worker index (rank − 1 in the real runtime)
