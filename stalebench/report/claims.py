@@ -647,7 +647,8 @@ def tally(results: list[dict[str, Any]], sweep: str) -> str:
 def _p(r: dict[str, Any]) -> str:
     if r["p"] is None:
         return "—"
-    return f"{r['p']:.2g} (Holm {r['p_holm']:.2g})"
+    holm = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"  # null in a hand-edited file
+    return f"{r['p']:.2g} (Holm {holm})"
 
 
 def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:

@@ -22,10 +22,18 @@ from stalebench.report.tables import (
 )
 
 
-def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
+def build_report(
+    dirs: list[str],
+    out: Path,
+    baseline: str = BASELINE,
+    damaged: list[tuple[str, str]] | None = None,
+) -> Path:
     """Write out/report.md, out/tables/*.{csv,tex}, out/figures/*.png; return report.md.
-    Raises LookupError when no run directory is found."""
-    runs, curves, updates = collect(dirs)
+    A run whose events.jsonl is damaged is kept, and is listed in the report and in
+    `damaged` as collect lists it: (run_dir, what is wrong). Raises LookupError when no
+    run directory is found."""
+    damaged = [] if damaged is None else damaged
+    runs, curves, updates = collect(dirs, damaged)
     if runs.empty:
         raise LookupError(
             f"no run directory (summary.json or events.jsonl + .hydra/) under "
@@ -78,6 +86,9 @@ def build_report(dirs: list[str], out: Path, baseline: str = BASELINE) -> Path:
         lines.append(
             f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: **{row.status}** — {error}"
         )
+    if damaged:  # kept above with what could be read: say what is missing
+        lines += ["", "## Damaged event logs", ""]
+        lines += [f"- `{run_dir}`: {what}" for run_dir, what in damaged]
     lines += claim_section(verdicts, out)
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
@@ -144,11 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"algorithm the speedups are relative to (default {BASELINE})",
     )
     args = parser.parse_args(argv)
+    damaged: list[tuple[str, str]] = []
     try:
-        report = build_report(args.dirs, args.out or Path(args.dirs[0]), args.baseline)
+        report = build_report(args.dirs, args.out or Path(args.dirs[0]), args.baseline, damaged)
     except (LookupError, FileNotFoundError, claims_mod.ClaimError) as err:
         print(f"stalebench-report: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        for run_dir, what in damaged:
+            print(f"stalebench-report: warning: {run_dir}: {what}", file=sys.stderr)
     print(report)
     claims_json = report.parent / "claims.json"
     if claims_json.is_file():

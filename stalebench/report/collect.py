@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -67,19 +68,77 @@ def _natural_key(path: Path):
     return [(int(p), p) if p.isdigit() else (math.inf, p) for p in path.parts]
 
 
-def read_events(path: str | os.PathLike) -> list[dict]:
-    """events.jsonl line by line; a torn last line (the run died mid-write) is skipped."""
+class RunFileWarning(UserWarning):
+    """A file of a run directory is damaged; the message is one line naming the run."""
+
+
+@dataclasses.dataclass
+class EventFile:
+    """events.jsonl as read: its events, how many lines it has (blank ones apart), and
+    where (1-based line numbers) those that are not an event are."""
+
+    events: list[dict]
+    lines: int  # the non-blank lines
+    unreadable: list[int]  # the line numbers of those that are not a JSON object
+    last: int  # the number of the last non-blank line (0: none)
+
+
+def scan_events(path: str | os.PathLike) -> EventFile:
+    """Every line of events.jsonl that is a JSON object, and where the others are."""
     lines = Path(path).read_text(errors="replace").splitlines()
-    events = []
-    for i, line in enumerate(lines):
+    events, unreadable, count, last = [], [], 0, 0
+    for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        count, last = count + 1, i
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                warnings.warn(f"{path}:{i + 1}: unreadable event line skipped", stacklevel=2)
-    return events
+            event = None
+        if isinstance(event, dict):
+            events.append(event)
+        else:
+            unreadable.append(i)
+    return EventFile(events, count, unreadable, last)
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """events.jsonl line by line; a torn last line (the run died mid-write) is skipped."""
+    log = scan_events(path)
+    for i in log.unreadable:
+        if i != log.last:
+            warnings.warn(f"{path}:{i}: unreadable event line skipped", stacklevel=2)
+    return log.events
+
+
+def damage(log: EventFile, finished: bool) -> str | None:
+    """What is wrong with a run's events.jsonl and what the report draws from it, in one
+    line; None when nothing is. Of a run that did not finish (no summary.json) a torn last
+    line or an empty log is expected: it died writing."""
+    torn = log.last in log.unreadable
+    inner = [i for i in log.unreadable if i != log.last]
+    if not log.lines:
+        return "events.jsonl is empty: its curve is left out" if finished else None
+    parts = []
+    if inner:
+        shown = ", ".join(map(str, inner[:5])) + (
+            f" and {len(inner) - 5} more" if len(inner) > 5 else ""
+        )
+        parts.append(
+            f"line {shown} does not parse" if len(inner) == 1 else f"lines {shown} do not parse"
+        )
+    if torn and finished:
+        parts.append(f"its last line ({log.last}) is cut mid-record")
+    if not parts:
+        return None
+    n = len(log.events)
+    if any(e.get("kind") == "eval" for e in log.events):
+        drawn = f"its curve is drawn from the {n} lines that parse"
+    elif n:
+        drawn = f"none of the {n} lines that parse is an eval event: its curve is left out"
+    else:
+        drawn = "no line parses: its curve is left out"
+    return f"events.jsonl: {' and '.join(parts)}; {drawn}"
 
 
 def _flatten(obj: dict, prefix: str = "") -> dict:
@@ -186,27 +245,40 @@ def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
     return labels
 
 
-def collect(dirs: Iterable[str | os.PathLike]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def collect(
+    dirs: Iterable[str | os.PathLike], damaged: list[tuple[str, str]] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Load every run under ``dirs``.
 
     Returns ``runs`` (one row per run: the flattened summary, e.g. ``final_accuracy``,
     ``lag_mean``, plus ``run_dir``), ``curves`` (the eval events) and ``updates`` (the
     update events), the latter two labelled with run_dir, algorithm, cluster, num_workers
-    and seed. A run without summary.json appears with status "failed".
+    and seed. A run without summary.json appears with status "failed". A run whose
+    events.jsonl is damaged (`damage`) is kept, with the events that parse, and its
+    (run_dir, what is wrong) is appended to ``damaged`` when given, else is a
+    RunFileWarning "<run_dir>: <what>".
     """
     rows, curves, updates = [], [], []
     for run_dir in find_run_dirs(dirs):
         events_path = run_dir / "events.jsonl"
-        events = read_events(events_path) if events_path.is_file() else []
+        log = scan_events(events_path) if events_path.is_file() else EventFile([], 0, [], 0)
+        events = log.events
         summary_path = run_dir / "summary.json"
-        if summary_path.is_file():
+        finished = summary_path.is_file()
+        if finished:
             try:
                 row = _flatten(json.loads(summary_path.read_text()))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 row = _labels_without_summary(run_dir, events)
                 row["error"] = f"unreadable summary.json: {err}"
+                finished = False  # its status says so already
         else:
             row = _labels_without_summary(run_dir, events)
+        problem = damage(log, finished) if events_path.is_file() else None
+        if problem and damaged is not None:
+            damaged.append((str(run_dir), problem))
+        elif problem:
+            warnings.warn(RunFileWarning(f"{run_dir}: {problem}"), stacklevel=2)
         row["run_dir"] = str(run_dir)
         rows.append(row)
         labels = {"run_dir": str(run_dir), **{k: row.get(k) for k in LABELS}}

@@ -12,6 +12,11 @@
   docs/results.md or the README block differ from it (the CI guard,
   tests/unit/test_results.py).
 
+Every claims.json read (the sweep's on `save`, each committed one on render and
+`--check`) is first checked against VERDICT_SCHEMA and FILE_SCHEMA below: a missing key, a
+value of the wrong type or outside its choices, or a file that is not JSON is one error line
+naming the file, the claim and the key, and nothing is written.
+
 Reads files only: the verdict tables are claims.table and the tallies claims.tally,
 through tables.to_markdown; a verdict dict is otherwise read only for `sweep`, `paper`,
 `scale` and `origin`, so keys added to it later change nothing here.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
@@ -40,6 +46,7 @@ from stalebench.metrics.summary import write_json
 from stalebench.report import claims as claims_mod
 from stalebench.report.collect import find_run_dirs
 from stalebench.report.tables import to_markdown
+from stalebench.sweep import ORIGINS
 from stalebench.tuning import FILE as TUNING  # <sweep_dir>/tuning.json: the selection
 from stalebench.tuning import STAGE_DIR as TUNE_DIR  # <sweep_dir>/tune/: its runs
 
@@ -52,6 +59,131 @@ GENERATED = (
 )
 SELF_CHECK = "self-check"  # a verdict's origin: a check of the harness, tallied apart
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# -- the file's schema -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A key of claims.json: the JSON types its value may take, whether it must be there,
+    and the values it may take (any when empty)."""
+
+    types: tuple[type, ...]
+    required: bool = True
+    choices: tuple[str, ...] = ()
+
+
+TEXT, NUMBER, OBJECT, NULL = (str,), (int, float), (dict,), (type(None),)
+# The keys this module, claims.table and claims.tally read, with the types they format
+# (what claims._result writes and `save` adds); other keys (kind, n, estimate, steps, …)
+# are kept and never read. `provenance`'s parts are read with .get: only their type counts.
+FILE_SCHEMA = {
+    "claims": Field((list,)),
+    "provenance": Field(OBJECT, required=False),
+}
+PROVENANCE_SCHEMA = {
+    "command": Field(TEXT + NULL, required=False),
+    **{
+        key: Field(OBJECT, required=False)
+        for key in ("git", "machine", "wall_time", "runs", "tuning_runs")
+    },
+}
+VERDICT_SCHEMA = {
+    "sweep": Field(TEXT),
+    "id": Field(TEXT),
+    "text": Field(TEXT),
+    "origin": Field(TEXT, choices=ORIGINS),
+    "margin": Field(NUMBER),
+    "threshold_from": Field(TEXT),
+    "scope": Field(TEXT),
+    "metric": Field(TEXT),
+    "published": Field(TEXT),
+    "source": Field(TEXT),
+    "ours": Field(TEXT),
+    "sides": Field(OBJECT + NULL, required=False),
+    "p": Field(NUMBER + NULL),
+    "p_holm": Field(NUMBER + NULL),
+    "verdict": Field(TEXT, choices=claims_mod.VERDICTS),
+    "notes": Field(TEXT),
+    "paper": Field(TEXT + NULL, required=False),
+    "scale": Field(TEXT + NULL, required=False),
+}
+_JSON_NAMES = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+class ClaimsFileError(ValueError):
+    """A claims.json that cannot be rendered: one line per problem, each naming the file
+    (and the claim and the key)."""
+
+
+def _kind(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def violations(obj: Any, schema: dict[str, Field], where: str) -> list[str]:
+    """What in `obj` breaks `schema`, one line each, prefixed with `where`."""
+    if not isinstance(obj, dict):
+        return [f"{where}is {_kind(obj)}, not an object"]
+    out = []
+    for key, field in schema.items():
+        if key not in obj:
+            if field.required:
+                out.append(f'{where}no "{key}"')
+            continue
+        value = obj[key]
+        # JSON's true/false are not numbers, though Python's bool is an int
+        if not isinstance(value, field.types) or (
+            isinstance(value, bool) and bool not in field.types
+        ):
+            wanted = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in field.types))
+            out.append(f'{where}"{key}" is {_kind(value)}, not {wanted}')
+        elif field.choices and value not in field.choices:
+            out.append(f'{where}"{key}" is "{value}", not one of {", ".join(field.choices)}')
+    return out
+
+
+def read_claims(
+    path: Path, shown: str | Path | None = None, sweep: str | None = None
+) -> dict[str, Any]:
+    """A claims.json checked against the schema above (and, with `sweep`, every verdict
+    of that sweep); raises ClaimsFileError naming the file as `shown` (default: its path)."""
+    shown = str(shown or path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:  # the message names the position, not the file
+        raise ClaimsFileError(
+            f"{shown}: not JSON (truncated or damaged): {err.msg} at line {err.lineno}, "
+            f"column {err.colno} (char {err.pos})"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise ClaimsFileError(f"{shown}: not UTF-8 text at byte {err.start}") from None
+    problems = violations(data, FILE_SCHEMA, f"{shown}: ")
+    if not isinstance(data, dict):
+        raise ClaimsFileError("\n".join(problems))
+    if isinstance(data.get("provenance"), dict):
+        problems += violations(data["provenance"], PROVENANCE_SCHEMA, f"{shown}: provenance: ")
+    claims = data.get("claims")
+    if claims == []:  # `save` never writes one: it would render as "no claims"
+        problems.append(f'{shown}: "claims" is empty')
+    for i, verdict in enumerate(claims if isinstance(claims, list) else []):
+        name = verdict.get("id") if isinstance(verdict, dict) else None
+        where = f"{shown}: claims[{i}]" + (f" ({name})" if isinstance(name, str) else "") + ": "
+        problems += violations(verdict, VERDICT_SCHEMA, where)
+        own = verdict.get("sweep") if isinstance(verdict, dict) else None
+        if sweep is not None and isinstance(own, str) and own != sweep:  # tallied nowhere
+            problems.append(f'{where}"sweep" is "{own}", not "{sweep}" (its directory)')
+    if problems:
+        raise ClaimsFileError("\n".join(problems))
+    return data
 
 
 # -- save ------------------------------------------------------------------------------
@@ -214,11 +346,9 @@ def save(sweep_dir: Path, root: Path, command: str | None = None) -> list[Path]:
             f"no claims.json in {sweep_dir}: not a paper sweep, or run `stalebench-report "
             f"{sweep_dir}` first"
         )
-    data = json.loads(source.read_text())
-    verdicts = data.get("claims") or []
-    names = list(dict.fromkeys(v.get("sweep") or "" for v in verdicts))
-    if not names:
-        raise ValueError(f"{source}: no verdict to save")
+    data = read_claims(source)
+    verdicts = data["claims"]
+    names = list(dict.fromkeys(v["sweep"] for v in verdicts))
     for name in names:
         if not _NAME.match(name):
             raise ValueError(f"{source}: sweep name {name!r} cannot name a directory")
@@ -230,7 +360,7 @@ def save(sweep_dir: Path, root: Path, command: str | None = None) -> list[Path]:
         out = Path(root) / RESULTS / name / "claims.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {k: v for k, v in data.items() if k != "claims"}
-        payload["claims"] = [v for v in verdicts if (v.get("sweep") or "") == name]
+        payload["claims"] = [v for v in verdicts if v["sweep"] == name]
         payload["provenance"] = prov
         if tuning is not None:
             payload["tuning"] = tuning
@@ -243,9 +373,20 @@ def save(sweep_dir: Path, root: Path, command: str | None = None) -> list[Path]:
 
 
 def load(root: Path) -> list[dict[str, Any]]:
-    """Every committed results/<sweep>/claims.json, in the order of the sweeps' names."""
-    found = sorted((Path(root) / RESULTS).glob("*/claims.json"))
-    return [{"name": p.parent.name, **json.loads(p.read_text())} for p in found]
+    """Every committed results/<sweep>/claims.json, in the order of the sweeps' names;
+    raises ClaimsFileError naming every problem of every file before any is rendered."""
+    results, problems = [], []
+    for path in sorted((Path(root) / RESULTS).glob("*/claims.json")):
+        name = path.parent.name
+        try:
+            data = read_claims(path, path.relative_to(root), sweep=name)
+        except ClaimsFileError as err:
+            problems.append(str(err))
+            continue
+        results.append({"name": name, **data})
+    if problems:
+        raise ClaimsFileError("\n".join(problems))
+    return results
 
 
 def _split(result: dict[str, Any]) -> tuple[list[dict], list[dict]]:
@@ -589,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in render(root):
             print(path)
     except (OSError, ValueError, LookupError) as err:
-        print(f"stalebench-results: error: {err}", file=sys.stderr)
+        for line in str(err).splitlines():  # a ClaimsFileError: one line per problem
+            print(f"stalebench-results: error: {line}", file=sys.stderr)
         return 2
     return 0
 

@@ -293,7 +293,7 @@ def test_a_run_without_summary_keeps_every_label_of_its_start_event(tmp_path):
 def test_labels_come_from_the_config_not_from_another_system_event(tmp_path):
     # the start line is unreadable and not the last: the end event must not stand in for it
     make_run_without_summary(tmp_path, CONFIG_YAML, "\0" * 16 + "\n" + jsonl([*UPDATES, END]))
-    with pytest.warns(UserWarning, match="events.jsonl:1: unreadable event line skipped"):
+    with pytest.warns(UserWarning, match="events.jsonl: line 1 does not parse"):
         runs, _, _ = collect([tmp_path])
     row = runs.to_dict("records")[0]
     del row["run_dir"]

@@ -218,3 +218,95 @@ def test_report_cli_imports_no_engine_runtime_or_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# a damaged events.jsonl beside an intact summary.json: warned about, one line per run; the
+# run is kept, its curve drawn from the lines that parse
+
+
+def cut(run, keep):
+    """events.jsonl cut to its first `keep` bytes (a copy cut short, a full disk)."""
+    path = run / "events.jsonl"
+    path.write_bytes(path.read_bytes()[:keep])
+    return path
+
+
+@pytest.fixture
+def damaged(tmp_path):
+    """Three completed runs: one whole, one whose events.jsonl is empty, one whose
+    events.jsonl ends in the middle of its last eval line."""
+    root = tmp_path / "sweep"
+    make_run(root, "0", "bsp", 0, acc=0.5, ttt=4.0)
+    cut(make_run(root, "1", "bsp", 1, acc=0.6, ttt=6.0), 0)
+    torn = make_run(root, "2", "bsp", 2, acc=0.7, ttt=5.0)
+    cut(torn, (torn / "events.jsonl").stat().st_size - 20)
+    return root
+
+
+def test_the_report_warns_once_per_damaged_event_log_and_keeps_the_runs(damaged, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(damaged), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    empty, torn = (damaged / "1").resolve(), (damaged / "2").resolve()
+    assert err == [
+        f"stalebench-report: warning: {empty}: events.jsonl is empty: its curve is left out",
+        f"stalebench-report: warning: {torn}: events.jsonl: its last line (15) is cut "
+        "mid-record; its curve is drawn from the 14 lines that parse",
+    ]
+    text = (out / "report.md").read_text()
+    assert "Runs: 3 (3 completed)" in text
+    for line in err:  # the report says it too
+        assert f"- `{line.removeprefix('stalebench-report: warning: ').split(': ')[0]}`" in text
+
+
+def test_a_truncated_run_keeps_the_curve_of_its_readable_lines(damaged):
+    with pytest.warns(UserWarning) as record:
+        runs, curves, updates = collect([damaged])
+    assert len(record) == 2 and all("events.jsonl" in str(w.message) for w in record)
+    assert list(runs["status"]) == ["completed"] * 3
+    per_run = curves.groupby(curves["run_dir"].str.rsplit("/", n=1).str[-1]).size().to_dict()
+    assert per_run == {"0": 6, "2": 5}  # run 2's last eval line is cut; run 1 has none
+    assert set(updates["run_dir"].str.rsplit("/", n=1).str[-1]) == {"0", "2"}
+
+
+def test_a_line_that_does_not_parse_inside_the_log_is_named(tmp_path, capsys):
+    run = make_run(tmp_path / "sweep", "0", "bsp", 0, acc=0.5, ttt=4.0)
+    lines = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    lines[3] = lines[3][:25] + "\n"  # a write cut short, then the log went on
+    lines[5] = "\0" * 12 + "\n"
+    (run / "events.jsonl").write_text("".join(lines))
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == (
+        f"stalebench-report: warning: {run.resolve()}: events.jsonl: lines 4, 6 do not parse; "
+        "its curve is drawn from the 13 lines that parse\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("keep", "said"),
+    [
+        (
+            lambda text: text.index('{"kind": "eval"') + 10,
+            "its last line (10) is cut mid-record; none of the 9 lines that parse is an eval "
+            "event: its curve is left out",
+        ),
+        (
+            lambda text: 10,
+            "its last line (1) is cut mid-record; no line parses: its curve is left out",
+        ),
+    ],
+    ids=["in-the-first-eval-line", "in-the-first-line"],
+)
+def test_a_log_without_eval_events_left_says_the_curve_is_left_out(tmp_path, capsys, keep, said):
+    run = make_run(tmp_path / "sweep", "0", "bsp", 0, acc=0.5, ttt=4.0)
+    cut(run, keep((run / "events.jsonl").read_text()))
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == (
+        f"stalebench-report: warning: {run.resolve()}: events.jsonl: {said}\n"
+    )
+
+
+def test_a_killed_run_without_summary_is_not_warned_about_its_torn_last_line(sweep, capsys):
+    # run 6 of `sweep` died mid-write and is listed as failed: its torn line is no news
+    assert main([str(sweep), "--out", str(sweep / "out")]) == 0
+    assert capsys.readouterr().err == ""

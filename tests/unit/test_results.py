@@ -262,3 +262,119 @@ def test_a_selection_at_the_edge_of_its_grid_is_marked():
     assert _edge(0.4, grid) == ""
     assert _edge("adamw", ["adam", "adamw", "nadam"]) == ""  # not a number: no edge
     assert _edge(1.0, [0.5, 1.0]) == ""  # a grid of two has no inside
+
+
+# a damaged results/<sweep>/claims.json: one line naming the file, the claim and the field;
+# nothing rendered, and --check fails
+
+
+def saved_and_rendered(sweep_dir, checkout):
+    """The committed file of `toy` and the docs rendered from it (their text)."""
+    (path,) = R.save(sweep_dir, checkout)
+    R.render(checkout)
+    return path, (checkout / R.PAGE).read_text(), (checkout / R.README).read_text()
+
+
+def assert_refused(checkout, capsys, page, readme, *expected):
+    """Rendering and --check both fail, each with the same one line naming `expected`;
+    the docs are left as they were."""
+    for args in ([], ["--check"]):
+        assert R.main(["--root", str(checkout), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("stalebench-results: error: "), err
+        for part in expected:
+            assert part in err, (part, err)
+    assert (checkout / R.PAGE).read_text() == page
+    assert (checkout / R.README).read_text() == readme
+
+
+def test_a_claim_without_its_verdict_is_named_with_its_file(sweep_dir, checkout, capsys):
+    path, page, readme = saved_and_rendered(sweep_dir, checkout)
+    saved = json.loads(path.read_text())
+    del saved["claims"][1]["verdict"]
+    path.write_text(json.dumps(saved))
+    assert_refused(
+        checkout,
+        capsys,
+        page,
+        readme,
+        'results/toy/claims.json: claims[1] (slow-beats-fast): no "verdict"',
+    )
+
+
+def test_a_file_without_claims_is_refused_not_rendered_as_no_claims(sweep_dir, checkout, capsys):
+    path, page, readme = saved_and_rendered(sweep_dir, checkout)
+    saved = json.loads(path.read_text())
+    del saved["claims"]
+    path.write_text(json.dumps(saved))
+    assert_refused(checkout, capsys, page, readme, 'results/toy/claims.json: no "claims"')
+    assert "no claims" not in page
+
+
+def test_a_truncated_file_is_named_with_the_position_it_ends_at(sweep_dir, checkout, capsys):
+    path, page, readme = saved_and_rendered(sweep_dir, checkout)
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    line = text[: len(text) // 2].count("\n") + 1
+    assert_refused(
+        checkout, capsys, page, readme, "results/toy/claims.json: not JSON", f"line {line}, column"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda c: c.update(verdict="maybe"), '"verdict" is "maybe", not one of holds, does not'),
+        (lambda c: c.update(margin="0.01"), '"margin" is a string, not a number'),
+        (lambda c: c.update(margin=True), '"margin" is a boolean, not a number'),
+        (lambda c: c.update(p=None, p_holm="x"), '"p_holm" is a string, not a number or null'),
+        (lambda c: c.update(sweep="other"), '"sweep" is "other", not "toy" (its directory)'),
+        (lambda c: c.update(origin="blog"), '"origin" is "blog", not one of paper, recalled'),
+    ],
+    ids=["verdict", "margin-text", "margin-bool", "p_holm", "sweep", "origin"],
+)
+def test_a_claim_field_of_the_wrong_kind_is_named(sweep_dir, checkout, capsys, edit, expected):
+    path, page, readme = saved_and_rendered(sweep_dir, checkout)
+    saved = json.loads(path.read_text())
+    edit(saved["claims"][0])
+    path.write_text(json.dumps(saved))
+    where = "results/toy/claims.json: claims[0] (fast-beats-slow): "
+    assert_refused(checkout, capsys, page, readme, where + expected)
+
+
+def test_every_violation_of_a_file_is_a_line_of_its_own(sweep_dir, checkout, capsys):
+    path, _, _ = saved_and_rendered(sweep_dir, checkout)
+    saved = json.loads(path.read_text())
+    del saved["claims"][0]["verdict"], saved["claims"][2]["id"]
+    saved["provenance"] = "by hand"
+    path.write_text(json.dumps(saved))
+    assert R.main(["--root", str(checkout), "--check"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'stalebench-results: error: results/toy/claims.json: "provenance" is a string, '
+        "not an object",
+        "stalebench-results: error: results/toy/claims.json: claims[0] (fast-beats-slow): "
+        'no "verdict"',
+        'stalebench-results: error: results/toy/claims.json: claims[2]: no "id"',
+    ]
+
+
+def test_save_refuses_a_sweeps_claims_json_that_misses_a_field(sweep_dir, checkout, capsys):
+    source = sweep_dir / "claims.json"
+    data = json.loads(source.read_text())
+    del data["claims"][0]["verdict"]
+    source.write_text(json.dumps(data))
+    assert R.main(["save", str(sweep_dir), "--root", str(checkout)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f'stalebench-results: error: {source}: claims[0] (fast-beats-slow): no "verdict"\n'
+    )
+    assert not (checkout / "results").exists()
+
+
+def test_a_p_without_its_holm_adjustment_renders(sweep_dir, checkout):
+    path, _, _ = saved_and_rendered(sweep_dir, checkout)
+    saved = json.loads(path.read_text())
+    saved["claims"][0]["p_holm"] = None  # allowed by the schema: the table must format it
+    path.write_text(json.dumps(saved))
+    assert R.main(["--root", str(checkout)]) == 0
+    assert "| 0.01 (Holm —) |" in (checkout / R.PAGE).read_text()
