@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -217,6 +218,9 @@ def _remove_if_unused(run_dir: Path) -> None:
 
 
 def main() -> None:
+    # a log file on a full disk: its handler says nothing (no traceback per line); the run
+    # ends failed, its summary.json naming the file it could not write
+    logging.raiseExceptions = False
     load_plugins()
     register_configs()
     if sys.argv[1:] == ["list"]:

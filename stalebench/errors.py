@@ -14,3 +14,16 @@ def last_line(exc: BaseException) -> str:
     (what summary.json's `error` says of an exception raised inside a run)."""
     message = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def write_error(exc: OSError, path: object) -> OSError:
+    """A write's OSError (a full disk: ENOSPC) as one naming the file it was writing (a
+    failed write or flush of an open file names none)."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
+def with_traceback(exc: BaseException) -> bool:
+    """Whether a log of `exc` shows its traceback: not for an OSError, the machine's (a full
+    disk, a file that cannot be written), whose message says all (`write_error` names the
+    file); a traceback for anything else, which may be a bug."""
+    return not isinstance(exc, OSError)

@@ -22,7 +22,7 @@ from stalebench.cluster import Profile
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
-from stalebench.errors import ConfigError, last_line
+from stalebench.errors import ConfigError, last_line, with_traceback
 from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
@@ -230,7 +230,7 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
                 job = Job.build(cfg, engine.num_workers, engine.one_stream)
                 return sim.simulate(engine.program, job, Path(cfg.run_dir), engine.world_size())
             except Exception as exc:  # as a rank's error ends a real run: failed, and why
-                log.error("simulator: %s", exc, exc_info=True)
+                log.error("simulator: %s", exc, exc_info=with_traceback(exc))
                 reason = f"simulator: {last_line(exc)}"
                 target = cfg.budget.target_accuracy
                 return stop(

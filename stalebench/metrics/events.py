@@ -10,12 +10,15 @@ Every event has `kind` and `t` (seconds since the run started). Kinds and their 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 import weakref
 from pathlib import Path
 from typing import Any
+
+from stalebench.errors import write_error
 
 KINDS = ("update", "eval", "worker", "system", "barrier")
 REQUIRED = {
@@ -54,7 +57,7 @@ class EventLog:
         an exception in the middle of its loop, e.g. the simulator interrupted)."""
         for log in list(cls._open):
             if log.path == Path(path) and not log._file.closed:
-                log._file.flush()
+                log.flush()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
         event = {"kind": kind, "t": round(t, 6), **fields}
@@ -62,17 +65,52 @@ class EventLog:
             line = json.dumps(event, allow_nan=False)
         except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
             line = json.dumps({k: _clean(v) for k, v in event.items()})
-        self._file.write(line + "\n")
+        try:
+            self._file.write(line + "\n")
+        except OSError as exc:
+            raise self._failed(exc) from None
         if self.flush_s and time.monotonic() - self._flushed > self.flush_s:
-            self._file.flush()
-            self._flushed = time.monotonic()
+            self.flush()
 
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
         self._flushed = time.monotonic()
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: OSError) -> OSError:
+        """A write that failed (a full disk): the log is closed — what it still buffered is
+        lost, not retried at every flush to come — and every later write raises the same
+        error, naming the file."""
+        with contextlib.suppress(OSError):
+            self._file.close()  # closes the file even when its last flush fails
+        self._file = _Failed(write_error(exc, self.path))
+        return self._file.error
+
+
+class _Failed:
+    """An event log's file after a write failed: every write raises that error again."""
+
+    closed = True
+
+    def __init__(self, error: OSError):
+        self.error = error
+
+    def write(self, _line: str) -> None:
+        raise self.error
+
+    def flush(self) -> None:
+        raise self.error
+
+    def close(self) -> None:
+        pass
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

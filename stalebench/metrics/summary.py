@@ -1,15 +1,29 @@
-"""summary.json and metrics.parquet, computed from the events alone."""
+"""summary.json and metrics.parquet, computed from the events alone.
+
+A run directory holds room for its summary.json from the start (`hold_room`: a file of
+ROOM_BYTES): when the disk fills up mid-run, the run ends `failed` with the error naming
+the file it could not write, and the room is given up so that summary.json is still
+written (without metrics.parquet when that does not fit).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from stalebench.errors import last_line, write_error
 from stalebench.metrics.events import EventLog, read_events
+
+log = logging.getLogger("stalebench")
+
+ROOM = ".room"  # in the run directory, until the run's summary.json is written
+ROOM_BYTES = 256 << 10  # summary.json takes a few kB, a rank's error file a line
 
 STATUSES = ("completed", "diverged", "failed", "timeout", "interrupted", "invalid")
 # the CLI's exit code per status (interrupted: 128 + the signal, e.g. 130 for SIGINT, 143
@@ -133,11 +147,43 @@ def _weight_gap(updates: list[dict[str, Any]], num_workers: int) -> dict[str, An
     }
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Atomic write: a reader never sees half a file."""
+def hold_room(run_dir: Path) -> None:
+    """Hold room in the run directory for its summary.json (and a rank's error file),
+    given up by `write_text` when the disk is full (a disk full already holds none)."""
+    try:
+        (Path(run_dir) / ROOM).write_bytes(bytes(ROOM_BYTES))
+    except OSError:
+        give_up_room(run_dir)  # not a part of it: the run's own files come first
+
+
+def give_up_room(run_dir: Path) -> bool:
+    """Free the run directory's held room; whether there was any."""
+    try:
+        (Path(run_dir) / ROOM).unlink()
+    except OSError:
+        return False
+    return True
+
+
+def write_text(path: Path, text: str, run_dir: Path | None = None) -> None:
+    """Atomic write (a reader never sees half a file). On a write error (a full disk) the
+    room `run_dir` holds (default: path's directory) is given up and it is written once
+    more; an error then is an OSError naming `path`."""
+    path = Path(path)
     tmp = Path(f"{path}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    for last in (False, True):
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            return
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if last or not give_up_room(run_dir or path.parent):
+                raise write_error(exc, path) from None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def finalize(
@@ -153,10 +199,20 @@ def finalize(
 
     run_dir = Path(run_dir)
     events = read_events(run_dir / "events.jsonl")
-    pd.DataFrame(events).to_parquet(run_dir / "metrics.parquet", index=False)
+    table = run_dir / "metrics.parquet"
+    try:
+        pd.DataFrame(events).to_parquet(table, index=False)
+    except OSError as exc:  # a full disk: summary.json says so, in the room held for it
+        table.unlink(missing_ok=True)
+        status, error = "failed", _then(error, last_line(write_error(exc, table)))
     summary = {**summarize(events, meta, status, error, target_accuracy), **(extra or {})}
     write_json(run_dir / "summary.json", summary)
+    give_up_room(run_dir)
     return summary
+
+
+def _then(error: str | None, more: str) -> str:
+    return f"{error}; then {more}" if error else more
 
 
 def _ended(events: list[dict[str, Any]], status: str, error: str | None):
@@ -176,16 +232,20 @@ def stop(
     """End a run its writers did not end (interrupted, timed out, a rank lost): a last
     system event says why, at the time of the last event written, then the files."""
     path = Path(run_dir) / "events.jsonl"
-    EventLog.flush_all(path)
+    with contextlib.suppress(OSError):  # what the disk did not take is lost (and said)
+        EventLog.flush_all(path)
     events = read_events(path)
     t = max((e["t"] for e in events), default=0.0)
     status, error = _ended(events, status, error)
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb+") as f:  # a writer killed mid-line: its torn line stays apart
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-    events = EventLog(path)
-    events.emit("system", t, event="stop", status=status, reason=error)
-    events.close()
+    try:
+        if path.exists() and path.stat().st_size:
+            with open(path, "rb+") as f:  # a writer killed mid-line: its torn line apart
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+        events = EventLog(path)
+        events.emit("system", t, event="stop", status=status, reason=error)
+        events.close()
+    except OSError as exc:  # a full disk: no stop event; summary.json still says why
+        log.error("%s", write_error(exc, path))
     return finalize(run_dir, meta, status, error, target_accuracy)

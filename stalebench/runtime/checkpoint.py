@@ -25,6 +25,7 @@ anything else, or cannot be read, is refused by name (`Unreadable`).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -35,7 +36,7 @@ from typing import IO, Any
 
 import torch
 
-from stalebench.errors import RunError
+from stalebench.errors import RunError, write_error
 from stalebench.evaluation import Snapshot, Snapshots
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import write_json
@@ -96,6 +97,21 @@ def _why_unreadable(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
+def write(obj: Any, path: Path) -> None:
+    """torch.save `obj` to `path` whole (a temporary file, renamed over it): a kill leaves
+    the previous file, and a write error (a full disk) is an OSError naming `path`."""
+    data = io.BytesIO()
+    torch.save(obj, data)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(exc, path) from None
+
+
 def _part_path(run_dir: Path, version: int, rank: int) -> Path:
     return Path(run_dir) / DIR / "parts" / str(version) / f"rank-{rank}.pt"
 
@@ -104,8 +120,7 @@ def save_part(run_dir: Path, version: int, rank: int, part: Any) -> None:
     """Rank `rank`'s part of the checkpoint set at `version` (written whole, then renamed)."""
     path = _part_path(run_dir, version, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(part, path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
+    write(part, path)
 
 
 def load_part(run_dir: Path, version: int, rank: int) -> Any:
@@ -190,7 +205,7 @@ class Checkpoints:
         self.events.flush()
         for i in range(self.saved_snapshots, len(self.snapshots.taken)):
             snap = self.snapshots.taken[i]
-            torch.save(vars(snap), self.dir / f"snap-{i:05d}.pt")
+            write(vars(snap), self.dir / f"snap-{i:05d}.pt")
         self.saved_snapshots = len(self.snapshots.taken)
         record = {
             "config_sha": self.sha,  # a resume with another config starts over
@@ -208,9 +223,7 @@ class Checkpoints:
             ),
             "state": state,
         }
-        tmp = self.dir / "state.pt.tmp"
-        torch.save(record, tmp)
-        os.replace(tmp, self.dir / "state.pt")
+        write(record, self.dir / "state.pt")
 
 
 def rewind(run_dir: Path, saved: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ import signal
 import socket
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -28,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from stalebench.config import RunConfig
-from stalebench.errors import RunError, last_line
+from stalebench.errors import RunError, last_line, with_traceback
 from stalebench.job import Job, config_sha, meta
-from stalebench.metrics.summary import finalize, stop, write_json
+from stalebench.metrics.summary import finalize, stop, write_json, write_text
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.quorum import mark_dead
@@ -104,9 +103,9 @@ def run_rank(
         log.warning("%s: %s", engine.rank_name(rank), exc)
         return FAULT_EXIT
     except Exception as exc:
-        log.error("%s: %s\n%s", engine.rank_name(rank), exc, traceback.format_exc())
+        log.error("%s: %s", engine.rank_name(rank), exc, exc_info=with_traceback(exc))
         with contextlib.suppress(OSError):  # for the supervisor: the error summary.json names
-            _error_file(run_dir, rank).write_text(last_line(exc))
+            write_text(_error_file(run_dir, rank), last_line(exc), run_dir)  # (room held)
         if node_store is not None and rank > 0:
             _summary_if_rank_0_is_gone(cfg, engine, node_store, str(exc))
         return 1
@@ -154,6 +153,7 @@ def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error
 
 
 def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
+    logging.raiseExceptions = False  # a full disk: no traceback per log line (summary says)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))

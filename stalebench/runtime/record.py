@@ -16,8 +16,9 @@ from stalebench.errors import RunError
 from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
 from stalebench.job import Job
 from stalebench.metrics.events import EventLog
-from stalebench.metrics.summary import finalize
+from stalebench.metrics.summary import finalize, hold_room
 from stalebench.models.nets import flatten_parameters, param_views  # noqa: F401  (re-exported)
+from stalebench.runtime import checkpoint
 from stalebench.runtime.checkpoint import Checkpoints
 from stalebench.runtime.faults import WorkerLost
 
@@ -34,6 +35,7 @@ class RunRecord:
         # time goes to summary.json only
         self.virtual_time = False
         self.timing: Callable[[], dict[str, Any]] = dict
+        hold_room(self.run_dir)  # for summary.json, should the disk fill up
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(
@@ -83,7 +85,7 @@ class RunRecord:
             status, error = "diverged", why
         self._end(t_end, version, status, error, **end_fields)
         vector_to_parameters(params, model.parameters())
-        torch.save(model.state_dict(), self.run_dir / "model.pt")
+        checkpoint.write(model.state_dict(), self.run_dir / "model.pt")
         chance = chance_accuracy(self.job.splits)
         extra = {"chance_accuracy": chance, **(summary_extra or {}), **timing}
         return self._close(status, error, extra)

@@ -23,6 +23,7 @@ import torch
 from stalebench import experiment
 from stalebench.errors import ConfigError
 from stalebench.metrics.events import read_events, schema_errors
+from stalebench.runtime import checkpoint
 from tests.conftest import compose
 
 DIE = "cluster.faults=[{worker:2,at_s:0.5,action:die}]"
@@ -146,7 +147,7 @@ def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
     assert times == sorted(times)
     assert same_model(tmp_path / "whole", run_dir)
     # the committed set alone is kept
-    committed = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)
+    committed = checkpoint.read(run_dir / "checkpoint" / "state.pt")
     parts = run_dir / "checkpoint" / "parts"
     assert [p.name for p in parts.iterdir()] == [str(committed["version"])]
     assert sorted(p.name for p in (parts / str(committed["version"])).iterdir()) == [

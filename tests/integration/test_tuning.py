@@ -14,10 +14,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from stalebench.metrics.events import read_events
 from tests.conftest import compose
+from tests.integration.test_run_dir_is_data import Payload
 from tests.integration.test_sweeps import stalebench_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,6 +126,25 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     assert json.loads((sweep / "tuning.json").read_text())["cells"][1]["selected"] == {
         LR: GOOD["bsp"]
     }
+
+    # a sweep directory handed over to "finish it" is data, never code: a final job whose
+    # summary is gone and whose checkpoint names code (as a crafted file could) is refused
+    # by name when the same command runs again (its sweeper adds resume=true), and the
+    # code never runs
+    job = sweep / "3"
+    sha = json.loads((job / "summary.json").read_text())["config_sha"]
+    (job / "summary.json").unlink()
+    (job / "checkpoint").mkdir()
+    (job / "checkpoint" / "config.json").write_text(json.dumps({"config_sha": sha}))
+    marker = tmp_path / "MARKER"
+    torch.save({"config_sha": sha, "state": Payload(marker)}, job / "checkpoint" / "state.pt")
+    events = (job / "events.jsonl").read_bytes()
+    planted = run(TINY, tmp_path)
+    assert planted.returncode != 0 and not marker.exists()
+    assert f"resume=true: {job / 'checkpoint' / 'state.pt'}: not loaded: it names" in (
+        planted.stderr
+    )
+    assert (job / "events.jsonl").read_bytes() == events
 
 
 @pytest.mark.slow

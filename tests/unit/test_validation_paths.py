@@ -41,6 +41,7 @@ CASES = [
     (["timeout_s=0"], "timeout_s must be > 0, got 0.0"),
     (["grace_s=-1"], "grace_s must be > 0, got -1.0"),
     (["checkpoint_every_s=-1"], "checkpoint_every_s must be >= 0, got -1.0"),
+    (["resume_unreadable=maybe"], "resume_unreadable must be error or restart, got 'maybe'"),
     (
         ["runtime=sim", "algorithm=asp", "checkpoint_every_s=5"],
         "checkpoint_every_s=5: engine=ps keeps none in runtime=sim (set it to 0, or leave it "

@@ -26,7 +26,7 @@ import torch
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.common import Net
 from stalebench.engines.local.round import Arrivals, Replica, Wire, async_event, segments
-from stalebench.errors import RunError
+from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import diverged, gradient, spent
@@ -98,7 +98,7 @@ class Server:
                 yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
         except Exception as exc:
             status, error, t_end = "failed", str(exc), world.now()
-            log.error("server: %s", exc, exc_info=True)
+            log.error("server: %s", exc, exc_info=with_traceback(exc))
         return self.record.finish(
             self.net.model, self.theta, a.version, t_end, status, error,
             bytes_sent=a.version * self.message_bytes,

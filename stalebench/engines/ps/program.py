@@ -26,7 +26,7 @@ from stalebench.algorithms.base import UPDATES
 from stalebench.engines.common import GradientStep, Net, catch_up
 from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
-from stalebench.errors import RunError
+from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerLost
 from stalebench.runtime.record import gradient
@@ -99,7 +99,7 @@ class Server:
             status = yield from serve(ps, self, self.record, self.cfg.budget, self.started_at)
         except Exception as exc:
             status, error = "failed", str(exc)
-            log.error("server: %s", exc, exc_info=True)
+            log.error("server: %s", exc, exc_info=with_traceback(exc))
         t_end = world.now()
         if status == "failed":
             yield from self.stop(set(ps.held))
