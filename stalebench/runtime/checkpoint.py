@@ -19,8 +19,10 @@ the commit leaves the previous set named; a set is removed once a later one is c
 A run directory is data, never code: every file of a checkpoint (and the state ranks hand
 a spare) is read by torch's weights-only loader (`read`), which rebuilds tensors, plain
 data and the classes marked `stored` (every registered part and its config, the helpers
-they keep, torch's optimizers) and calls nothing else a file names. A file that holds
-anything else, or cannot be read, is refused by name (`Unreadable`).
+they keep; a torch optimizer is kept as its state_dict) and calls nothing else a file
+names. A file that holds anything else, or cannot be read, is refused by name
+(`Unreadable`). Files are written whole (`write`: a temporary file renamed over the old),
+and a write error (a full disk) names the file.
 """
 
 from __future__ import annotations
