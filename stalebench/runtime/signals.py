@@ -5,6 +5,10 @@ caller stops its ranks, writes summary.json with status `interrupted` and re-rai
 further signals are ignored while it winds down (a bounded few seconds). The CLI turns
 `Interrupted` into one line and the exit code 128 + the signal's number.
 
+A process that runs a multirun's jobs for a launcher (a loky worker of Hydra's joblib
+launcher) keeps either signal for later outside a run instead of dying of it (`defer`):
+its next run is interrupted as it starts, and it starts no job after.
+
 A rank ignores SIGINT (a Ctrl-C reaches the whole foreground process group; the top
 process decides) and dies with its parent (`die_with_parent`) and with the process that
 supervises it, so even a SIGKILL of the top process leaves no rank behind, and no rank
@@ -23,6 +27,9 @@ from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+_deferring = False  # this process runs jobs for a launcher (`defer`)
+_deferred: int | None = None  # the first signal it received, if any
 
 
 class Interrupted(BaseException):
@@ -50,6 +57,8 @@ def interruptible() -> Iterator[None]:
     def handler(signum, _frame) -> None:
         for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
             signal.signal(s, signal.SIG_IGN)
+        if _deferring:
+            _keep(signum)  # a launcher's worker: no job after this one
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
@@ -58,6 +67,37 @@ def interruptible() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def defer() -> None:
+    """In a process that runs a multirun's jobs for a launcher, from its start (loky's
+    initializer): SIGINT and SIGTERM no longer end it. Inside a run's `interruptible()`
+    they interrupt the run as anywhere; outside, the first is kept (`deferred`): the run
+    that starts next is interrupted at once (`interrupt_if_deferred`), and the CLI starts
+    no job after. A worker dead of a signal would make its launcher kill the other workers
+    on the spot, before their runs could record themselves interrupted."""
+    global _deferring
+    _deferring = True
+    for s in SIGNALS:
+        signal.signal(s, _keep)
+
+
+def _keep(signum: int, _frame=None) -> None:
+    global _deferred
+    if _deferred is None:
+        _deferred = signum
+
+
+def deferred() -> int | None:
+    """The signal a launcher's worker received (`defer`), or None."""
+    return _deferred
+
+
+def interrupt_if_deferred() -> None:
+    """Inside `interruptible()`: a signal that came before, kept by `defer`, interrupts
+    now."""
+    if _deferred is not None:
+        raise Interrupted(_deferred)
 
 
 def die_with_parent(
