@@ -1,16 +1,30 @@
-"""Hydra callbacks: at the end of a multirun, write the sweep's report."""
+"""Hydra callbacks: a signal to a multirun stops its jobs cleanly; at the end of a
+multirun, write the sweep's report."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
+import os
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from stalebench.runtime import signals
+from stalebench.runtime.signals import SIGNALS, Interrupted
+
 log = logging.getLogger("stalebench")
+
+# how long a multirun's jobs in other processes have to end once signalled (an interrupted
+# run stops its ranks within 5 s and writes its summary) before their processes are killed
+STOP_S = 15.0
 
 # statuses of the last multirun's jobs (the CLI's exit code of a sweep), set at its end
 SWEEP_STATUSES: list[str] = []
@@ -60,3 +74,68 @@ def _statuses(sweep_dir: Path) -> list[str]:
         except (OSError, ValueError, KeyError):
             out.append("failed")
     return out
+
+
+class StopOnSignal(Callback):
+    """SIGINT or SIGTERM to a multirun's top process (SLURM's scancel), or to its whole
+    process group (Ctrl-C), stops the multirun: every job under way ends `interrupted`,
+    recorded as a single run records itself; no job starts after; no process is left; the
+    CLI exits with 128 + the signal.
+
+    Hydra's basic launcher runs the jobs in this process, where a run records itself
+    (`experiment.recording_interrupts`). The joblib launcher runs them in loky workers:
+    the signal is forwarded to each (a signal to the group reached them already), loky's
+    executor is shut down once their jobs have ended — at most `STOP_S`, then the workers
+    left are killed, and their runs' ranks die with them — and `Interrupted` is raised
+    here. The workers keep a signal for later outside a run from their start
+    (`signals.defer`, as loky's initializer): one dead of it would make loky kill the
+    others before their runs were recorded."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._previous = {}
+        if threading.current_thread() is not threading.main_thread():
+            return  # no signal handler can be set outside the main thread
+        if "joblib" in str(config.hydra.launcher.get("_target_", "")):
+            _defer_signals_in_loky_workers()
+        self._previous = {s: signal.signal(s, _stop_jobs) for s in SIGNALS}
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def _defer_signals_in_loky_workers() -> None:
+    """Every loky executor made in this process starts its workers with `signals.defer`:
+    Hydra's joblib launcher asks joblib for its "loky" backend by name."""
+    from joblib.parallel import LokyBackend, register_parallel_backend
+
+    register_parallel_backend("loky", functools.partial(LokyBackend, initializer=signals.defer))
+
+
+def _stop_jobs(signum: int, _frame) -> None:
+    """The top process's handler during a multirun (`StopOnSignal`)."""
+    for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
+        signal.signal(s, signal.SIG_IGN)
+    executor = _loky_executor()
+    if executor is not None:
+        workers = list(executor._processes.values())
+        for worker in workers:  # a run under way records itself interrupted
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signum)
+        # the jobs under way end, those queued are refused (signals.deferred), then the
+        # workers exit
+        ender = threading.Thread(target=executor.shutdown, daemon=True)
+        ender.start()
+        ender.join(STOP_S)
+        if ender.is_alive():
+            log.warning("%s: jobs still running %.0f s later, killed", Interrupted(signum), STOP_S)
+            for worker in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGKILL)
+    raise Interrupted(signum)
+
+
+def _loky_executor():
+    """The loky executor of this process's joblib (one at most), or None."""
+    module = sys.modules.get("joblib.externals.loky.reusable_executor")
+    return getattr(module, "_executor", None)

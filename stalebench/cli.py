@@ -22,7 +22,7 @@ from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.metrics.summary import EXIT_CODES, write_json
 from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
-from stalebench.runtime.signals import Interrupted
+from stalebench.runtime.signals import Interrupted, deferred
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
@@ -37,10 +37,13 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     from stalebench import experiment
-    from stalebench.runtime import nodes
+    from stalebench.runtime import forkserver, nodes
 
     rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
     multirun = hc.mode == RunMode.MULTIRUN
+    if deferred():  # a launcher's worker that was signalled (callbacks.StopOnSignal)
+        _remove_if_unused(Path(hc.runtime.output_dir))
+        sys.exit(Interrupted(deferred()).exit_code)  # it starts no more jobs
 
     cfg = None
     try:
@@ -72,6 +75,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     except Interrupted as exc:
         interrupted = exc
         summary = json.loads((Path(cfg.run_dir) / "summary.json").read_text())
+        forkserver.stop()  # this process starts no more runs
     finally:
         tail.close(summary)
     if cfg.logger.name != "none" or interrupted:
@@ -244,7 +248,11 @@ def main() -> None:
             "hydra/job_logging=none",
             "hydra/hydra_logging=none",
         ]
-    _hydra_main()
+    try:
+        _hydra_main()
+    except Interrupted as exc:  # a multirun's top process: its jobs stopped (StopOnSignal)
+        print(f"stalebench: multirun {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     from stalebench.callbacks import SWEEP_STATUSES
 
     if any(status not in ("completed", "diverged") for status in SWEEP_STATUSES):

@@ -28,7 +28,7 @@ from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.registry import PARTS, REGISTRIES
 from stalebench.runtime import checkpoint, forkserver, nodes
-from stalebench.runtime.signals import Interrupted, interruptible
+from stalebench.runtime.signals import Interrupted, interrupt_if_deferred, interruptible
 
 log = logging.getLogger("stalebench")
 
@@ -248,6 +248,7 @@ def recording_interrupts(cfg: RunConfig, num_workers: int) -> Iterator[None]:
     summary.json are written, with further signals ignored, and `Interrupted` goes on."""
     with interruptible():
         try:
+            interrupt_if_deferred()  # a launcher's worker signalled before this run began
             yield
         except Interrupted as exc:
             target = cfg.budget.target_accuracy

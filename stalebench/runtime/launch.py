@@ -172,10 +172,10 @@ def _child(
     env: dict[str, str],
     shared: Path | None,
 ) -> None:
-    # the top process decides on SIGINT; its death is the rank's (through the fork server,
-    # which ends with it: the rank's parent)
+    # the top process decides on SIGINT; the supervisor's death is the rank's (at once, and
+    # through the fork server, the rank's parent, which ends with it)
     forkserver.detach()
-    die_with_parent(os.getppid() if _alive(parent) else -1)
+    die_with_parent(os.getppid() if _alive(parent) else -1, supervisor=parent)
     os.environ.clear()
     os.environ.update(env)
     setup()  # what the parent loaded before it (plugins): registries as the parent saw them
