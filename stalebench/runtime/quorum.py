@@ -213,16 +213,16 @@ class Quorum:
         lost = [*self.lost, *(r for r in self.members if r not in left)]
         return RoundsFailed(f"{why} (lost: ranks {', '.join(map(str, lost)) or 'none'})", left)
 
-    def welcome(self, transport: Any, state: Any, round_: int = 0) -> None:
+    def welcome(self, transport: Any, state: Any, round_: int) -> None:
         """The survivors, at a round's end: the spares chosen join (a group of them all),
         and get `state` from the lowest survivor, and `round_` (the live collectives
         started so far)."""
         epoch = self.epoch + 1
         members = sorted([*self.members, *(s for s, _ in self.joining)])
+        ranks = ",".join(map(str, members))
         for spare, lost in self.joining:  # no later quorum chooses it again
             self.store.delete_key(f"spare/{spare}/ready")
-            members_ = ",".join(map(str, members))
-            self.store.set(f"spare/{spare}", f"{epoch}:{lost}:{members_}:{round_}")
+            self.store.set(f"spare/{spare}", f"{epoch}:{lost}:{ranks}:{round_}")
         try:
             self._join(transport, epoch, members, state)
         except Lost as exc:
@@ -286,6 +286,9 @@ class Live:
     members: list[int] = dataclasses.field(default_factory=list)
     joining: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     expect: tuple[float, float] | None = None  # summed again: its values' total, ± rounding
+    # where the sum is made: `buf`, or after a regroup a buffer of its own (the collective
+    # left behind on the old group may still write into `buf` as its last data comes in)
+    into: torch.Tensor | None = None
 
 
 class Rounds:
@@ -327,6 +330,9 @@ class Rounds:
         """`live` is complete, summed over `members`: its sum is kept."""
         self.live.remove(live)
         live.members, live.joining = list(members), list(joining)
+        if live.into is not None:
+            live.buf.copy_(live.into)
+            live.into = None
         if live.expect is not None:
             total, bound = live.expect
             got = float(live.buf.sum(dtype=torch.float64))
@@ -382,22 +388,21 @@ class Rounds:
         for h in handed:
             live = self.live[0] if self.live and self.live[0].round == h.round else None
             kept = next((x.brought for x in self.taken if x.round == h.round), None)
-            buf = live.buf if live is not None else kept
-            if buf is None:
-                buf = torch.empty(h.numel, dtype=_dtype(h.dtype))
+            buf = kept if quorum.rank == h.source else torch.empty(h.numel, dtype=_dtype(h.dtype))
             quorum.broadcast(buf, h.source)
             if live is None:
                 continue
             if _checksum(buf) != h.checksum:
                 raise quorum.named(f"round {h.round} from rank {h.source} came corrupted")
+            live.into = buf
             self.take(live, h.members, h.joining)
             log.warning(
                 "rank %d: round %d taken from rank %d, which completed it over ranks %s",
                 quorum.rank, h.round, h.source, h.members,
             )  # fmt: skip
         for again in self.live:
-            again.buf.copy_(again.brought)
-            again.pending = self.begin(again.buf, again.seconds)
+            again.into = again.brought.clone()
+            again.pending = self.begin(again.into, again.seconds)
             again.expect = expect.get(again.round)
         if self.live:
             log.warning(

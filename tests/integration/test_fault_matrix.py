@@ -8,11 +8,12 @@ resumed run goes on from its last checkpoint where its engine keeps them.
 
 Then the targeted collective-kill cells (`test_two_kills_inside_a_collective`): for
 engine=allreduce and engine=local's DiLoCo with `cluster.min_replicas`, a replica killed
-10-90 ms into a 16 MB all-reduce and another in quick succession, 20 tries each (drawn per
-try; `STALEBENCH_TWO_KILLS=<n>` for another count): every try completes over the
-survivors or fails naming every replica killed (test_quorum.two_kills, `verdict`).
+10-90 ms into a 16 MB all-reduce (or in its tail, once it has sent 80-100 % of its part)
+and another in quick succession, 20 tries each (drawn per try; `STALEBENCH_TWO_KILLS=<n>`
+for another count): every try completes over the survivors or fails naming every replica
+killed (test_quorum.two_kills, `verdict`).
 
-88 + 40 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+88 + 80 runs of several seconds: outside CI (the cells CI needs are in test_signals,
 test_worker_loss, test_cli and test_quorum). Run it with
 
     STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
@@ -199,9 +200,10 @@ TWO_KILLS = int(os.environ.get("STALEBENCH_TWO_KILLS", "20"))
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("attempt", range(TWO_KILLS))
+@pytest.mark.parametrize("at", ["10-90 ms", "tail"])
 @pytest.mark.parametrize("engine", list(PROBE_ENGINES))
-def test_two_kills_inside_a_collective(tmp_path, engine, attempt):
-    row = two_kills(tmp_path, engine, attempt)
+def test_two_kills_inside_a_collective(tmp_path, engine, at, attempt):
+    row = two_kills(tmp_path, engine, attempt, at)
     with open(OUT, "a") as f:
         f.write(json.dumps({"family": f"{engine}/quorum", "fault": "two kills", **row}) + "\n")
     assert row["verdict"] != "bad", row
