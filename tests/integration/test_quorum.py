@@ -502,12 +502,16 @@ def two_kills(tmp_path: Path, engine: str, attempt: int, at: str = "10-90 ms") -
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     logs = [log_of(run_dir, r) for r in range(4)]
+    events = read_events(run_dir / "events.jsonl")
+    rounds = sorted({e["t"] for e in events if e["kind"] == "update"})  # rank 0 logs each
+    gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
     row = {
         "engine": engine, "at": at, "attempt": attempt, "killed": [first, second],
         "into_ms": round(into * 1000), "gap_ms": round(gap * 1000),
         "status": summary["status"], "exit": proc.returncode, "seconds": round(took, 1),
         "workers_lost": summary.get("workers_lost"), "error": (summary["error"] or "")[:300],
         "left": left, "updates": summary["updates"],
+        "stall_s": round(max(gaps, default=0.0), 2),  # the longest time between rounds
         # how the survivors got back in step: rounds handed over, rounds summed again
         "handed": sum(log.count("taken from rank") for log in logs),
         "again": sum(log.count("summed again") for log in logs),
@@ -521,6 +525,8 @@ def verdict(row: dict) -> str:
     """`completed` over the survivors, `failed naming all` the replicas killed, or `bad`."""
     killed = sorted(row["killed"])
     if row["left"] or row["gloo_aborts"] or row["workers_lost"] != killed:
+        return "bad"
+    if row["stall_s"] >= 5:  # the rounds waited out timeout_s
         return "bad"
     if row["status"] == "completed" and row["exit"] == 0:
         return "completed"

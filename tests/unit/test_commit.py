@@ -3,8 +3,8 @@ record of its live collectives — how many it took; round, size and sums of tho
 way; round, size, checksum and ranks of the last taken — the rounds some completed and the
 others did not are handed over by one that kept the sum, the rounds none completed are
 summed again with a total to check, and survivors out of step in a way that cannot be
-mended fail, saying why (the run's error names the ranks lost too: tests/integration/
-test_quorum.py)."""
+mended fail, saying why, the error naming every rank lost (`Quorum.named`, over a real
+store)."""
 
 from __future__ import annotations
 
