@@ -30,6 +30,7 @@ from stalebench.engines.common import DataParallel, GradientStep, Net, catch_up
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import (
     close_round,
+    lost_in_failure,
     replicas_left,
     ring_volume,
     round_slots,
@@ -241,6 +242,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         status, error, t_last = "failed", str(exc), world.now()
         if record is None:
             raise
+        lost_in_failure(record, t_last, version + 1, live, exc, at["workers"])
     if record is None:
         return None
     world.release_spares()

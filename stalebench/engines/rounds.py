@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from stalebench.errors import RunError
+from stalebench.runtime.quorum import RoundsFailed
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
@@ -105,6 +106,17 @@ def replicas_left(
         raise RunError(
             f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} (lost: {lost})"
         )
+
+
+def lost_in_failure(
+    record: RunRecord | None, t: float, round_: int, before: list[int], exc: Exception,
+    workers: list[int],
+) -> None:  # fmt: skip
+    """A run failing because the replicas left could not go on together (`RoundsFailed`):
+    rank 0 logs each one gone since the last round (`before`) as lost, as `replicas_left`
+    would have; `workers`: each rank's worker index."""
+    if isinstance(exc, RoundsFailed):
+        replicas_left(record, t, round_, before, [workers[r] for r in exc.left], 0, 0)
 
 
 def take_in_spares(world: Any, n: int, workers: list[int], live: list[int]) -> list[int]:

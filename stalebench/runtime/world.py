@@ -32,7 +32,6 @@ A rank that hears from many peers in whatever order they send (a server) listens
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -47,7 +46,7 @@ from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults, Shaped, pad_to
-from stalebench.runtime.quorum import Quorum
+from stalebench.runtime.quorum import Live, Quorum, Rounds
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.transport import Transport
 
@@ -237,12 +236,14 @@ class World:
     ) -> Op[Any]:
         """`all_reduce` over the ranks still alive: a rank lost before or during it (dead,
         or silent past timeout_s) is left out, the others agreeing on who is left (a quorum)
-        and summing their buffers as they brought them. Returns the ranks summed, in order;
-        a rank itself left out (silent too long) gets a RunError. Every rank of the run
-        calls it, the same number of times, as it does `all_reduce`. With `wait=False`, a
-        handle for `complete` (its `members`, the ranks summed, once complete): a loss found
-        while several are under way sums again, over the ranks left, every one of them not
-        yet complete, in the order they were started."""
+        and summing their buffers as they brought them — unless a survivor had completed
+        it before the loss (real processes: the lost rank's data had reached it), when
+        every survivor takes that sum, over the ranks it had. Returns the ranks summed, in
+        order; a rank itself left out (silent too long) gets a RunError. Every rank of the
+        run calls it, the same number of times, as it does `all_reduce`. With `wait=False`,
+        a handle for `complete` (its `members`, the ranks summed, once complete): a loss
+        found while several are under way sums again, over the ranks left, every one of
+        them not yet complete, in the order they were started."""
         raise NotImplementedError
 
     # spares chosen by the last `all_reduce_live` to take lost ranks' places: (spare rank,
@@ -299,19 +300,6 @@ class World:
         return None
 
 
-@dataclasses.dataclass(eq=False)
-class Live:
-    """A real rank's `all_reduce_live` under way: its buffer, what the rank brought (summed
-    again over the ranks left if a peer is lost), its priced seconds, the collective, and
-    once complete the ranks it summed."""
-
-    buf: torch.Tensor
-    brought: torch.Tensor
-    seconds: float | None
-    pending: Any
-    members: list[int] = dataclasses.field(default_factory=list)
-
-
 class RealWorld(World):
     """A process of the real runtime: gloo messages through the profile's `Shaped` network,
     time by `time.perf_counter` from the barrier that starts the run."""
@@ -332,13 +320,15 @@ class RealWorld(World):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
         active = size - spares
-        self.quorum = Quorum(store, rank, size, timeout_s, active) if store is not None else None
         self.net = Shaped(transport, profile)
+        self.quorum, self.rounds = None, None  # the ranks left; the live collectives
+        if store is not None:
+            self.quorum = Quorum(store, rank, size, timeout_s, active)
+            self.rounds = Rounds(self.quorum, transport, self.net.all_reduce_start)
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
         self.run_dir, self.every_s = run_dir, every_s
-        self.live: list[Live] = []  # this rank's `all_reduce_live`s under way, in order
 
     @property
     def events(self) -> EventLog:
@@ -434,44 +424,38 @@ class RealWorld(World):
 
     @blocking
     def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None, wait=True):
-        if self.quorum is None:
+        if self.rounds is None:
             raise RunError("all_reduce_live needs the run's store (a RealWorld made without)")
-        self.quorum.start(self.transport)
-        self.transport.watch(self.quorum.check)
-        live = Live(buf, buf.clone(), seconds, self.net.all_reduce_start(buf, seconds))
-        self.live.append(live)
+        live = self.rounds.start(buf, seconds)
         if not wait:
             return live
         self._settle(live)
         return live.members
 
     def _settle(self, handle: Live) -> float:
-        """Wait for the live collectives under way, in the order started, up to `handle`;
-        when one fails (a peer lost), agree on the ranks left and start every one not yet
-        complete again over them, from what this rank brought. The seconds waited."""
+        """Wait for the live collectives under way, in the order started, up to `handle`
+        (`Rounds.settle`: a peer lost, the survivors agree on who is left and on their
+        rounds, and sum again those none completed). The seconds waited."""
         start = time.perf_counter()
-        while handle in self.live:
-            first = self.live[0]
-            try:
-                first.pending.wait()
-            except RunError as exc:  # a peer lost: again over the ranks left
-                self.quorum.reform(self.transport, exc)
-                for again in self.live:
-                    again.buf.copy_(again.brought)
-                    again.pending = self.net.all_reduce_start(again.buf, again.seconds)
-                continue
-            self.live.pop(0)
-            first.members, self.joining = list(self.quorum.members), list(self.quorum.joining)
+        self.rounds.settle(handle)
         return time.perf_counter() - start
+
+    @property
+    def joining(self) -> list[tuple[int, int]]:  # type: ignore[override]
+        return self.rounds.joining if self.rounds is not None else []
 
     @blocking
     def welcome(self, state: Any) -> None:
-        self.quorum.welcome(self.transport, state)
-        self.joining = []
+        self.quorum.welcome(self.transport, state, self.rounds.started)
+        self.rounds.joining = []
 
     @blocking
     def stand_by(self) -> tuple[int, Any] | None:
-        return self.quorum.stand_by(self.transport)
+        got = self.quorum.stand_by(self.transport)
+        if got is None:
+            return None
+        lost, state, self.rounds.started = got  # the survivors' count of live collectives
+        return lost, state
 
     def release_spares(self) -> None:
         if self.quorum is not None:

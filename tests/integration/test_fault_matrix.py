@@ -6,12 +6,20 @@ documented status within its timeout, with the exit code of that status, no proc
 (by pid), and events.jsonl whole up to its `end` (or the supervisor's `stop`) event; a
 resumed run goes on from its last checkpoint where its engine keeps them.
 
-88 runs of several seconds: outside CI (the cells CI needs are in test_signals,
-test_worker_loss and test_cli). Run it with
+Then the targeted collective-kill cells (`test_two_kills_inside_a_collective`): for
+engine=allreduce and engine=local's DiLoCo with `cluster.min_replicas`, a replica killed
+10-90 ms into a 16 MB all-reduce (or in its tail, once it has sent 80-100 % of its part)
+and another in quick succession, 20 tries each (drawn per try; `STALEBENCH_TWO_KILLS=<n>`
+for another count): every try completes over the survivors or fails naming every replica
+killed (test_quorum.two_kills, `verdict`).
+
+88 + 80 runs of several seconds: outside CI (the cells CI needs are in test_signals,
+test_worker_loss, test_cli and test_quorum). Run it with
 
     STALEBENCH_FAULT_MATRIX=results.jsonl python -m pytest tests/integration/test_fault_matrix.py
 
-which also writes each cell's outcome and seconds, one JSON line per cell, to results.jsonl.
+which also writes each cell's outcome and seconds, one JSON line per cell, to results.jsonl
+(`-k two_kills` for the collective-kill cells alone).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from stalebench.metrics.events import read_events
 from stalebench.metrics.summary import EXIT_CODES
 from tests.conftest import compose
 from tests.integration.test_cli import FAST, _alive, _pids
+from tests.integration.test_quorum import PROBE_ENGINES, two_kills
 from tests.integration.test_signals import wait_for_updates
 from tests.unit.test_pipeline_rules import SMALL
 
@@ -184,6 +193,20 @@ def test_fault_matrix(tmp_path, family, fault):
     assert len(resumed) == (1 if keeps else 0), row
     if fault == "sends slowed":
         assert summary["updates"] > 0, row
+
+
+TWO_KILLS = int(os.environ.get("STALEBENCH_TWO_KILLS", "20"))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("attempt", range(TWO_KILLS))
+@pytest.mark.parametrize("at", ["10-90 ms", "tail"])
+@pytest.mark.parametrize("engine", list(PROBE_ENGINES))
+def test_two_kills_inside_a_collective(tmp_path, engine, at, attempt):
+    row = two_kills(tmp_path, engine, attempt, at)
+    with open(OUT, "a") as f:
+        f.write(json.dumps({"family": f"{engine}/quorum", "fault": "two kills", **row}) + "\n")
+    assert row["verdict"] != "bad", row
 
 
 def _engine(args: list[str]):

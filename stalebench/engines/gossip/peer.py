@@ -37,7 +37,12 @@ from stalebench.engines.gossip.node import (
     sync_bytes,
     syncs_at,
 )
-from stalebench.engines.rounds import replicas_left, ring_volume, take_in_spares
+from stalebench.engines.rounds import (
+    lost_in_failure,
+    replicas_left,
+    ring_volume,
+    take_in_spares,
+)
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
@@ -113,6 +118,7 @@ class Peer:
             self.status, error, t_end = "failed", str(exc), world.now()
             if record is None:
                 raise
+            lost_in_failure(record, t_end, k, self.met, exc, self.workers)
         if record is None:
             return None
         for kept, mine in zip(net.buffers, self.node.buffers, strict=True):

@@ -33,7 +33,7 @@ from stalebench.engines.local.round import (
     segments,
     stats_row,
 )
-from stalebench.engines.rounds import replicas_left, take_in_spares
+from stalebench.engines.rounds import lost_in_failure, replicas_left, take_in_spares
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import diverged, gradient, spent
@@ -172,6 +172,8 @@ class Member:
             self.status, error = "failed", str(exc)
             if world.record is None:
                 raise
+            lost_in_failure(world.record, world.now(), self.version + 1, self.live, exc,
+                            self.workers)  # fmt: skip
         if world.record is None:
             return None
         world.release_spares()
