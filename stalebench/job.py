@@ -9,10 +9,13 @@ compute, whether they share one stream of data) is handed in by the caller.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
+import re
 from typing import TYPE_CHECKING, Any
 
 from stalebench.cluster import Profile
@@ -45,7 +48,83 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "load_avg": list(os.getloadavg()),
+            **environment(),
         },
+    }
+
+
+# The packages whose versions can change a run's numbers (stalebench's own included).
+PACKAGES = (
+    "torch", "numpy", "scipy", "mnist1d", "hydra-core", "omegaconf", "pandas", "pyarrow",
+    "stalebench",
+)  # fmt: skip
+# The CPU flags kept: the SIMD and floating-point extensions, which decide the kernels torch
+# and the BLAS pick and so the order of a float sum (x86: sse*, ssse3, avx*, fma*, f16c,
+# amx*; Arm: fp, asimd*, fphp, sve*, sme*, bf16, i8mm). The rest (virtualisation, security
+# mitigations, power management) changes no float result and differs between hosts of one
+# CPU model, so recording it would only make noise.
+SIMD_FLAGS = re.compile(r"^(sse|ssse3|avx|fma|f16c|amx|fp$|asimd|fphp|sve|sme(?!p)|bf16|i8mm)")
+
+
+def environment() -> dict[str, Any]:
+    """What decides a run's floating-point results beside its config and seed: the CPU,
+    torch's build (BLAS, the CPU capability its kernels dispatch to, its intra-op threads),
+    Python and the versions of PACKAGES. summary.json records it in `host`;
+    `stalebench-results` saves and checks it (the report reads it from the runs, or runs
+    this function in a subprocess: reports do not import torch)."""
+    import torch
+
+    static = _static_environment()
+    return {**static, "torch": {**static["torch"], "threads": torch.get_num_threads()}}
+
+
+@functools.cache
+def _static_environment() -> dict[str, Any]:
+    import torch
+
+    build = dict(re.findall(r"\b(BLAS_INFO|LAPACK_INFO)=([^,\s]+)", torch.__config__.show()))
+    return {
+        "cpu": cpu(),
+        "torch": {
+            "blas": build.get("BLAS_INFO"),
+            "lapack": build.get("LAPACK_INFO"),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+        },
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {p: _version(p) for p in PACKAGES},
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The CPU's model and its SIMD_FLAGS, from /proc/cpuinfo (`cpuinfo`: its text) on
+    Linux; elsewhere the model platform names and flags None (not known)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return {"model": platform.processor() or platform.machine(), "flags": None}
+    first: dict[str, str] = {}  # the first processor's fields (every core's are the same)
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            first.setdefault(key.strip(), value.strip())
+    # x86: `model name`, `flags`; Arm: no model name but implementer and part, `Features`
+    model = first.get("model name") or first.get("Hardware") or first.get("Processor")
+    if not model and "CPU part" in first:
+        model = f"implementer {first.get('CPU implementer')} part {first['CPU part']}"
+    flags = (first.get("flags") or first.get("Features") or "").split()
+    return {
+        "model": model or platform.processor() or platform.machine(),
+        "flags": sorted({f for f in flags if SIMD_FLAGS.match(f)}),
     }
 
 

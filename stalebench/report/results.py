@@ -2,15 +2,18 @@
 
 - ``stalebench-results save SWEEP_DIR...`` copies ``<sweep_dir>/claims.json`` to
   ``results/<sweep>/claims.json`` in the checkout with its provenance (the git commit and
-  whether the tree was dirty, the command that ran the sweep, the machine, the date, the
-  sweep's wall time, its runs by status, and ``<sweep_dir>/tuning.json`` when there is
-  one), then renders.
+  whether the tree was dirty, the command that ran the sweep, the machine, the
+  environment the runs recorded (CPU model and SIMD flags, torch's BLAS, CPU capability and
+  threads, Python and package versions), the date, the sweep's wall time, its runs by
+  status, and ``<sweep_dir>/tuning.json`` when there is one), then renders.
 - ``stalebench-results`` renders every ``results/*/claims.json`` into ``docs/results.md``
   and into README.md's block between ``<!-- results:begin -->`` and ``<!-- results:end -->``
   (one line per sweep).
-- ``stalebench-results --check`` renders in memory and exits 1 naming the first line where
-  docs/results.md or the README block differ from it (the CI guard,
-  tests/unit/test_results.py).
+- ``stalebench-results --check`` (or ``check``) renders in memory and exits 1 naming the
+  first line where docs/results.md or the README block differ from it (the CI guard,
+  tests/unit/test_results.py). Before that it warns, one line per field and never failing,
+  where a committed result's environment differs from this machine's (a result saved
+  without one: one line saying so): such a result may not reproduce here to the last digit.
 
 Every claims.json read (the sweep's on `save`, each committed one on render and
 `--check`) is first checked against VERDICT_SCHEMA and FILE_SCHEMA below: a missing key, a
@@ -88,6 +91,7 @@ PROVENANCE_SCHEMA = {
         key: Field(OBJECT, required=False)
         for key in ("git", "machine", "wall_time", "runs", "tuning_runs")
     },
+    "environment": Field(OBJECT + NULL, required=False),
 }
 VERDICT_SCHEMA = {
     "sweep": Field(TEXT),
@@ -310,6 +314,48 @@ def machine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# summary.json's `host` beside the environment: where and under what load a run ran
+_HOST = ("machine", "cpus", "load_avg")
+# The environment's fields `check` does not compare with this machine: the OS build
+# (platform: a kernel update changes it, no float result) and torch's threads (the run's
+# config sets them, `num_threads`, not the machine).
+NOT_COMPARED = ("platform", "torch.threads")
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"torch": {"blas": "mkl"}} → {"torch.blas": "mkl"}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def environment(summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The environment the runs recorded in summary.json's `host` (stalebench.job's
+    `environment`, written by the runs, which import torch; a report does not): the first
+    run's, with `varies` naming every field on which runs disagree and all their values,
+    and `unrecorded_runs` counting runs without one. None when no run recorded it."""
+    hosts = [s.get("host") if isinstance(s.get("host"), dict) else {} for s in summaries]
+    envs = [{k: v for k, v in h.items() if k not in _HOST} for h in hosts]
+    recorded = [e for e in envs if e]
+    if not recorded:
+        return None
+    values: dict[str, dict[str, Any]] = {}  # field → its distinct values, by their JSON
+    for env in recorded:
+        for field, value in _flat(env).items():
+            values.setdefault(field, {})[json.dumps(value, sort_keys=True)] = value
+    out = dict(recorded[0])
+    varies = {f: [v[k] for k in sorted(v)] for f, v in values.items() if len(v) > 1}
+    if varies:
+        out["varies"] = varies
+    if len(recorded) < len(envs):
+        out["unrecorded_runs"] = len(envs) - len(recorded)
+    return out
+
+
 def _count(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     statuses = collections.Counter(s.get("status") or "no summary" for s in summaries)
     return {"total": len(summaries), "by_status": dict(sorted(statuses.items()))}
@@ -328,6 +374,7 @@ def provenance(sweep_dir: Path, root: Path, command: str | None = None) -> dict[
         "git": git_state(root),
         "command": command or sweep_command(sweep_dir, runs),
         "machine": machine(list(summaries.values())),
+        "environment": environment(list(summaries.values())),
         "wall_time": wall_time([*runs, *tuning_runs]),
         "runs": _count([summaries[r] for r in runs]),
         "tuning_runs": _count([summaries[r] for r in tuning_runs]),
@@ -431,6 +478,26 @@ def _machine(m: dict[str, Any]) -> str:
     load = (m.get("load_avg_1min") or {}).get("max")
     if load is not None:
         parts.append(f"1-min load average up to {load} at a run's start")
+    return "; ".join(parts)
+
+
+def _environment(env: dict[str, Any]) -> str:
+    """`AMD EPYC (avx … ssse3); torch: BLAS mkl, AVX512 kernels, 1 thread; numpy 2.4.6, …`,
+    then the fields on which the runs disagreed."""
+    cpu, torch = env.get("cpu") or {}, env.get("torch") or {}
+    flags = cpu.get("flags")
+    parts = [f"{cpu.get('model') or '?'} ({' '.join(flags) if flags else 'flags unknown'})"]
+    parts.append(
+        f"torch: BLAS {torch.get('blas') or '?'}, {torch.get('capability') or '?'} kernels, "
+        f"{torch.get('threads') or '?'} thread(s)"
+    )
+    versions = env.get("versions") or {}
+    parts.append(", ".join(f"{p} {v or '(absent)'}" for p, v in versions.items()))
+    varies = env.get("varies") or {}
+    if varies:
+        parts.append("runs differ in " + ", ".join(f"{f} ({_cell(v)})" for f, v in varies.items()))
+    if env.get("unrecorded_runs"):
+        parts.append(f"{env['unrecorded_runs']} runs recorded none")
     return "; ".join(parts)
 
 
@@ -542,6 +609,12 @@ def section(result: dict[str, Any]) -> list[str]:
             ("command", f"`{prov['command']}`" if prov.get("command") else "—"),
             ("commit", _commit(prov.get("git") or {})),
             ("machine", _machine(prov.get("machine") or {})),
+            # only where recorded: results saved before runs recorded it render unchanged
+            *(
+                [("environment", _environment(prov["environment"]))]
+                if prov.get("environment")
+                else []
+            ),
             ("started", (wall.get("start") or "—").replace("T", " ").replace("Z", " UTC")),
             ("wall time", f"{duration(wall.get('seconds'))} (tuning included)"),
             ("runs", _runs(prov.get("runs") or {})),
@@ -669,6 +742,83 @@ def check(root: Path) -> str | None:
     )
 
 
+# The probe `check` runs for this machine's environment: the runs' own function, in a
+# subprocess because it imports torch (a report does not, the import-linter contract "reports
+# read files only"), so a saved environment and this machine's have one definition.
+PROBE = "import json; from stalebench.job import environment; print(json.dumps(environment()))"
+
+
+def this_machine(timeout: float = 120.0) -> tuple[dict[str, Any] | None, str | None]:
+    """This machine's environment as a run would record it, or None and why not."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, str(err)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return None, lines[-1] if lines else f"exit {out.returncode}"
+    try:
+        return json.loads(out.stdout), None
+    except ValueError:
+        return None, f"not JSON: {out.stdout[:80]!r}"
+
+
+def _differs(field: str, recorded: Any, here: Any) -> str:
+    if isinstance(recorded, list) and isinstance(here, list):  # CPU flags: what changed
+        lacks, adds = sorted(set(recorded) - set(here)), sorted(set(here) - set(recorded))
+        parts = [
+            f"lacks {' '.join(lacks)}" if lacks else "",
+            f"adds {' '.join(adds)}" if adds else "",
+        ]
+        return f"{field}: this machine {', '.join(p for p in parts if p)}"
+    return f"{field}: recorded {json.dumps(recorded)}, this machine {json.dumps(here)}"
+
+
+def environment_warnings(
+    results: list[dict[str, Any]], here: dict[str, Any] | None, why: str | None = None
+) -> list[str]:
+    """One line per field in which a committed result's environment differs from `here`
+    (NOT_COMPARED left out; a field on which the sweep's runs disagreed differs when `here`
+    matches none of their values), one line per result saved without an environment, and
+    one line when `here` could not be read (`why`)."""
+    lines = []
+    if here is None and any((r.get("provenance") or {}).get("environment") for r in results):
+        lines.append(f"this machine's environment could not be read ({why}): not compared")
+    mine = _flat(here or {})
+    for result in results:
+        where = f"{RESULTS}/{result['name']}/claims.json"
+        env = (result.get("provenance") or {}).get("environment")
+        if not env:
+            lines.append(
+                f"{where}: environment unrecorded (saved before runs recorded it): whether "
+                "this machine reproduces its numbers is unknown"
+            )
+            continue
+        if here is None:
+            continue
+        varies = env.get("varies") if isinstance(env.get("varies"), dict) else {}
+        recorded = _flat({k: v for k, v in env.items() if k not in ("varies", "unrecorded_runs")})
+        for field in sorted(set(recorded) | set(mine)):
+            if field in NOT_COMPARED:
+                continue
+            values = varies.get(field) or [recorded.get(field)]
+            if mine.get(field) not in values:
+                shown = values if len(values) > 1 else values[0]
+                lines.append(f"{where}: {_differs(field, shown, mine.get(field))}")
+    return lines
+
+
+def check_environment(root: Path) -> list[str]:
+    """environment_warnings for the committed results against this machine (probed only
+    when a result has an environment to compare)."""
+    results = load(root)
+    if not any((r.get("provenance") or {}).get("environment") for r in results):
+        return environment_warnings(results, None)
+    return environment_warnings(results, *this_machine())
+
+
 # -- command line ----------------------------------------------------------------------
 
 
@@ -697,10 +847,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; exit 1 naming the first difference between the committed "
-        "docs and what the results render to",
+        help="write nothing; warn where a result's environment differs from this machine's; "
+        "exit 1 naming the first difference between the committed docs and what the results "
+        "render to",
     )
     commands = parser.add_subparsers(dest="command")
+    commands.add_parser("check", parents=[root_opt], help="the same as --check")
     save_cmd = commands.add_parser(
         "save",
         parents=[root_opt],
@@ -720,7 +872,9 @@ def main(argv: list[str] | None = None) -> int:
             for sweep_dir in args.sweep_dirs:
                 for path in save(sweep_dir, root, args.sweep_command):
                     print(path)
-        if args.check:
+        if args.check or args.command == "check":
+            for line in check_environment(root):  # warnings: the numbers may still agree
+                print(f"stalebench-results: warning: {line}", file=sys.stderr)
             problem = check(root)
             if problem:
                 print(f"stalebench-results: {problem}", file=sys.stderr)

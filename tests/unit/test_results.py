@@ -378,3 +378,177 @@ def test_a_p_without_its_holm_adjustment_renders(sweep_dir, checkout):
     path.write_text(json.dumps(saved))
     assert R.main(["--root", str(checkout)]) == 0
     assert "| 0.01 (Holm —) |" in (checkout / R.PAGE).read_text()
+
+
+# -- the environment: recorded by the runs, saved with the result, checked against this
+# machine (a warning per differing field, never a failure)
+
+# a run's environment as summary.json's `host` holds it beside machine, cpus and load_avg
+# (stalebench.job.environment's shape)
+ENV = {
+    "cpu": {"model": "Toy CPU 9000", "flags": ["avx", "avx2", "fma", "sse2"]},
+    "torch": {"blas": "mkl", "lapack": "mkl", "capability": "AVX2", "threads": 1},
+    "python": "3.11.7",
+    "platform": "Linux-6.0-x86_64",
+    "versions": {"torch": "2.13.0+cpu", "numpy": "2.4.6", "scipy": "1.17.1"},
+}
+
+
+def with_environment(sweep_dir, env=ENV, only=None):
+    """Give the fixture's runs (or those under `only`) the environment `env` in summary.json."""
+    for summary in sorted(sweep_dir.rglob("summary.json")):
+        if only is None or only in summary.parents:
+            data = json.loads(summary.read_text())
+            data["host"] = {**data["host"], **json.loads(json.dumps(env))}
+            summary.write_text(json.dumps(data))
+
+
+def test_a_run_records_its_environment_in_summary_json(job):
+    """A real (simulated) run: the CPU and its SIMD flags, torch's BLAS and threads, and
+    the versions of the packages that can change its numbers."""
+    from stalebench.job import PACKAGES
+
+    host = job("runtime=sim", "budget.max_updates=20").summary["host"]
+    assert {"machine", "cpus", "load_avg", "cpu", "torch", "python", "versions"} <= set(host)
+    assert host["cpu"]["model"]
+    if Path("/proc/cpuinfo").is_file():  # Linux: the flags, SIMD only
+        flags = host["cpu"]["flags"]
+        assert flags and all(not f.startswith(("smep", "smap", "vmx", "svm")) for f in flags)
+    assert host["torch"]["blas"] and host["torch"]["capability"]
+    assert host["torch"]["threads"] == 1  # num_threads' default, what the run computed with
+    assert set(host["versions"]) == set(PACKAGES)
+    for package in ("torch", "numpy", "scipy", "mnist1d", "hydra-core", "stalebench"):
+        assert host["versions"][package], package
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "model", "flags"),
+    [
+        (
+            "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse sse2 ssse3 smep smap "
+            "avx avx2 fma f16c avx512f avx512_bf16 amx_tile vmx\n\nprocessor\t: 1\n"
+            "model name\t: other\nflags\t\t: fpu\n",
+            "AMD EPYC",
+            ["amx_tile", "avx", "avx2", "avx512_bf16", "avx512f", "f16c", "fma", "sse", "sse2",
+             "ssse3"],
+        ),
+        (
+            "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes sha2 asimddp "
+            "sve sve2 bf16 i8mm sme smep\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n",
+            "implementer 0x41 part 0xd4f",
+            ["asimd", "asimddp", "bf16", "fp", "i8mm", "sme", "sve", "sve2"],
+        ),
+    ],
+    ids=["x86", "arm"],
+)  # fmt: skip
+def test_the_cpu_is_its_model_and_its_simd_flags(cpuinfo, model, flags):
+    from stalebench.job import cpu
+
+    assert cpu(cpuinfo) == {"model": model, "flags": flags}
+
+
+def test_save_records_the_environment_the_runs_recorded(sweep_dir, checkout):
+    with_environment(sweep_dir)
+    (path,) = R.save(sweep_dir, checkout)
+    assert json.loads(path.read_text())["provenance"]["environment"] == ENV
+    R.render(checkout)
+    page = (checkout / R.PAGE).read_text()
+    assert "| environment | Toy CPU 9000 (avx avx2 fma sse2); torch: BLAS mkl, AVX2 kernels" in page
+    assert R.check(checkout) is None
+
+
+def test_save_names_the_fields_the_runs_disagree_on_and_the_runs_without_one(sweep_dir, checkout):
+    with_environment(sweep_dir)
+    other = {**ENV, "torch": {**ENV["torch"], "threads": 2}}
+    with_environment(sweep_dir, other, only=sweep_dir / "tune" / "1")
+    data = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    data["host"] = {"machine": "x86_64", "cpus": 2, "load_avg": [1, 1, 1]}  # an older run
+    (sweep_dir / "0" / "summary.json").write_text(json.dumps(data))
+    (path,) = R.save(sweep_dir, checkout)
+    env = json.loads(path.read_text())["provenance"]["environment"]
+    assert env["varies"] == {"torch.threads": [1, 2]} and env["unrecorded_runs"] == 1
+    assert env["cpu"] == ENV["cpu"]
+
+
+def test_a_sweep_whose_runs_recorded_no_environment_saves_none(sweep_dir, checkout):
+    (path,) = R.save(sweep_dir, checkout)
+    assert json.loads(path.read_text())["provenance"]["environment"] is None
+
+
+def result_with(env):
+    return {"name": "toy", "provenance": {"environment": env}}
+
+
+def test_each_field_that_differs_from_this_machine_is_one_warning():
+    here = json.loads(json.dumps(ENV))
+    assert R.environment_warnings([result_with(ENV)], here) == []
+    here["cpu"] = {"model": "Other CPU", "flags": ["avx", "avx512f", "fma", "sse2"]}
+    here["versions"]["numpy"] = "2.5.0"
+    here["torch"]["threads"] = 16  # set by the run's config, not the machine: not compared
+    here["platform"] = "Linux-6.1-x86_64"  # the kernel's build: not compared
+    assert R.environment_warnings([result_with(ENV)], here) == [
+        "results/toy/claims.json: cpu.flags: this machine lacks avx2, adds avx512f",
+        'results/toy/claims.json: cpu.model: recorded "Toy CPU 9000", this machine "Other CPU"',
+        'results/toy/claims.json: versions.numpy: recorded "2.4.6", this machine "2.5.0"',
+    ]
+
+
+def test_a_field_the_runs_disagreed_on_warns_only_outside_their_values():
+    env = {**ENV, "varies": {"versions.numpy": ["2.4.6", "2.5.0"]}}
+    here = json.loads(json.dumps(ENV))
+    here["versions"]["numpy"] = "2.5.0"
+    assert R.environment_warnings([result_with(env)], here) == []
+    here["versions"]["numpy"] = "2.6.0"
+    assert R.environment_warnings([result_with(env)], here) == [
+        'results/toy/claims.json: versions.numpy: recorded ["2.4.6", "2.5.0"], this machine "2.6.0"'
+    ]
+
+
+def test_a_result_without_an_environment_is_one_warning_and_an_unread_machine_another():
+    unrecorded = [result_with(None), {"name": "old", "provenance": {}}]
+    lines = R.environment_warnings(unrecorded, None)
+    assert len(lines) == 2 and all("environment unrecorded" in x for x in lines)
+    assert lines[1].startswith("results/old/claims.json: ")
+    lines = R.environment_warnings([result_with(ENV)], None, "No module named 'torch'")
+    assert lines == [
+        "this machine's environment could not be read (No module named 'torch'): not compared"
+    ]
+
+
+@pytest.mark.slow  # a subprocess importing torch (the probe)
+@pytest.mark.timeout(120)
+def test_this_machine_is_probed_as_a_run_records_it():
+    from stalebench.job import environment
+
+    here, why = R.this_machine()
+    assert why is None and set(here) == set(environment())
+    assert here["cpu"] == environment()["cpu"] and here["versions"] == environment()["versions"]
+
+
+@pytest.mark.slow  # a subprocess importing torch (the probe)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["--check"], ["check"]])
+def test_check_warns_on_a_differing_environment_and_keeps_its_exit_codes(
+    sweep_dir, checkout, capsys, command
+):
+    with_environment(sweep_dir)  # Toy CPU 9000: not this machine
+    (path,) = R.save(sweep_dir, checkout)
+    R.render(checkout)
+    assert R.main(["--root", str(checkout), *command]) == 0
+    warnings = capsys.readouterr().err.splitlines()
+    prefix = "stalebench-results: warning: results/toy/claims.json: "
+    assert f'{prefix}cpu.model: recorded "Toy CPU 9000", this machine ' in "\n".join(warnings)
+    assert all(x.startswith(prefix) for x in warnings) and len(warnings) >= 2
+    saved = json.loads(path.read_text())
+    saved["claims"][0]["verdict"] = "inconclusive"
+    path.write_text(json.dumps(saved))
+    assert R.main(["--root", str(checkout), *command]) == 1  # a changed verdict still fails
+    err = capsys.readouterr().err
+    assert "docs/results.md, line " in err and f"{prefix}cpu.model" in err
+
+
+def test_check_passes_on_the_committed_results_warning_for_each_unrecorded_one(capsys):
+    assert R.main(["--root", str(ROOT), "--check"]) == 0
+    unrecorded = [r for r in R.load(ROOT) if not r["provenance"].get("environment")]
+    lines = capsys.readouterr().err.splitlines()
+    assert sum("environment unrecorded" in x for x in lines) == len(unrecorded)
