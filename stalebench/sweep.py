@@ -46,6 +46,11 @@ ORIGINS = ("paper", "recalled", "self-check")
 # whose number a claim's `value` and `margin` are
 THRESHOLD_FROM = ("paper", "ours")
 DIRECTIONS = ("lower", "higher")
+# how a run lost on one side of a claim counts (diverged for any metric but a time to
+# target, failed, timed out, or without a value of the metric): `inconclusive` (the claim
+# can neither hold nor fail: survivorship), or `worst` (the worst outcome for its side: a
+# lost run of `a` keeps the claim from holding, one of `b` keeps it from failing)
+FAILURES = ("inconclusive", "worst")
 SCALES = ("small", "full")
 # metrics whose "better" direction is implied, so a claim cannot get it backwards
 TARGET_KEYS = {"loss": "lower", "perplexity": "lower", "accuracy": "higher"}
@@ -69,7 +74,8 @@ class ClaimConfig:
     # compute_fraction, clocks_mean, throughput_updates_per_s, ...), or time_to_target
     metric: str = ""
     target: Optional[TargetConfig] = None  # noqa: UP045  metric=time_to_target only
-    better: str = "lower"  # lower | higher: which way `metric` improves
+    # lower | higher: which way `metric` improves for the claim; required (no default)
+    better: Optional[str] = None  # noqa: UP045
     # ordering: a beats b; ratio: mean(a)/mean(b) on the better side of value; threshold:
     # a on the better side of value; diverges: every run of a diverges; gap_closed: a goes
     # at least (better=higher) or at most (lower) `value` of the way from b to c; trend: the
@@ -90,8 +96,9 @@ class ClaimConfig:
     # metric's; ratio: a/b; threshold: the metric's; gap_closed: a fraction of the gap;
     # fails: ε above chance accuracy is `value`, margin unused): "holds" needs the one-sided
     # test of advantage > margin to reject at α (Holm-corrected over the paper's claims)
-    margin: float = 0.0
+    margin: Optional[float] = None  # noqa: UP045  required: 0 says "any advantage counts"
     min_seeds: int = 3  # usable paired seeds (runs on every side) a verdict needs
+    failures: str = "inconclusive"  # how a run lost on one side counts (FAILURES)
 
     def check(self, where: str) -> None:
         def bad(key: str, value: object, valid: str) -> ConfigError:
@@ -99,6 +106,12 @@ class ClaimConfig:
 
         if not self.id:
             raise bad("id", self.id, "a non-empty name")
+        for key, valid in (
+            ("margin", "set: the smallest advantage that counts (0: any)"),
+            ("better", "set: lower or higher, the direction the claim calls better"),
+        ):
+            if getattr(self, key) is None:
+                raise ConfigError(f"{where}.{key} (claim {self.id!r}) must be {valid}")
         if self.kind not in KINDS:
             raise bad("kind", self.kind, f"one of {', '.join(KINDS)}")
         if self.better not in DIRECTIONS:
@@ -107,6 +120,8 @@ class ClaimConfig:
             raise bad("origin", self.origin, f"one of {', '.join(ORIGINS)}")
         if self.threshold_from not in THRESHOLD_FROM:
             raise bad("threshold_from", self.threshold_from, f"one of {', '.join(THRESHOLD_FROM)}")
+        if self.failures not in FAILURES:
+            raise bad("failures", self.failures, f"one of {', '.join(FAILURES)}")
         if self.margin < 0:
             raise bad("margin", self.margin, ">= 0")
         if self.min_seeds < 2:
@@ -261,13 +276,19 @@ class SweepConfig:
     claims: list[ClaimConfig] = dataclasses.field(default_factory=list)
     tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
 
+    @property
+    def file(self) -> str:
+        """The sweep file its claims come from: sweeps/<name>.yaml, or <name>_full.yaml at
+        the full scale (a full variant keeps its small sweep's name)."""
+        return f"sweeps/{self.name or '<unnamed>'}{'_full' if self.scale == 'full' else ''}.yaml"
+
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise ConfigError(f"sweep.scale must be one of {', '.join(SCALES)}, got {self.scale!r}")
         seen: set[str] = set()
         for i, claim in enumerate(self.claims):
             if isinstance(claim, ClaimConfig):  # OmegaConf builds the list after __post_init__
-                claim.check(f"sweep.claims[{i}]")
+                claim.check(f"{self.file}: sweep.claims[{i}]")
                 if claim.id in seen:
                     raise ConfigError(f"sweep.claims[{i}].id {claim.id!r} is used twice")
                 seen.add(claim.id)

@@ -46,6 +46,13 @@ ALPHA = 0.05
 CORRECTION = "holm"
 VERDICTS = ("holds", "does not hold", "inconclusive", "not run")
 USABLE = ("completed", "diverged")  # a failed or timed-out run measures nothing
+# budget.diverge_factor's default (stalebench.config.BudgetConfig; a report imports no run
+# config): a run's own value is read from its config
+DIVERGE_FACTOR = 10.0
+# two numbers closer than this, relative to the size of what they were computed from, are
+# equal: floating-point rounding (~1e-16 relative) is far below it, and every metric's own
+# resolution (an evaluation interval, one test sample, a float32 loss) far above it
+RESOLUTION = 1e-9
 TESTED = ("paper", "recalled")  # the origins in a paper's family (and tally)
 RULE = (
     "per seed, the claim's advantage (a's lead over b, or the margin to the bound); "
@@ -141,6 +148,43 @@ def time_to_target(curve: pd.DataFrame, claim: ClaimConfig, end: float) -> Value
     return Value(float(end), censored=True)
 
 
+def blown_up(row: dict, curve: pd.DataFrame) -> str | None:
+    """Why a run diverged although its summary says otherwise: its held-out loss passed
+    budget.diverge_factor × its first held-out loss at some evaluation (a blow-up after
+    the target, or one it recovered from, which the runtime's end-of-run check misses);
+    None when it never did (or the factor is 0: off)."""
+    factor = row.get("budget.diverge_factor")
+    factor = DIVERGE_FACTOR if factor is None or _nan(factor) else float(factor)
+    if not factor or curve.empty:
+        return None
+    for split, points in curve[curve["split"] != "train"].groupby("split"):
+        points = points.sort_values("t")
+        loss = pd.to_numeric(points["loss"], errors="coerce")
+        finite = loss[np.isfinite(loss)]
+        if finite.empty:
+            continue
+        first = float(finite.iloc[0])
+        past = points.loc[finite.index][finite > factor * first]
+        if len(past):
+            t, x = float(past["t"].iloc[0]), float(finite[past.index[0]])
+            return (
+                f"{split} loss {x:.4g} at t={t:g}, above budget.diverge_factor={factor:g} × "
+                f"its first {first:.4g}"
+            )
+    return None
+
+
+def mark_blow_ups(rows: list[dict], curves: pd.DataFrame) -> None:
+    """A completed run whose held-out loss blew up (`blown_up`) is diverged, for every
+    claim: its status becomes `diverged` and `diverged_why` says why."""
+    by_run = dict(tuple(curves.groupby("run_dir"))) if not curves.empty else {}
+    for row in rows:
+        if row.get("status") == "completed" and row.get("run_dir") in by_run:
+            why = blown_up(row, by_run[row["run_dir"]])
+            if why:
+                row["status"], row["diverged_why"] = "diverged", why
+
+
 def _end(row: dict, curve: pd.DataFrame) -> float:
     end = row.get("wall_time_s")
     return float(end) if end is not None and not _nan(end) else float(curve["t"].max())
@@ -186,6 +230,11 @@ class Side:
     unusable: dict[Any, str] = dataclasses.field(default_factory=dict)  # seed -> why
 
     @property
+    def seeds(self) -> set:
+        """The seeds this side has a run of, usable or not."""
+        return set(self.values) | set(self.unusable)
+
+    @property
     def xs(self) -> np.ndarray:
         return np.array([v.x for v in self.values.values()], dtype=float)
 
@@ -222,7 +271,10 @@ def side(rows: list[dict], claim: ClaimConfig, curves: pd.DataFrame, name: str =
         v = metric(row, claim, curves)
         if v is None:
             status = row.get("status")
-            unusable[seed] = status if status not in USABLE else f"{status}, no {claim.metric}"
+            why = status if status not in USABLE else f"{status}, no {claim.metric}"
+            if row.get("diverged_why"):
+                why += f": {row['diverged_why']}"
+            unusable[seed] = why
         else:
             values[seed] = v
     return Side(values, len(rows), unusable)
@@ -237,11 +289,48 @@ def _statistic(claim: ClaimConfig, vals: list[float]) -> float:
     if claim.kind == "ordering":
         return vals[0] - vals[1]
     if claim.kind == "ratio":
-        return vals[0] / vals[1] if vals[1] else math.nan
+        return vals[0] / vals[1] if vals[1] and math.isfinite(vals[1]) else math.nan
     if claim.kind == "threshold":
         return vals[0]
     span = vals[2] - vals[1]  # gap_closed
-    return (vals[0] - vals[1]) / span if span else math.nan
+    return (vals[0] - vals[1]) / span if span and math.isfinite(span) else math.nan
+
+
+def _size(claim: ClaimConfig, vals: list[float]) -> float:
+    """The size of what one seed's statistic was computed from, in the statistic's units:
+    its rounding error is about that times the machine's epsilon."""
+    if claim.kind in ("ordering", "threshold"):
+        return max(abs(v) for v in vals)
+    stat = abs(_statistic(claim, vals))
+    if claim.kind == "ratio" or math.isnan(stat):
+        return 0.0 if math.isnan(stat) else stat
+    return max(abs(v) for v in vals) / abs(vals[2] - vals[1])  # gap_closed
+
+
+def _tolerance(claim: ClaimConfig, sizes: list[float]) -> float:
+    """How close to the margin an advantage is a tie (RESOLUTION relative to the
+    statistic's operands, the bound and the margin)."""
+    finite = [x for x in sizes if math.isfinite(x)]
+    return RESOLUTION * max(1.0, abs(_bound(claim)), claim.margin, *finite)
+
+
+def _undefined(claim: ClaimConfig, vals: list[float]) -> str:
+    if claim.kind == "ratio":
+        return f"a / b undefined: b = {vals[1]:g}"
+    return f"(a − b) / (c − b) undefined: c − b = {vals[2] - vals[1]:g}"
+
+
+def _lost_blocks(claim: ClaimConfig, k: int) -> tuple[bool, bool]:
+    """(keeps the claim from holding, keeps it from failing) for a seed lost on side k
+    (0: a, 1: b, 2: c). `failures: inconclusive` (the default): both (survivorship: what
+    the lost run would have shown is unknown); `worst`: the worst outcome for its side
+    (a: against the claim, b of an ordering or ratio: for it; b or c of a gap, whose sign
+    depends on both, and a trend's steps: both)."""
+    if claim.failures == "worst" and claim.kind in ("ordering", "ratio", "threshold"):
+        return (True, False) if k == 0 else (False, True)
+    if claim.failures == "worst" and claim.kind == "gap_closed" and k == 0:
+        return True, False
+    return True, True
 
 
 def _bound(claim: ClaimConfig) -> float:
@@ -269,14 +358,22 @@ class Test:
     a_censored: bool = False  # a lower bound on a's side: may not make the claim hold
     b_censored: bool = False  # a lower bound on the other side: may not make it fail
     short: bool = False  # fewer usable seeds than the claim's min_seeds
+    # seeds lost on a side (a run diverged, failed or without the metric, or the statistic
+    # undefined), as "seed s (why)", and what they keep the claim from (`_lost_blocks`)
+    lost: list[str] = dataclasses.field(default_factory=list)
+    lost_blocks_hold: bool = False
+    lost_blocks_fail: bool = False
 
     @property
     def can_hold(self) -> bool:
-        return not (self.a_censored or self.short)
+        return not (self.a_censored or self.short or self.lost_blocks_hold)
 
     @property
     def fails(self) -> bool:
-        return self.ci[1] < self.against and not (self.b_censored or self.short)
+        lo, hi = self.ci
+        # below the margin, or a deterministic tie at it (known, and not more than it)
+        below = hi < self.against or lo == hi == self.against
+        return below and not (self.b_censored or self.short or self.lost_blocks_fail)
 
     def shown(self, names: str) -> str:
         lo, hi = self.ci
@@ -287,16 +384,22 @@ class Test:
         )
 
 
-def one_sided(d: np.ndarray, against: float) -> tuple[float, tuple[float, float], float]:
+def one_sided(
+    d: np.ndarray, against: float, tol: float = 0.0
+) -> tuple[float, tuple[float, float], float]:
     """Mean of d, its 95 % t interval and the one-sided p of H0: mean(d) <= against
-    (scipy.stats.ttest_1samp). Identical values (a deterministic statistic) give an interval
-    of zero width and p 0 or 1."""
+    (scipy.stats.ttest_1samp). Identical values (a deterministic statistic, equal within
+    `tol`) give an interval of zero width and p 0 or 1; a mean within `tol` of `against`
+    is a tie, not a lead: the mean and interval are `against` itself, p 1."""
     d = np.asarray(d, dtype=float)
     m = float(d.mean())
     sd = float(d.std(ddof=1)) if len(d) > 1 else math.nan
     if len(d) < 2 or math.isnan(sd):
         return m, (-math.inf, math.inf), 1.0
-    if sd <= 1e-12 * max(1.0, abs(m)):  # equal up to rounding: no spread to test against
+    tol = max(tol, 1e-12 * max(1.0, abs(m)))
+    if sd <= tol:  # equal up to rounding: no spread to test against
+        if abs(m - against) <= tol:  # e.g. 3.6 − 3.4 against 0.2: one interval, no more
+            return against, (against, against), 1.0
         return m, (m, m), 0.0 if m > against else 1.0
     half = float(stats.t.ppf(0.975, len(d) - 1)) * sd / math.sqrt(len(d))
     p = float(stats.ttest_1samp(d, against, alternative="greater").pvalue)
@@ -304,10 +407,11 @@ def one_sided(d: np.ndarray, against: float) -> tuple[float, tuple[float, float]
 
 
 def welch(
-    samples: list[np.ndarray], weights: list[float], offset: float = 0.0
+    samples: list[np.ndarray], weights: list[float], offset: float = 0.0, tol: float = 0.0
 ) -> tuple[float, tuple[float, float], float]:
     """Welch's test of a contrast Σ wᵢ·mean(xᵢ) + offset > 0 over independent samples: its
-    value, 95 % interval and one-sided p, with Welch–Satterthwaite degrees of freedom."""
+    value, 95 % interval and one-sided p, with Welch–Satterthwaite degrees of freedom (no
+    spread: a value within `tol` of 0 is a tie, as in `one_sided`)."""
     means = [float(np.mean(x)) for x in samples]
     parts = [
         w * w * float(np.var(x, ddof=1)) / len(x) for w, x in zip(weights, samples, strict=True)
@@ -317,6 +421,8 @@ def welch(
     if any(len(x) < 2 for x in samples):
         return value, (-math.inf, math.inf), 1.0
     if var <= 1e-24 * max(1.0, value * value):
+        if abs(value) <= tol:
+            return 0.0, (0.0, 0.0), 1.0
         return value, (value, value), 0.0 if value > 0 else 1.0
     df = var * var / sum(p * p / (len(x) - 1) for p, x in zip(parts, samples, strict=True))
     se = math.sqrt(var)
@@ -324,31 +430,50 @@ def welch(
     return value, (value - half, value + half), float(stats.t.sf(value / se, df))
 
 
+def _lose(claim: ClaimConfig, test: Test, lost: list[tuple[Any, int, str]]) -> Test:
+    """The test with its lost seeds (seed, side index, why) and what they block."""
+    for seed, k, why in lost:
+        test.lost.append(f"seed {seed} ({'abc'[k] + ': ' if k >= 0 else ''}{why})")
+        hold, fail = _lost_blocks(claim, k) if k >= 0 else (True, True)
+        test.lost_blocks_hold |= hold
+        test.lost_blocks_fail |= fail
+    return test
+
+
 def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
-    """The claim's test on its sides: paired by seed when the sides share seeds (the seeds
-    missing on a side are left out), Welch's test of the sides' means when they share none
-    (a threshold has one side: a one-sample test)."""
+    """The claim's test on its sides: paired by seed when the sides share seeds, Welch's
+    test of the sides' means when they share none (a threshold has one side: a one-sample
+    test). A seed every side ran but one side lost (its run diverged, failed or has no
+    value of the metric), or whose statistic is undefined (a zero or non-finite
+    denominator), is never silently left out: it is named, and keeps the claim from
+    holding or failing as `claim.failures` says (`_lost_blocks`; undefined: both)."""
     sign, bound, a, rest = _sign(claim), _bound(claim), sides[0], sides[1:]
     names = _names(claim)
     seeds = sorted(a.values, key=str)
     paired = [s for s in seeds if all(s in r.values for r in rest)]
+    ran = sorted(set.intersection(*(x.seeds for x in sides)), key=str)
+    lost = [(s, k, x.unusable[s]) for s in ran for k, x in enumerate(sides) if s in x.unusable]
     if claim.kind == "threshold" or paired:
-        stat = np.array([_statistic(claim, [x.values[s].x for x in sides]) for s in paired])
+        vals = [[x.values[s].x for x in sides] for s in paired]
+        stat = np.array([_statistic(claim, v) for v in vals])
         keep = ~np.isnan(stat)
         used = [s for s, k in zip(paired, keep, strict=True) if k]
+        lost += [(s, -1, _undefined(claim, v)) for s, v, k in zip(paired, vals, keep, strict=True)
+                 if not k]  # fmt: skip
         stat = stat[keep]
         n = len(stat)
         if not n:
-            return Test(label or names, 0, math.nan, math.nan, (math.nan,) * 2, 0, 1.0, "none",
-                        short=True)  # fmt: skip
-        mean, ci, p = one_sided(sign * (stat - bound), claim.margin)
-        return Test(
+            return _lose(claim, Test(label or names, 0, math.nan, math.nan, (math.nan,) * 2, 0,
+                                     1.0, "none", short=True), lost)  # fmt: skip
+        tol = _tolerance(claim, [_size(claim, v) for v, k in zip(vals, keep, strict=True) if k])
+        mean, ci, p = one_sided(sign * (stat - bound), claim.margin, tol)
+        return _lose(claim, Test(
             label or names, n, float(stat.mean()), mean, ci, claim.margin, p,
             "one-sample t" if claim.kind == "threshold" else "paired t",
             any(a.values[s].censored for s in used),
             any(r.values[s].censored for r in rest for s in used),
             n < claim.min_seeds,
-        )  # fmt: skip
+        ), lost)  # fmt: skip
     # no seed in common: Welch's test of the contrast whose sign is the claim, the margin
     # folded into it (so the interval is tested against 0)
     xs = [side.xs for side in sides]
@@ -361,13 +486,15 @@ def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
     else:  # gap_closed: a − b − edge·(c − b) > 0, flipped when c lies below b
         flip = sign * (1.0 if means[2] >= means[1] else -1.0)
         weights, offset = [flip, flip * (edge - 1.0), -flip * edge], 0.0
-    mean, ci, p = welch(xs, weights, offset)
+    # unpaired, every run of a side is in the test: each lost run is lost to it
+    lost = [(s, k, why) for k, x in enumerate(sides) for s, why in x.unusable.items()]
+    mean, ci, p = welch(xs, weights, offset, _tolerance(claim, [_size(claim, means)]))
     n = min(len(x) for x in xs)
-    return Test(
+    return _lose(claim, Test(
         (label or names) + " (unpaired: a contrast of the means)", n, _statistic(claim, means),
         mean, ci, 0.0, p, "Welch t", any(v.censored for v in a.values.values()),
         any(v.censored for r in rest for v in r.values.values()), n < claim.min_seeds,
-    )  # fmt: skip
+    ), lost)  # fmt: skip
 
 
 def _order(v: Any):
@@ -385,47 +512,65 @@ def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[
     if len(levels) < 2:
         return [], f"needs two values of {claim.over}"
 
-    def f(level) -> dict[Any, Value]:
+    def f(level) -> tuple[dict[Any, Value], set, dict[Any, str], float]:
+        """a's (or a − b's) value per seed at `level`, the seeds run there on every side,
+        the lost ones (seed -> why) and the size of the values (for the tie tolerance)."""
         a = side(select(rows, {**claim.where, **claim.a, claim.over: level}), claim, curves)
+        lost = {s: f"a at {claim.over}={level}: {why}" for s, why in a.unusable.items()}
+        size = max((abs(v.x) for v in a.values.values()), default=0.0)
         if not claim.b:
-            return a.values
+            return a.values, a.seeds, lost, size
         b = side(select(rows, {**claim.where, **claim.b, claim.over: level}), claim, curves, "b")
-        return {
+        lost.update({s: f"b at {claim.over}={level}: {why}" for s, why in b.unusable.items()})
+        size = max(size, *(abs(v.x) for v in b.values.values()), 0.0)
+        values = {
             s: Value(v.x - b.values[s].x, v.censored or b.values[s].censored)
             for s, v in a.values.items()
             if s in b.values
         }
+        return values, a.seeds & b.seeds, {s: w for s, w in lost.items() if s in b.seeds
+                                             and s in a.seeds}, size  # fmt: skip
 
     curves_at = [f(level) for level in levels]
     what = "a − b" if claim.b else "a"
     tests = []
-    for (lo, f_lo), (hi, f_hi) in zip(
+    for (lo, (f_lo, ran_lo, lost_lo, size_lo)), (hi, (f_hi, ran_hi, lost_hi, size_hi)) in zip(
         zip(levels, curves_at, strict=True),
         zip(levels[1:], curves_at[1:], strict=True),
         strict=False,
     ):
         seeds = sorted(set(f_lo) & set(f_hi), key=str)
         label = f"{what} at {claim.over}={hi} minus at {lo}"
+        # a seed run at both steps but lost at one: the step can neither hold nor fail (a
+        # trend's direction may run against the metric's: no side's worst is known)
+        lost = [(s, -1, why) for s in sorted(ran_lo & ran_hi, key=str)
+                for why in (lost_lo.get(s), lost_hi.get(s)) if why]  # fmt: skip
         if not seeds:
-            tests.append(Test(label, 0, math.nan, math.nan, (math.nan,) * 2, claim.margin, 1.0,
-                              "none", short=True))  # fmt: skip
+            empty = Test(label, 0, math.nan, math.nan, (math.nan,) * 2, claim.margin, 1.0,
+                         "none", short=True)  # fmt: skip
+            tests.append(_lose(claim, empty, lost))
             continue
         d = np.array([f_hi[s].x - f_lo[s].x for s in seeds])
         censored = any(f_lo[s].censored or f_hi[s].censored for s in seeds)
-        mean, ci, p = one_sided(_sign(claim) * d, claim.margin)
+        tol = _tolerance(claim, [size_lo, size_hi])
+        mean, ci, p = one_sided(_sign(claim) * d, claim.margin, tol)
         tests.append(
-            Test(
-                label,
-                len(d),
-                float(d.mean()),
-                mean,
-                ci,
-                claim.margin,
-                p,
-                "paired t",
-                censored,
-                censored,
-                len(d) < claim.min_seeds,
+            _lose(
+                claim,
+                Test(
+                    label,
+                    len(d),
+                    float(d.mean()),
+                    mean,
+                    ci,
+                    claim.margin,
+                    p,
+                    "paired t",
+                    censored,
+                    censored,
+                    len(d) < claim.min_seeds,
+                ),
+                lost,
             )  # fmt: skip
         )
     return tests, ""
@@ -438,6 +583,8 @@ def _count(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
     one_per_seed(runs, claim, "a")
     usable = [r for r in runs if r.get("status") in USABLE]
     notes = [f"seed {r.get('seed')}: {r.get('status')}" for r in runs if r not in usable]
+    notes += [f"seed {r.get('seed')}: diverged ({r['diverged_why']})" for r in usable
+              if r.get("diverged_why")]  # fmt: skip
     if claim.kind == "diverges":
         hits = [r.get("status") == "diverged" for r in usable]
         word = "diverged"
@@ -457,11 +604,15 @@ def _count(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
         ]
         word = f"ended within {claim.value:g} of chance"
     n, k = len(usable), sum(hits)
+    lost = len(runs) - n  # failed, timed out, no value: "every run" cannot be shown
     if not runs:
         verdict = "not run"
     elif n < claim.min_seeds:
         verdict = "inconclusive"
         notes.append(f"{n} usable runs (min {claim.min_seeds})")
+    elif k == n and lost:
+        verdict = "inconclusive"
+        notes.append(f"{lost} lost runs: every run of a cannot be shown to have {word}")
     else:
         verdict = "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
     return {"verdict": verdict, "ours": f"{k} of {n} runs {word}" if runs else "", "n": n,
@@ -478,7 +629,8 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
         tests, note = _trend(claim, rows, curves)
         if not tests:
             return {"verdict": "not run", "ours": "", "n": 0, "notes": note, "tests": []}
-        return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": note,
+        notes = "; ".join([note] * bool(note) + _lost_notes(claim, tests))
+        return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": notes,
                 "tests": tests}  # fmt: skip
     keys = ["a", "b", "c"][: {"ordering": 2, "ratio": 2, "gap_closed": 3}.get(claim.kind, 1)]
     scopes: list[dict[str, Any]] = [{}]
@@ -513,8 +665,25 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
     for t in tests:
         if t.short and t.n:
             notes.append(f"{t.label or 'claim'}: {t.n} usable seeds (min {claim.min_seeds})")
+    notes += _lost_notes(claim, tests)
     return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": "; ".join(notes),
             "tests": tests, "sides": shown_sides}  # fmt: skip
+
+
+def _lost_notes(claim: ClaimConfig, tests: list[Test]) -> list[str]:
+    """One note per test that lost seeds: which, and what that does to the verdict."""
+    notes = []
+    for t in tests:
+        if not t.lost:
+            continue
+        blocks = " or ".join(
+            w for w, b in (("hold", t.lost_blocks_hold), ("fail", t.lost_blocks_fail)) if b
+        )
+        how = "counted as the worst for their side" if claim.failures == "worst" else (
+            "survivorship: what they would have shown is unknown")  # fmt: skip
+        notes.append(f"{t.label or 'claim'}: lost {', '.join(t.lost)}; {how}, so the claim "
+                     f"cannot {blocks}")  # fmt: skip
+    return notes
 
 
 def holm(ps: list[float]) -> list[float]:
@@ -557,6 +726,7 @@ def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
     if runs.empty:
         return []
     rows, sweeps = claim_rows(runs)
+    mark_blow_ups(rows, curves)
     results = []
     for name, sweep in sweeps.items():
         mine = [r for r in rows if r["sweep"] == name]

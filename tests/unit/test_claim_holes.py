@@ -23,10 +23,11 @@ def write_run(root, name, claims, *, algorithm, seed, n=4, status="completed", f
     }
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     curve = curve or [(0.0, 0.1), (5.0, (final or {}).get("accuracy", 0.5))]
-    events = [
-        {"kind": "eval", "t": t, "version": i, "split": "test", "loss": 1.0 - a, "accuracy": a}
-        for i, (t, a) in enumerate(curve)
-    ]
+    events = [  # a point is (t, accuracy) with loss 1 − accuracy, or (t, accuracy, loss)
+        {"kind": "eval", "t": p[0], "version": i, "split": "test", "accuracy": p[1],
+         "loss": p[2] if len(p) > 2 else 1.0 - p[1]}
+        for i, p in enumerate(curve)
+    ]  # fmt: skip
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     body = {"status": status, "error": None, "algorithm": algorithm, "cluster": "c",
             "num_workers": n, "seed": seed, "wall_time_s": 5.0, "final": final,
@@ -40,7 +41,8 @@ def judge(root):
 
 
 def claim(**fields):
-    return {"origin": "paper", "metric": "final_accuracy", "better": "higher", **fields}
+    return {"origin": "paper", "metric": "final_accuracy", "better": "higher", "margin": 0.0,
+            **fields}  # fmt: skip
 
 
 def test_failed_runs_never_count_as_diverged(tmp_path):
@@ -169,3 +171,130 @@ def test_training_fails_is_a_claim_of_its_own(tmp_path):
     assert v["asp-fails"]["ours"] == "4 of 4 runs ended within 0.05 of chance"
     assert v["bsp-fails"]["verdict"] == "does not hold"
     assert v["asp-diverges"]["verdict"] == "inconclusive"  # 1 of 4: training failed, mostly
+
+
+def test_a_gap_of_exactly_the_margin_is_a_tie_whatever_the_rounding(tmp_path):
+    # every seed: a reaches the target one evaluation interval (0.2 s) before b, against a
+    # margin of one interval; 3.6 − 3.4 rounds above 0.2 and 3.8 − 3.6 below: both are ties
+    claims = [
+        claim(id=f"by-more-than-one-interval-{hit}", metric="time_to_target", better="lower",
+              margin=0.2, target={"split": "test", "key": "accuracy", "value": 0.5},
+              a={"algorithm": f"a{hit}"}, b={"algorithm": f"b{hit}"})
+        for hit in (34, 36)
+    ]  # fmt: skip
+    assert 3.6 - 3.4 > 0.2 > 3.8 - 3.6  # the rounding the verdicts must not depend on
+    for hit in (34, 36):
+        for s in range(5):
+            for side, t in (("a", hit / 10), ("b", hit / 10 + 0.2)):
+                write_run(tmp_path, f"{side}{hit}-{s}", claims, algorithm=f"{side}{hit}", seed=s,
+                          final={"accuracy": 0.6}, curve=[(0.0, 0.1), (t, 0.6)])  # fmt: skip
+    v = judge(tmp_path)
+    for hit in (34, 36):  # was: "holds" (p = 0) at 3.4, "does not hold" at 3.6
+        assert v[f"by-more-than-one-interval-{hit}"]["verdict"] == "does not hold"
+        assert v[f"by-more-than-one-interval-{hit}"]["p"] == 1.0
+
+
+def test_a_zero_denominator_loses_its_seed_and_says_so(tmp_path):
+    # a / b ≤ 0.5 (better lower): clear on seeds 0-2; b is 0 on seeds 3 and 4
+    claims = [claim(id="half", kind="ratio", metric="compute_fraction", better="lower",
+                    value=0.5, a={"algorithm": "a"}, b={"algorithm": "b"})]  # fmt: skip
+    for s in range(5):
+        write_run(tmp_path, f"a{s}", claims, algorithm="a", seed=s, compute_fraction=0.2 + 0.01 * s)
+        write_run(tmp_path, f"b{s}", claims, algorithm="b", seed=s,
+                  compute_fraction=0.0 if s >= 3 else 0.8 + 0.02 * s)  # fmt: skip
+    v = judge(tmp_path)["half"]
+    assert v["verdict"] == "inconclusive"  # was "holds" on seeds 0-2, with no note
+    assert "seed 3 (a / b undefined: b = 0)" in v["notes"]
+    assert "seed 4 (a / b undefined: b = 0)" in v["notes"]
+
+
+def write_pairs(root, claims, diverged_a=(), failed_b=()):
+    """SSP computes a clearly larger fraction than BSP on every seed that ran."""
+    for s in range(5):
+        status = "diverged" if s in diverged_a else "completed"
+        write_run(root, f"ssp{s}", claims, algorithm="ssp", seed=s, status=status,
+                  compute_fraction=0.9 + 0.01 * s)  # fmt: skip
+        status = "failed" if s in failed_b else "completed"
+        write_run(root, f"bsp{s}", claims, algorithm="bsp", seed=s, status=status,
+                  compute_fraction=0.5 + 0.02 * s)  # fmt: skip
+
+
+def test_a_diverged_run_is_never_dropped_from_a_claim_on_its_metric(tmp_path):
+    # SSP diverged on 2 of 5 seeds: its 3 survivors alone may not make the claim hold
+    claims = [
+        claim(id="survivors", metric="compute_fraction", a={"algorithm": "ssp"},
+              b={"algorithm": "bsp"}),
+        claim(id="worst", metric="compute_fraction", failures="worst", a={"algorithm": "ssp"},
+              b={"algorithm": "bsp"}),
+        claim(id="b-worst", metric="compute_fraction", better="lower", failures="worst",
+              a={"algorithm": "bsp"}, b={"algorithm": "ssp"}),
+    ]  # fmt: skip
+    write_pairs(tmp_path, claims, diverged_a=(1, 3))
+    v = judge(tmp_path)
+    assert v["survivors"]["verdict"] == "inconclusive"  # was "holds" on the 3 survivors
+    assert "seed 1 (a: diverged, no compute_fraction)" in v["survivors"]["notes"]
+    assert "survivorship" in v["survivors"]["notes"]
+    assert v["worst"]["verdict"] == "inconclusive"  # a's worst: it cannot hold
+    # the worst of b's side is the claim's best: it holds on the seeds that ran
+    assert v["b-worst"]["verdict"] == "holds"
+
+
+def test_a_seed_lost_to_a_failure_makes_the_claim_inconclusive_unless_declared(tmp_path):
+    # BSP crashed on seed 2 (where it might have won): 4 pairs are not the 5 the sweep ran
+    claims = [
+        claim(id="lost", metric="compute_fraction", a={"algorithm": "ssp"},
+              b={"algorithm": "bsp"}),
+        claim(id="declared", metric="compute_fraction", failures="worst",
+              a={"algorithm": "ssp"}, b={"algorithm": "bsp"}),
+    ]  # fmt: skip
+    write_pairs(tmp_path, claims, failed_b=(2,))
+    v = judge(tmp_path)
+    assert v["lost"]["verdict"] == "inconclusive"  # was "holds" on 4 pairs, with a note
+    assert "seed 2 (b: failed)" in v["lost"]["notes"]
+    assert v["declared"]["verdict"] == "holds"  # b's failure counted as b's worst
+
+
+def test_a_late_blow_up_is_a_divergence_whatever_the_status(tmp_path):
+    # a reaches the target at t = 1, then its test loss climbs to 12× its first (past
+    # budget.diverge_factor = 10) and comes back; its summary says completed
+    claims = [
+        claim(id="sooner", metric="time_to_target", better="lower",
+              target={"split": "test", "key": "accuracy", "value": 0.5},
+              a={"algorithm": "a"}, b={"algorithm": "b"}),
+        claim(id="a-diverges", kind="diverges", a={"algorithm": "a"}),
+    ]  # fmt: skip
+    for s in range(5):
+        write_run(
+            tmp_path,
+            f"a{s}",
+            claims,
+            algorithm="a",
+            seed=s,
+            final={"accuracy": 0.6},
+            curve=[(0.0, 0.1, 2.0), (1.0, 0.6, 0.4), (2.0, 0.1, 24.0), (3.0, 0.6, 0.5)],
+        )
+        write_run(tmp_path, f"b{s}", claims, algorithm="b", seed=s, final={"accuracy": 0.6},
+                  curve=[(0.0, 0.1, 2.0), (3.0 + 0.1 * s, 0.6, 0.5)])  # fmt: skip
+    v = judge(tmp_path)
+    assert v["sooner"]["verdict"] == "does not hold"  # was "holds": a normal win at t = 1
+    assert v["a-diverges"]["verdict"] == "holds"  # was "does not hold": 0 of 5
+    assert "test loss 24 at t=2, above budget.diverge_factor=10" in v["a-diverges"]["notes"]
+
+
+def test_the_report_reads_diverge_factors_default_as_the_runs_do():
+    from stalebench.config import BudgetConfig
+
+    assert C.DIVERGE_FACTOR == BudgetConfig().diverge_factor
+
+
+@pytest.mark.parametrize("key", ["margin", "better"])
+def test_margin_and_better_are_required_naming_the_sweep_file_and_claim(key):
+    from stalebench.errors import ConfigError
+    from stalebench.sweep import SweepConfig
+
+    raw = claim(id="no-default", a={"algorithm": "a"}, b={"algorithm": "b"})
+    del raw[key]
+    made = C.ClaimConfig(**raw)  # as OmegaConf builds it from a sweep file, then checks it
+    with pytest.raises(ConfigError, match=rf"^sweeps/ssp\.yaml: sweep\.claims\[0\]\.{key} "
+                       r"\(claim 'no-default'\) must be set"):  # fmt: skip
+        SweepConfig(name="ssp", claims=[made])

@@ -11,7 +11,8 @@ from stalebench.report import claims as C
 from stalebench.sweep import claim_from_dict
 
 ORDERING = {"id": "a-beats-b", "origin": "paper", "metric": "final_accuracy",
-            "better": "higher", "a": {"algorithm": "a"}, "b": {"algorithm": "b"}}  # fmt: skip
+            "better": "higher", "margin": 0.0, "a": {"algorithm": "a"},
+            "b": {"algorithm": "b"}}  # fmt: skip
 
 
 def sides(xa, xb):

@@ -41,8 +41,9 @@ CLAIMS = [
      "c": {"algorithm": "fast"}},
     {"id": "ratio", "kind": "ratio", "metric": "final_accuracy", "better": "lower",
      "value": 0.5, "a": {"algorithm": "slow"}, "b": {"algorithm": "fast"}},
+    # the seeds fast completed (its failed seed 5 would be a lost seed: inconclusive)
     {"id": "threshold", "kind": "threshold", "metric": "final_accuracy", "better": "higher",
-     "value": 0.8, "a": {"algorithm": "fast"}},
+     "value": 0.8, "a": {"algorithm": "fast"}, "where": {"seed": [0, 1, 2, 3, 4]}},
     # accuracy falls with N for "scaly" (0.9 at N=1, 0.5 at N=8)
     {"id": "degrades", "kind": "trend", "metric": "final_accuracy", "better": "lower",
      "over": "num_workers", "a": {"algorithm": "scaly"}},
@@ -59,6 +60,8 @@ CLAIMS = [
 ]  # fmt: skip
 for _claim in CLAIMS:
     _claim.setdefault("origin", "paper")
+    _claim.setdefault("margin", 0.0)
+    _claim.setdefault("better", "lower")
 SEEDS = range(5)
 
 
@@ -124,7 +127,7 @@ def test_every_verdict_is_what_the_synthetic_runs_were_built_to_give(sweep):
         ("fast-diverges", ""): "does not hold",
         ("gap", ""): "holds",  # fast goes all the way (fraction 1) from slow to itself
         ("ratio", ""): "holds",
-        ("threshold", ""): "holds",
+        ("threshold", "seed=[0, 1, 2, 3, 4]"): "holds",
         ("degrades", "every step of num_workers"): "holds",
         ("margin-widens", "every step of num_workers"): "does not hold",
         ("per-n", "every num_workers"): "does not hold",  # one joint verdict: not at N=8
@@ -218,7 +221,9 @@ def test_the_report_writes_claims_json_and_prints_every_verdict(sweep, capsys):
 )
 def test_a_malformed_claim_is_rejected_naming_the_key(claim, message):
     with pytest.raises(ConfigError, match=message):
-        claim_from_dict({"origin": "paper", **claim}, "sweep.claims[0]")
+        claim_from_dict(
+            {"origin": "paper", "margin": 0.0, "better": "lower", **claim}, "sweep.claims[0]"
+        )
 
 
 @pytest.mark.parametrize(

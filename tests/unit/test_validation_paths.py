@@ -757,6 +757,8 @@ CLAIM = {
     "id": "c",
     "origin": "paper",
     "metric": "final_accuracy",
+    "margin": 0.0,
+    "better": "lower",
     "a": {"algorithm": "ssp"},
     "b": {"algorithm": "bsp"},
 }
