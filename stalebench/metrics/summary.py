@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ STATUSES = ("completed", "diverged", "failed", "timeout", "interrupted", "invali
 # the CLI's exit code per status (interrupted: 128 + the signal, e.g. 130 for SIGINT, 143
 # for SIGTERM; invalid: bad input, refused before any process started)
 EXIT_CODES = {"completed": 0, "failed": 1, "invalid": 2, "diverged": 3, "timeout": 4}
+
+# `final_tail` averages the last TAIL_PER-th of a run's held-out evaluations (at least one):
+# the end of the curve, not its last snapshot, which one batch's summation order can move
+TAIL_PER = 10
+EVAL_KEYS = ("loss", "accuracy", "perplexity")
 
 
 def summarize(
@@ -64,11 +70,8 @@ def summarize(
         "wall_time_s": wall,
         "updates": max((e["version"] for e in updates), default=0),
         "gradients": sum(e.get("inner_steps", 1) for e in updates),
-        "final": (
-            {k: final[k] for k in ("loss", "accuracy", "perplexity") if k in final}
-            if final
-            else None
-        ),
+        "final": ({k: final[k] for k in EVAL_KEYS if k in final} if final else None),
+        "final_tail": final_tail(tests) if status != "diverged" else None,
         "best_accuracy": max(
             (e["accuracy"] for e in tests if e["accuracy"] is not None), default=None
         ),
@@ -98,6 +101,26 @@ def summarize(
         **_weight_gap(updates, num_workers),
         **_consensus(updates),
     }
+
+
+def final_tail(tests: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The end of the curve: of the held-out evaluations `tests` (one split, in time order),
+    the last len // TAIL_PER of them (at least one; 10 evaluations → the last one, 20 → the
+    last two), each quantity's mean over them and `evals`, how many. A quantity none of them
+    has is left out (as in `final`); one that any of them lacks or has non-finite (null in
+    events.jsonl) is null: the mean of fewer would not be the stated summary. None without
+    evaluations."""
+    if not tests:
+        return None
+    tail = tests[-max(1, len(tests) // TAIL_PER) :]
+    out: dict[str, Any] = {}
+    for key in EVAL_KEYS:
+        xs = [e.get(key) for e in tail]
+        if not any(key in e for e in tail):
+            continue
+        finite = all(isinstance(x, int | float) and math.isfinite(x) for x in xs)
+        out[key] = float(np.mean(xs)) if finite else None
+    return {**out, "evals": len(tail)}
 
 
 def _consensus(updates: list[dict[str, Any]]) -> dict[str, Any]:

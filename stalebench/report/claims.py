@@ -21,6 +21,9 @@ The rule, stated once (RULE below says it in one line):
   `a` cannot make a claim hold, a censored `b` cannot make it fail. A diverged run never
   reaches a target, and is unusable for any other metric; a failed or timed-out run
   measures nothing and never counts as diverged;
+- a final accuracy, loss or perplexity (`final_accuracy`, ...) is the end of the curve,
+  summary.json's `final_tail` (the mean over the last 10 % of the held-out evaluations),
+  not the last snapshot (`final`), which one batch's summation order can move;
 - `per` (e.g. "at every N") is one joint verdict: holds when every value holds (its p the
   largest of theirs: an intersection-union test), does not hold when any value does not;
   `trend` is tested at every consecutive step of `over` the same way;
@@ -40,6 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from stalebench.metrics.summary import EVAL_KEYS, final_tail
 from stalebench.sweep import TARGET_KEYS, ClaimConfig, claim_from_dict
 
 ALPHA = 0.05
@@ -61,8 +65,11 @@ RULE = (
     "and recalled claims (self-checks apart); holds: adjusted p < alpha; does not hold: the "
     "95% interval lies below the margin; inconclusive otherwise or with fewer than "
     "min_seeds usable seeds; `per` and `trend` steps joint (every one must hold); a "
-    "diverged run never reaches a target and is unusable for other metrics."
+    "diverged run never reaches a target and is unusable for other metrics; a final "
+    "accuracy or loss is the mean over the last 10% of the evaluations (final_tail)."
 )
+# a claim's final_accuracy / final_loss / final_perplexity: the quantity's final_tail
+TAIL_METRICS = {f"final_{k}": k for k in EVAL_KEYS}
 
 
 class ClaimError(ValueError):
@@ -206,12 +213,29 @@ def metric(row: dict, claim: ClaimConfig, curves: pd.DataFrame) -> Value | None:
         return time_to_target(curve, claim, _end(row, curve))
     if status == "diverged":
         return None
-    x = row.get(claim.metric)
+    x = value(row, claim.metric, curves)
     try:
         x = float(x)
     except (TypeError, ValueError):
         return None
     return None if math.isnan(x) else Value(x)
+
+
+def value(row: dict, name: str, curves: pd.DataFrame) -> Any:
+    """A run's summary value by its flattened key; a final accuracy, loss or perplexity
+    (TAIL_METRICS) is the end of the curve: summary.json's `final_tail`, or, of a summary
+    written before it had one, the same mean over the run's curve."""
+    if name not in TAIL_METRICS:
+        return row.get(name)
+    if not _nan(row.get("final_tail_evals")):
+        return row.get(f"final_tail_{TAIL_METRICS[name]}")
+    curve = curves[curves["run_dir"] == row.get("run_dir")]
+    split = row.get("eval_split")
+    if not isinstance(split, str):  # the split summarize reads (stalebench.metrics.summary)
+        split = "val" if (curve["split"] == "val").any() else "test"
+    evals = curve[curve["split"] == split].sort_values(["t", "version"], kind="stable")
+    tail = final_tail(evals.to_dict("records"))
+    return (tail or {}).get(TAIL_METRICS[name])
 
 
 def _nan(x: Any) -> bool:
@@ -576,9 +600,10 @@ def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[
     return tests, ""
 
 
-def _count(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
-    """diverges / fails: counts over a's usable runs, not a test. fails: a run ends within
-    `value` of chance accuracy (a diverged run never trained: it fails too)."""
+def _count(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
+    """diverges / fails: counts over a's usable runs, not a test. fails: a run's final
+    accuracy (its final_tail) ends within `value` of chance accuracy (a diverged run never
+    trained: it fails too)."""
     runs = select(rows, {**claim.where, **claim.a})
     one_per_seed(runs, claim, "a")
     usable = [r for r in runs if r.get("status") in USABLE]
@@ -589,17 +614,18 @@ def _count(claim: ClaimConfig, rows: list[dict]) -> dict[str, Any]:
         hits = [r.get("status") == "diverged" for r in usable]
         word = "diverged"
     else:
+        acc = {id(r): value(r, "final_accuracy", curves) for r in usable}
         known = [
             r for r in usable
             if r.get("status") == "diverged"
-            or not (_nan(r.get("final_accuracy")) or _nan(r.get("chance_accuracy")))
+            or not (_nan(acc[id(r)]) or _nan(r.get("chance_accuracy")))
         ]  # fmt: skip
         notes += [f"seed {r.get('seed')}: no final accuracy or chance" for r in usable
                   if r not in known]  # fmt: skip
         usable = known
         hits = [
             r.get("status") == "diverged"
-            or float(r["final_accuracy"]) <= float(r["chance_accuracy"]) + claim.value
+            or float(acc[id(r)]) <= float(r["chance_accuracy"]) + claim.value
             for r in usable
         ]
         word = f"ended within {claim.value:g} of chance"
@@ -624,7 +650,7 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
     the tests (one, one per `per` value, or one per `trend` step) that `decide` turns into a
     verdict once the sweep's p values are corrected."""
     if claim.kind in ("diverges", "fails"):
-        return _count(claim, rows)
+        return _count(claim, rows, curves)
     if claim.kind == "trend":
         tests, note = _trend(claim, rows, curves)
         if not tests:

@@ -32,6 +32,9 @@ def write_run(root, name, claims, *, algorithm, seed, n=4, status="completed", f
     body = {"status": status, "error": None, "algorithm": algorithm, "cluster": "c",
             "num_workers": n, "seed": seed, "wall_time_s": 5.0, "final": final,
             **summary}  # fmt: skip
+    # the end of the curve as summarize writes it: here, the last evaluation's
+    tail = final if status != "diverged" and final else None
+    body.setdefault("final_tail", {**tail, "evals": 1} if tail else None)
     (d / "summary.json").write_text(json.dumps(body))
 
 

@@ -90,6 +90,9 @@ def run_dir(root, name, algorithm, seed, accuracy, *, status="completed", n=4, c
         "wall_time_s": 5.0,
         "final": None if status == "failed" else {"accuracy": accuracy, "loss": 1 - accuracy},
     }
+    # of two evaluations the end of the curve is the last one (as summarize writes it)
+    end = summary["final"] if status == "completed" else None
+    summary["final_tail"] = {**end, "evals": 1} if end else None
     (d / "summary.json").write_text(json.dumps(summary))
 
 
