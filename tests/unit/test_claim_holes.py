@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from stalebench.metrics.summary import finalize
 from stalebench.report import claims as C
 from stalebench.report.collect import collect
 
@@ -301,3 +302,33 @@ def test_margin_and_better_are_required_naming_the_sweep_file_and_claim(key):
     with pytest.raises(ConfigError, match=rf"^sweeps/ssp\.yaml: sweep\.claims\[0\]\.{key} "
                        r"\(claim 'no-default'\) must be set"):  # fmt: skip
         SweepConfig(name="ssp", claims=[made])
+
+
+@pytest.mark.parametrize("written", ["now", "before final_tail"])
+def test_a_last_snapshot_dip_does_not_decide_a_claim_on_final_accuracy(tmp_path, written):
+    # a plateaus about 0.02 above b over 40 evaluations; on every seed its last snapshot dips
+    # 0.05 (one batch's summation order): the last snapshot says a is worse (does not hold),
+    # the end of the curve (the mean of the last 4) that it is better
+    claims = [claim(id="a-beats-b", a={"algorithm": "a"}, b={"algorithm": "b"})]
+    for s in range(5):
+        for name, level in (("a", 0.80 + 0.003 * s), ("b", 0.78 + 0.001 * s * s)):
+            accs = [level + 0.001 * (i % 3) for i in range(39)]
+            accs.append(accs[-1] - (0.05 if name == "a" else 0.0))
+            d = tmp_path / f"{name}{s}"
+            write_run(tmp_path, f"{name}{s}", claims, algorithm=name, seed=s,
+                      curve=[(float(i), acc) for i, acc in enumerate(accs)])  # fmt: skip
+            meta = {"algorithm": name, "cluster": "c", "num_workers": 4, "seed": s}
+            summary = finalize(d, meta, "completed", None, target_accuracy=0.5)
+            assert summary["final_tail"]["evals"] == 4
+            if written != "now":  # a summary.json from before: the tail is read off the curve
+                del summary["final_tail"]
+                (d / "summary.json").write_text(json.dumps(summary))
+    # on its last snapshot (summary.json's `final`) a is worse than b on every seed
+    runs, _, _ = collect([tmp_path])
+    last = {(r["algorithm"], r["seed"]): r["final_accuracy"] for r in runs.to_dict("records")}
+    assert all(last["a", s] < last["b", s] for s in range(5))
+    v = judge(tmp_path)["a-beats-b"]
+    assert v["verdict"] == "holds", v
+    # per seed, a − b over the last 4: 0.02 + 0.003 s − 0.001 s² − 0.0125 (a's dip / 4 and
+    # the two sides' ripple), 0.0075 on average over seeds 0 to 4
+    assert v["estimate"] == pytest.approx(0.0075)

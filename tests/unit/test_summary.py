@@ -141,6 +141,73 @@ def test_summarize_no_events():
     assert s["time_to_target_s"] is None
     assert s["lag"] == {"mean": None, "p50": None, "p99": None, "max": None}
     assert s["compute_fraction"] is None and s["throughput_updates_per_s"] is None
+    assert s["final_tail"] is None
+
+
+def curve_events(accuracies, split="test"):
+    """Evaluations at t = 1, 2, … with the given accuracies (loss 1 − accuracy, None kept),
+    listed last first (the summary orders them by t), beside a train eval that never counts."""
+    evals = [
+        evaluation(float(i), i, split, a, None if a is None else 1.0 - a)
+        for i, a in enumerate(accuracies, 1)
+    ]
+    return [{"kind": "system", "t": 0.0, "event": "start"}, *evals[::-1],
+            evaluation(99.0, 99, "train", 0.0, 9.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n", "tail"),
+    [(1, [0]), (9, [8]), (10, [9]), (19, [18]), (20, [18, 19]), (35, [32, 33, 34])],
+)
+def test_final_tail_is_the_mean_over_the_last_tenth_of_the_evaluations(n, tail):
+    # accuracy 0.01 · i at the i-th evaluation (0-based), the last one dipping to 0.0
+    accs = [0.01 * i for i in range(n - 1)] + [0.0]
+    s = summarize(curve_events(accs), META, "completed", None, 0.5)
+    mean = sum(accs[i] for i in tail) / len(tail)
+    assert s["final_tail"] == {
+        "loss": pytest.approx(1.0 - mean),
+        "accuracy": pytest.approx(mean),
+        "evals": len(tail),
+    }
+    assert s["final"] == {"loss": 1.0, "accuracy": 0.0}  # the last snapshot, as it was
+    json.dumps(s, allow_nan=False)
+
+
+def test_final_tail_reads_the_eval_split_of_the_headline_numbers():
+    # a tuning run (eval.split=val): its val evaluations, never the train ones
+    s = summarize(curve_events([0.5] * 18 + [0.6, 0.8], split="val"), META, "completed", None, 1)
+    assert s["eval_split"] == "val"
+    assert s["final_tail"] == {"loss": pytest.approx(0.3), "accuracy": 0.7, "evals": 2}
+
+
+def test_final_tail_of_nulls_and_of_quantities_never_evaluated():
+    # a null (a non-finite value in events.jsonl) in the tail: that quantity is null, not
+    # the mean of the others; one before the tail does not count
+    accs = [None] + [0.5] * 18 + [None]
+    s = summarize(curve_events(accs), META, "completed", None, 0.5)
+    assert s["final_tail"] == {"loss": None, "accuracy": None, "evals": 2}
+    s = summarize(curve_events(accs[:-1] + [0.7]), META, "completed", None, 0.5)
+    assert s["final_tail"] == {"loss": pytest.approx(0.4), "accuracy": 0.6, "evals": 2}
+    # a language model: a perplexity, an accuracy of null; the tail has what `final` has
+    lm = [
+        {"kind": "eval", "t": float(t), "version": t, "split": "test", "loss": 4.0 - 0.1 * t,
+         "accuracy": None, "perplexity": 50.0 - t}
+        for t in range(20)
+    ]  # fmt: skip
+    s = summarize(lm, META, "completed", None, 0.5)
+    assert s["final"] == {"loss": pytest.approx(2.1), "accuracy": None, "perplexity": 31.0}
+    assert s["final_tail"] == {
+        "loss": pytest.approx(2.15),
+        "accuracy": None,
+        "perplexity": pytest.approx(31.5),
+        "evals": 2,
+    }
+
+
+def test_final_tail_of_a_diverged_run_is_null():
+    s = summarize(curve_events([0.5] * 20), META, "diverged", "loss is nan", 0.5)
+    assert s["final_tail"] is None
+    assert s["final"] == {"loss": 0.5, "accuracy": 0.5}  # `final` keeps its last snapshot
 
 
 # --------------------------------------------------------------------------- events.jsonl
