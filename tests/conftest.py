@@ -30,6 +30,7 @@ SUMMARY_FIELDS = {
     "wall_time_s",
     "updates",
     "final",
+    "final_tail",
     "best_accuracy",
     "time_to_target_s",
     "lag",
