@@ -212,6 +212,9 @@ class TuneConfig:
     arms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     seeds: list[int] = dataclasses.field(default_factory=lambda: [1000, 1001])
     validation_fraction: float = 0.1  # of the training split, held out for selection
+    # a cell whose best point is at an edge of a geometric axis of its grid gets up to this
+    # many points beyond that edge, one at a time, at the grid's own ratio (0: none)
+    max_extensions: int = 4
     select: SelectConfig = dataclasses.field(default_factory=SelectConfig)
     # set by the sweeper on a final run: the values its cell selected (dotted key -> value)
     selected: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -234,6 +237,8 @@ class TuneConfig:
         seeds = list(self.seeds)
         if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
             raise bad("seeds", seeds, "distinct seeds >= 0, at least one")
+        if isinstance(self.max_extensions, bool) or not 0 <= self.max_extensions <= 64:
+            raise bad("max_extensions", self.max_extensions, "an integer in [0, 64]")
         if not 0.0 < self.validation_fraction <= 0.5:
             raise bad("validation_fraction", self.validation_fraction, "in (0, 0.5]")
 

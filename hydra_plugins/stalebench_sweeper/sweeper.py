@@ -6,6 +6,8 @@ Without `sweep.tune.params` this is BasicSweeper, untouched. With them, one mult
    point of its tuning grid × every tuning seed, evaluated on a validation split carved
    from the training data (eval.split=val), in `<sweep_dir>/tune/<cell>/<point>/<seed>`;
 2. selection (stalebench.tuning, from the run directories alone): `<sweep_dir>/tuning.json`;
+   a cell whose best point is at an edge of its grid runs one point beyond it at a time
+   (`tune/<cell>/<point>/<seed>` after the grid's points) until `tuning.extension` stops;
 3. the final stage: the sweep's own jobs, in their usual directories and order, each with
    its cell's selected values as overrides and recorded as `sweep.tune.selected`.
 
@@ -100,6 +102,7 @@ class TuningSweeper(BasicSweeper):
         layout = [self._cell(tune, cell, pinned) for cell in cells]
         if not any(c["params"] for c in layout):
             return None
+        tuning.check_resolution(layout)  # one resolution for every arm, before any job
         self._check(tune, jobs, cells)
         return jobs, keys, cells, layout
 
@@ -109,14 +112,7 @@ class TuningSweeper(BasicSweeper):
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
         tuning_jobs = [
-            [
-                *cell,
-                f"seed={seed}",
-                *(f"{k}={_value(v)}" for k, v in point.items()),
-                "eval.split=val",
-                f"eval.validation_fraction={tune.validation_fraction}",
-                f"hydra.sweep.subdir={tuning.run_dir(i, j, seed)}",
-            ]
+            self._tuning_job(tune, cell, i, j, point, seed)
             for i, cell in enumerate(cells)
             if layout[i]["params"]
             for j, point in enumerate(tuning.grid(layout[i]["params"]))
@@ -130,7 +126,31 @@ class TuningSweeper(BasicSweeper):
         )  # fmt: skip
         returns = self._launch(tuning_jobs, dirs, "tuning")
 
-        content = tuning.record(tune, layout, sweep_dir)
+        # the extension: every cell still at an edge runs its next point (all cells of a
+        # round at once), then the selection is made again, until no cell has one; a rerun
+        # replays the same rounds from disk, launching only what is not finished
+        added: list[list[dict[str, Any]]] = [[] for _ in layout]
+        content = tuning.record(tune, layout, sweep_dir, added)
+        for round_ in range(1, tune.max_extensions + 1):
+            nexts = [
+                (i, c["extension"]["next"])
+                for i, c in enumerate(content["cells"])
+                if "next" in c.get("extension", {})
+            ]
+            if not nexts:
+                break
+            beyond = [
+                self._tuning_job(tune, cells[i], i, content["cells"][i]["points"], nxt["values"], s)
+                for i, nxt in nexts
+                for s in tune.seeds
+            ]
+            for i, nxt in nexts:
+                log.info("\tcell %d at an edge: %s %s", i, nxt["side"], nxt["values"])
+            dirs = [sweep_dir / job[-1].partition("=")[2] for job in beyond]
+            returns += self._launch(beyond, dirs, f"tuning extension {round_}")
+            for i, nxt in nexts:
+                added[i].append(nxt)
+            content = tuning.record(tune, layout, sweep_dir, added)
         log.info("Selection -> %s", tuning.write(sweep_dir, content))
         for cell in content["cells"]:
             standing = [c["standing"] for c in cell["candidates"] if c["rank"] == 1]
@@ -143,6 +163,19 @@ class TuningSweeper(BasicSweeper):
         final_jobs = [[*job, *_selected(chosen[key])] for job, key in zip(jobs, keys, strict=True)]
         dirs = [self._job_dir(job, num) for num, job in enumerate(final_jobs)]
         return returns + self._launch(final_jobs, dirs, "final")
+
+    @staticmethod
+    def _tuning_job(tune: TuneConfig, cell, i: int, j: int, point, seed: int) -> list[str]:
+        """Cell i's tuning run of point j (its values `point`) and one tuning seed, on the
+        validation split, in its fixed directory (the last override)."""
+        return [
+            *cell,
+            f"seed={seed}",
+            *(f"{k}={_value(v)}" for k, v in point.items()),
+            "eval.split=val",
+            f"eval.validation_fraction={tune.validation_fraction}",
+            f"hydra.sweep.subdir={tuning.run_dir(i, j, seed)}",
+        ]
 
     def _cell(self, tune: TuneConfig, cell: Sequence[str], pinned: set[str]) -> dict[str, Any]:
         """A cell as tuning.json records it: its overrides, its arm, and its grid (the

@@ -535,12 +535,38 @@ def _edge(value: Any, values: Any) -> str:
     return " (edge)" if len(numbers) > 2 and x in (numbers[0], numbers[-1]) else ""
 
 
+# why a cell's edge extension stopped (stalebench.tuning.STOPS), as the report says it
+STOPPED = {
+    "interior": "interior",
+    "diverged": "interior: failed or diverged beyond",
+    "cap": "at the edge: cap reached",
+    "not_geometric": "at the edge: grid not geometric",
+}
+
+
+def _extension(ext: Any) -> str:
+    """A cell's edge extension: the values it added beyond the grid's edge, and why it
+    stopped (`+0.4, 0.8 (interior: failed or diverged beyond)`)."""
+    if not isinstance(ext, dict):
+        return "—"
+    added = [a for a in ext.get("added") or [] if isinstance(a, dict)]
+    shown = ", ".join(
+        _cell((a.get("values") or {}).get(a.get("key"))) if len(a.get("values") or {}) < 2
+        else f"{a.get('key')} = {_cell((a.get('values') or {}).get(a.get('key')))}"
+        for a in added
+    )  # fmt: skip
+    stopped = STOPPED.get(ext.get("stopped"), _cell(ext.get("stopped")))
+    return (f"+{shown}" if shown else "none") + f" ({stopped})"
+
+
 def _tuning_rows(cells: list[Any], metric: str) -> pd.DataFrame:
     """One row per tuned cell: the overrides that tell it from the other cells, its grid,
-    the selected point and that point's score and standing."""
+    the selected point and that point's score and standing; with an edge extension (a
+    tuning.json that records one), the points it ran and what it added beyond the grid."""
     cells = [c for c in cells if isinstance(c, dict)]
     lists = [[str(o) for o in c.get("overrides") or []] for c in cells]
     shared = set.intersection(*map(set, lists)) if len(lists) > 1 else set()
+    extensions = any("extension" in c for c in cells)  # a tuning.json that records them
     rows = []
     for cell, overrides in zip(cells, lists, strict=True):
         points = cell.get("candidates") or []
@@ -549,18 +575,29 @@ def _tuning_rows(cells: list[Any], metric: str) -> pd.DataFrame:
             (p for p in points if isinstance(p, dict) and p.get("candidate") == chosen), {}
         )
         grid = cell.get("params") or {}
+        ext = cell.get("extension")
+        at_edge = (ext.get("at_edge") or []) if isinstance(ext, dict) else []
+        selected = cell.get("selected") or {}
+        # with an extension, an edge is what it left at the edge (not the grid's own)
+        marks = {
+            k: (" (edge)" if k in at_edge else "") if ext is not None else _edge(v, grid.get(k))
+            for k, v in selected.items()
+        }
+        extended = (
+            {"points": _cell(cell.get("points")), "extension": _extension(ext)}
+            if extensions
+            else {}
+        )
         rows.append(
             {
                 "cell": " ".join(o for o in overrides if o not in shared)
                 or _cell(cell.get("arm", cell.get("cell"))),
                 "grid": "; ".join(f"{k} ∈ {{{_cell(v)}}}" for k, v in grid.items()) or "—",
-                "selected": ", ".join(
-                    f"{k} = {_cell(v)}{_edge(v, grid.get(k))}"
-                    for k, v in (cell.get("selected") or {}).items()
-                )
+                "selected": ", ".join(f"{k} = {_cell(v)}{marks[k]}" for k, v in selected.items())
                 or "—",
                 f"score ({metric})": _cell(point.get("score")),
                 "standing": _cell(point.get("standing")),
+                **extended,
             }
         )
     return pd.DataFrame(rows)

@@ -1,10 +1,11 @@
 """The tuning protocol end to end, through the installed `stalebench -m` command from outside
 the checkout: a tiny tuned sweep (tuning_conf/test_sweep/tiny_tune.yaml, found through
-hydra.searchpath: two arms, a 2-point learning-rate grid with one point far too small, 2
-tuning seeds, 2 final seeds, in the simulator) tunes every arm on the validation split
-only, selects the better rate per arm, runs the final seeds with it, and a rerun launches
-only what is not finished. Bad tune blocks are refused by key before any job starts; a run
-with eval.split=val never evaluates the test split."""
+hydra.searchpath: two arms, a 2-point learning-rate grid at one ratio with one point far too
+small, 2 tuning seeds, 2 final seeds, in the simulator) tunes every arm on the validation
+split only, extends each grid above its top edge (where the best is) until the point beyond
+diverges, selects the better rate per arm, runs the final seeds with it, and a rerun
+launches only what is not finished, extensions included. Bad tune blocks are refused by
+key before any job starts; a run with eval.split=val never evaluates the test split."""
 
 from __future__ import annotations
 
@@ -64,15 +65,18 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     sweep = tmp_path / "sweep"
 
-    # the tuning stage: 2 cells × 2 points × 2 seeds, on the validation split only
+    # the tuning stage: 2 cells × 2 points × 2 seeds, then one point beyond each cell's top
+    # edge (point 2: ×20000, the grid's own ratio), on the validation split only
     tuned = sorted(p.parent for p in (sweep / "tune").rglob("summary.json"))
     assert [p.relative_to(sweep).as_posix() for p in tuned] == [
-        f"tune/{c}/{j}/{s}" for c in (0, 1) for j in (0, 1) for s in (1000, 1001)
+        f"tune/{c}/{j}/{s}" for c in (0, 1) for j in (0, 1, 2) for s in (1000, 1001)
     ]
     for run_dir in tuned:
         summary = json.loads((run_dir / "summary.json").read_text())
         cfg = config(run_dir)
-        assert summary["status"] == "completed" and summary["eval_split"] == "val"
+        beyond = run_dir.parent.name == "2"
+        assert summary["status"] == ("diverged" if beyond else "completed")
+        assert summary["eval_split"] == "val"
         assert summary["seed"] == int(run_dir.name) and cfg["seed"] == int(run_dir.name)
         assert (cfg["eval"]["split"], cfg["eval"]["validation_fraction"]) == ("val", 0.2)
         assert splits_evaluated(run_dir) == {"val"}  # the test split never
@@ -84,14 +88,27 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
         4,
         0.2,
     )
+    # each arm's realised points: its grid's 2 and the one beyond its edge
+    assert (content["max_extensions"], content["points"]) == (4, {"asp": [3], "bsp": [3]})
     cells = content["cells"]
     assert [c["arm"] for c in cells] == ["asp", "bsp"]
     assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
     assert [c["selected_candidate"] for c in cells] == [1, 0]  # not the grid's position
-    assert cells[1]["params"] == {LR: [0.4, 0.00001]}  # bsp's own grid
+    assert cells[1]["params"] == {LR: [0.4, 0.00002]}  # bsp's own grid, at the same ratio
+    assert [(c["points"], c["budget"]) for c in cells] == [(3, 6), (3, 6)]
     for cell in cells:
-        good, bad = sorted(cell["candidates"], key=lambda c: c["rank"])
+        # the best was the top edge: one point above it, at the grid's ratio, diverged on
+        # both tuning seeds, so the edge is interior by definition and the extension stops
+        (added,) = cell["extension"]["added"]
+        above = GOOD[cell["arm"]] * 20000
+        assert added == {"candidate": 2, "key": LR, "side": "top", "values": {LR: above}}
+        assert cell["extension"]["ratio"] == {LR: pytest.approx(20000)}
+        assert (cell["extension"]["stopped"], cell["extension"]["at_edge"]) == ("diverged", [])
+        assert "next" not in cell["extension"]
+        good, bad, beyond = sorted(cell["candidates"], key=lambda c: c["rank"])
         assert good["standing"] == "reached" and good["score"] < bad["score"]
+        assert beyond["values"] == {LR: above} and beyond["standing"] == "failed"
+        assert {r["status"] for r in beyond["runs"]} == {"diverged"}
         assert [r["dir"] for r in good["runs"]] == [
             f"tune/{cell['cell']}/{good['candidate']}/{s}" for s in (1000, 1001)
         ]
@@ -113,7 +130,8 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     assert "Runs: 4 (4 completed)" in (sweep / "report.md").read_text()
 
     # a rerun launches only what is not finished: here one tuning run, whose summary.json
-    # is gone; the selection is made again from disk, the final runs are kept
+    # is gone; the selection and the extension are made again from disk (the points
+    # beyond the edges are finished: not launched again), the final runs are kept
     before = mtimes(sweep)
     lost = sweep / "tune" / "1" / "1" / "1001" / "summary.json"
     lost.unlink()
@@ -122,6 +140,7 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     after = mtimes(sweep)
     assert {p for p in after if after[p] != before.get(p)} == {lost}
     assert "tuning stage: 7 of 8 jobs finished before" in again.stderr + again.stdout
+    assert "tuning extension 1 stage: 4 of 4 jobs finished before" in again.stderr + again.stdout
     assert "final stage: 4 of 4 jobs finished before" in again.stderr + again.stdout
     assert json.loads((sweep / "tuning.json").read_text())["cells"][1]["selected"] == {
         LR: GOOD["bsp"]
@@ -154,7 +173,7 @@ def test_the_tuning_stage_goes_through_hydras_launcher(tmp_path):
     done = run([*TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep = tmp_path / "sweep"
-    assert len(list((sweep / "tune").rglob("summary.json"))) == 8
+    assert len(list((sweep / "tune").rglob("summary.json"))) == 12  # 8 + 2 × 2 beyond
     cells = json.loads((sweep / "tuning.json").read_text())["cells"]
     assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
     assert sorted(p.parent.name for p in sweep.glob("*/summary.json")) == ["0", "1", "2", "3"]
@@ -168,6 +187,9 @@ def test_the_tuning_stage_goes_through_hydras_launcher(tmp_path):
         ("sweep.tune.validation_fraction=0.7", "sweep.tune.validation_fraction"),
         ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4]}", "sweep.tune.arms.bsp"),
         ("++sweep.tune.arms.sgd={algorithm.update.lr:[0.4,0.1]}", "sweep.tune.arms.sgd"),
+        # bsp's grid at ×4 against asp's at ×20000: one resolution for every arm
+        ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4,0.1]}", "asp x20000; bsp x4"),
+        ("sweep.tune.max_extensions=-1", "sweep.tune.max_extensions"),
     ],
 )
 def test_a_bad_tune_block_is_refused_by_key_before_any_job(tmp_path, override, key):
