@@ -217,7 +217,7 @@ def read_run(sweep_dir: Path, rel: str, seed: int, select: SelectConfig) -> Run:
             f"{path}: a tuning run must evaluate the validation split (eval.split=val), but "
             f"its summary.json reads {summary.get('eval_split')!r}"
         )
-    final_loss = _finite((summary.get("final") or {}).get("loss"))
+    final_loss = _finite(summary_value(summary, "final_loss"))
     if status != "completed":
         return Run(seed, rel, status, None, final_loss)
     if select.metric == "time_to_target":
@@ -242,8 +242,15 @@ def time_to_target(events_path: Path, key: str, value: float) -> float | None:
 
 
 def summary_value(summary: dict[str, Any], key: str) -> Any:
-    """A summary.json value by its key flattened with "_" (final_loss: summary["final"]
-    ["loss"]); None when there is none."""
+    """A summary.json value by its key flattened with "_" (best_accuracy:
+    summary["best_accuracy"]); None when there is none. final_loss, final_accuracy and
+    final_perplexity read the end of the curve, as a claim does: summary["final_tail"] (the
+    mean over the last 10 % of the evaluations), or, in a summary written before it
+    existed, the last snapshot summary["final"]."""
+    quantity = key.removeprefix("final_")
+    if quantity != key and isinstance(tail := summary.get("final_tail"), dict):
+        if quantity in tail and quantity != "evals":
+            return tail[quantity]
     if key in summary and not isinstance(summary[key], dict):
         return summary[key]
     for i, char in enumerate(key):

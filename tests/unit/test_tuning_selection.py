@@ -253,6 +253,21 @@ def test_summary_values_are_found_by_their_flattened_key():
     assert tuning.summary_value(summary, "final_nothing") is None
 
 
+def test_a_tuning_run_is_scored_on_the_end_of_its_curve_as_claims_are():
+    # the last snapshot dips; final_loss is the tail's mean (summary.json's final_tail),
+    # and a summary written before final_tail existed falls back to the snapshot
+    summary = {
+        "final": {"loss": 0.9, "accuracy": 0.5},
+        "final_tail": {"loss": 0.4, "accuracy": 0.8, "evals": 3},
+    }
+    assert tuning.summary_value(summary, "final_loss") == 0.4
+    assert tuning.summary_value(summary, "final_accuracy") == 0.8
+    assert tuning.summary_value(summary, "final_tail_evals") == 3
+    assert tuning.summary_value({"final": {"loss": 0.9}}, "final_loss") == 0.9
+    null_tail = {"final": {"loss": 0.9}, "final_tail": {"loss": None, "evals": 1}}
+    assert tuning.summary_value(null_tail, "final_loss") is None  # not the snapshot
+
+
 # -- the tune block's validation: every bad value refused by its key ----------------------
 
 BAD_TUNES = [
