@@ -135,14 +135,20 @@ def test_a_point_beyond_that_failed_on_one_seed_only_is_not_dead(tmp_path):
     assert cell_["selected"] == {LR: 0.2} and cell_["extension"]["stopped"] == "interior"
 
 
-def test_tuning_json_records_the_extension_and_each_arms_points(tmp_path):
+def extended_to_divergence(tmp_path):
+    """A cell with the grid {0.1, 0.2} and two points above it run: 0.1 < 0.2 < 0.4 (each
+    better), 0.8 diverged; selected 0.4, interior by definition. Its tune block and cell."""
     tune = TuneConfig(params={LR: [0.1, 0.2]}, seeds=[1000], max_extensions=3)
     cell = {"overrides": ["+sweep/arms/x=a"], "arm": "a", "params": tune.params}
-    # 0.1 < 0.2 < 0.4 (each better), 0.8 diverged: selected 0.4, interior by definition
     for j, (status, loss) in enumerate(
         [("completed", 0.5), ("completed", 0.3), ("completed", 0.2), ("diverged", None)]
     ):
         write_run(tmp_path, tuning.run_dir(0, j, 1000), status=status, final_loss=loss)
+    return tune, cell
+
+
+def test_tuning_json_records_the_extension_and_each_arms_points(tmp_path):
+    tune, cell = extended_to_divergence(tmp_path)
     added: list[dict] = []
     while "next" in (c := tuning.record(tune, [cell], tmp_path, [added])["cells"][0])["extension"]:
         added.append(c["extension"]["next"])
@@ -215,12 +221,7 @@ def test_max_extensions_is_checked_by_its_key():
 def test_the_report_shows_each_cells_points_and_extension(tmp_path):
     from stalebench.report.results import tuning_summary
 
-    tune = TuneConfig(params={LR: [0.1, 0.2]}, seeds=[1000], max_extensions=3)
-    cell = {"overrides": ["+sweep/arms/x=a"], "arm": "a", "params": tune.params}
-    for j, (status, loss) in enumerate(
-        [("completed", 0.5), ("completed", 0.3), ("completed", 0.2), ("diverged", None)]
-    ):
-        write_run(tmp_path, tuning.run_dir(0, j, 1000), status=status, final_loss=loss)
+    tune, cell = extended_to_divergence(tmp_path)
     added = [
         {"values": {LR: 0.4}, "key": LR, "side": "top"},
         {"values": {LR: 0.8}, "key": LR, "side": "top"},
