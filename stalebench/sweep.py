@@ -270,6 +270,61 @@ def grid_points(grid: Any, where: str) -> int:
     return n
 
 
+# the family-wise error rate of a sweep's paper claims (and, apart, of its self-checks)
+ALPHA = 0.05
+
+
+@dataclasses.dataclass
+class SequentialConfig:
+    """The pre-declared second stage: a claim still inconclusive at the sweep's own seeds
+    (look 1) gets `block` more seeds for its arms, and is judged again (look 2), and so on
+    up to `max_seeds` seeds; a claim decided at a look stops there. The family's α (0.05)
+    is split over the looks before any run: `alpha_first` at look 1, the rest in equal
+    parts over the later looks; at each look Holm's correction runs over the whole family
+    (a claim that held earlier enters with p = 0, one that did not hold or was not judged
+    again with p = 1), so the chance of any false "holds" over all looks is at most the
+    sum of the looks' α, 0.05 (a union bound; tests/unit/test_sequential.py simulates it).
+    max_seeds at or below the sweep's seeds: one look at α = 0.05, no second stage."""
+
+    block: int = 5  # seeds added per look
+    max_seeds: int = 20  # a claim's seeds at its last look
+    alpha_first: float = 0.025  # look 1's share of α; looks 2.. share ALPHA − alpha_first
+
+    def __post_init__(self) -> None:
+        def bad(key: str, value: object, valid: str) -> ConfigError:
+            return ConfigError(f"sweep.sequential.{key} must be {valid}, got {value!r}")
+
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1:
+            raise bad("block", self.block, "an integer >= 1")
+        if (
+            isinstance(self.max_seeds, bool)
+            or not isinstance(self.max_seeds, int)
+            or not (0 <= self.max_seeds <= 1000)
+        ):
+            raise bad("max_seeds", self.max_seeds, "an integer in [0, 1000] (0: no second stage)")
+        if not 0.0 < self.alpha_first < ALPHA:
+            raise bad("alpha_first", self.alpha_first, f"in (0, {ALPHA}): later looks need α too")
+
+    def looks(self, first: int) -> list[tuple[int, float]]:
+        """(seeds, α) of every look, from `first` seeds at look 1: one look at ALPHA when
+        max_seeds leaves no room for a block."""
+        seeds = [first]
+        while seeds[-1] < self.max_seeds:
+            seeds.append(min(seeds[-1] + self.block, self.max_seeds))
+        if len(seeds) == 1:
+            return [(first, ALPHA)]
+        later = (ALPHA - self.alpha_first) / (len(seeds) - 1)
+        return [(n, self.alpha_first if k == 0 else later) for k, n in enumerate(seeds)]
+
+
+def sequential_from(raw: Any) -> SequentialConfig:
+    """A run config's `sweep.sequential` (a mapping), or no second stage where it has none
+    (a run written before there was one: judged as it was then, at α = 0.05)."""
+    if not raw:
+        return SequentialConfig(max_seeds=0)
+    return SequentialConfig(**dict(raw))
+
+
 @dataclasses.dataclass
 class SweepConfig:
     name: str = ""  # the sweep's name (its file under sweeps/); empty = not a paper sweep
@@ -280,6 +335,9 @@ class SweepConfig:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     claims: list[ClaimConfig] = dataclasses.field(default_factory=list)
     tune: TuneConfig = dataclasses.field(default_factory=TuneConfig)
+    sequential: SequentialConfig = dataclasses.field(default_factory=SequentialConfig)
+    # set by the sweeper on the runs of a later look's seeds: which look they belong to
+    look: int = 1
 
     @property
     def file(self) -> str:

@@ -9,7 +9,11 @@ Without `sweep.tune.params` this is BasicSweeper, untouched. With them, one mult
    a cell whose best point is at an edge of its grid runs one point beyond it at a time
    (`tune/<cell>/<point>/<seed>` after the grid's points) until `tuning.extension` stops;
 3. the final stage: the sweep's own jobs, in their usual directories and order, each with
-   its cell's selected values as overrides and recorded as `sweep.tune.selected`.
+   its cell's selected values as overrides and recorded as `sweep.tune.selected`;
+4. the second stage (`sweep.sequential`): while a claim is inconclusive and looks remain,
+   the arms of every such claim run the next block of seeds (above the sweep's own, with
+   their cells' selections) as look k, in `<sweep_dir>/look<k>/<cell>/<seed>`, recorded
+   as `sweep.look`; the claims are judged again (stalebench.report.claims, from disk).
 
 Every job goes through Hydra's launcher (joblib, submitit...). Rerun with the same
 `hydra.sweep.dir`, a job whose directory holds a completed or diverged run of the same
@@ -34,7 +38,7 @@ from omegaconf import OmegaConf, open_dict
 
 from stalebench import tuning
 from stalebench.errors import ConfigError
-from stalebench.sweep import TuneConfig
+from stalebench.sweep import SequentialConfig, TuneConfig
 
 
 @dataclass
@@ -104,6 +108,13 @@ class TuningSweeper(BasicSweeper):
             return None
         tuning.check_resolution(layout)  # one resolution for every arm, before any job
         self._check(tune, jobs, cells)
+        seeds, looks = self._looks(jobs)
+        later = set(range(max(seeds) + 1, max(seeds) + 1 + looks[-1][0] - looks[0][0]))
+        if later & set(tune.seeds):
+            raise ConfigError(
+                f"sweep.tune.seeds {list(tune.seeds)} must not hold a seed of the second "
+                f"stage's looks ({min(later)} to {max(later)}, sweep.sequential)"
+            )
         return jobs, keys, cells, layout
 
     def _tuned(self, tune: TuneConfig, jobs, keys, cells, layout) -> Any:
@@ -162,7 +173,59 @@ class TuningSweeper(BasicSweeper):
         chosen = {key: c["selected"] for key, c in zip(cells, content["cells"], strict=True)}
         final_jobs = [[*job, *_selected(chosen[key])] for job, key in zip(jobs, keys, strict=True)]
         dirs = [self._job_dir(job, num) for num, job in enumerate(final_jobs)]
-        return returns + self._launch(final_jobs, dirs, "final")
+        returns += self._launch(final_jobs, dirs, "final")
+        return returns + self._later_looks(jobs, keys, cells, chosen, dirs)
+
+    def _later_looks(self, jobs, keys, cells, chosen, dirs: list[Path]) -> list:
+        """The second stage: look after look, the cells of the claims still open run the
+        look's block of seeds, until no claim is open or the last look has run."""
+        from stalebench.report import claims as verdicts  # the report's own rule
+        from stalebench.report.collect import collect
+
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        name = OmegaConf.select(self.config, "sweep.name") or ""
+        seeds, looks = self._looks(jobs)
+        if not name or len(looks) < 2:
+            return []
+        cell_of = {d.resolve(): key for d, key in zip(dirs, keys, strict=True)}
+        returns: list = []
+        done = 1
+        while True:
+            runs, curves, _ = collect([sweep_dir])
+            want = verdicts.wanting(runs, curves).get(name)
+            if not want:
+                return returns
+            k, run_dirs = want
+            if k <= done:  # look k's runs left no run directory to judge: stop, said
+                log.warning("look %d: its runs wrote nothing to judge; the second stage stops", k)
+                return returns
+            done = k
+            open_cells = list(dict.fromkeys(
+                cell_of[Path(d).resolve()] for d in run_dirs if Path(d).resolve() in cell_of
+            ))  # fmt: skip
+            block = _block(seeds, looks, k)
+            log.info(
+                "Look %d of %d: %d cells x seeds %s for the claims still inconclusive",
+                k, len(looks), len(open_cells), block,
+            )  # fmt: skip
+            pairs = [(key, s) for key in open_cells for s in block]
+            more = [
+                [*key, f"seed={s}", *_selected(chosen[key]), f"++sweep.look={k}",
+                 f"hydra.sweep.subdir=look{k}/{cells.index(key)}/{s}"]
+                for key, s in pairs
+            ]  # fmt: skip
+            more_dirs = [sweep_dir / job[-1].partition("=")[2] for job in more]
+            cell_of.update((d.resolve(), key) for d, (key, _) in zip(more_dirs, pairs, strict=True))
+            returns += self._launch(more, more_dirs, f"look {k}")
+
+    def _looks(self, jobs) -> tuple[list[int], list[tuple[int, float]]]:
+        """The sweep's own seeds and its looks (sweep.sequential)."""
+        node = OmegaConf.select(self.config, "sweep.sequential")
+        sequential = SequentialConfig() if node is None else OmegaConf.to_object(node)
+        seeds = sorted(
+            {int(o.partition("=")[2]) for job in jobs for o in job if _key(o) == "seed"}
+        ) or [int(OmegaConf.select(self.config, "seed") or 0)]
+        return seeds, sequential.looks(len(seeds))
 
     @staticmethod
     def _tuning_job(tune: TuneConfig, cell, i: int, j: int, point, seed: int) -> list[str]:
@@ -268,6 +331,12 @@ class TuningSweeper(BasicSweeper):
                 _ = r.return_value  # a job that raised stops the sweep, as in BasicSweeper
             returns.append(results)
         return returns
+
+
+def _block(seeds: list[int], looks: list[tuple[int, float]], k: int) -> list[int]:
+    """Look k's new seeds: the next integers above the sweep's own largest seed."""
+    start = max(seeds) + 1 + looks[k - 2][0] - looks[0][0]
+    return list(range(start, start + looks[k - 1][0] - looks[k - 2][0]))
 
 
 def _selected(values: dict[str, Any]) -> list[str]:

@@ -44,9 +44,17 @@ import pandas as pd
 from scipy import stats
 
 from stalebench.metrics.summary import EVAL_KEYS, final_tail
-from stalebench.sweep import TARGET_KEYS, ClaimConfig, claim_from_dict
+from stalebench.sweep import (
+    ALPHA,
+    TARGET_KEYS,
+    ClaimConfig,
+    SequentialConfig,
+    claim_from_dict,
+    sequential_from,
+)
 
-ALPHA = 0.05
+# the power at which a claim's minimum detectable effect is stated
+POWER = 0.8
 CORRECTION = "holm"
 VERDICTS = ("holds", "does not hold", "inconclusive", "not run")
 USABLE = ("completed", "diverged")  # a failed or timed-out run measures nothing
@@ -119,6 +127,7 @@ def claim_rows(runs: pd.DataFrame) -> tuple[list[dict], dict[str, dict]]:
                     claim_from_dict(c, f"sweep {name}: claims[{i}]")
                     for i, c in enumerate(sweep.get("claims") or [])
                 ],
+                "sequential": sequential_from(sweep.get("sequential")),
             }
         keys = {k: v for k, v in dotted(config).items() if "." in k and k != "sweep.claims"}
         rows.append({**keys, **run, "sweep": name})
@@ -387,17 +396,42 @@ class Test:
     lost: list[str] = dataclasses.field(default_factory=list)
     lost_blocks_hold: bool = False
     lost_blocks_fail: bool = False
+    se: float = math.inf  # the standard error of `mean` (0: no spread; inf: untestable)
+    df: float = math.nan  # its degrees of freedom
 
     @property
     def can_hold(self) -> bool:
         return not (self.a_censored or self.short or self.lost_blocks_hold)
 
-    @property
-    def fails(self) -> bool:
-        lo, hi = self.ci
-        # below the margin, or a deterministic tie at it (known, and not more than it)
+    def interval(self, alpha: float = ALPHA) -> tuple[float, float]:
+        """The two-sided (1 − alpha) interval of the mean advantage (`ci` at alpha = 0.05)."""
+        if self.se == 0.0:
+            return self.ci
+        if not (math.isfinite(self.se) and self.df > 0):
+            return (-math.inf, math.inf)
+        half = float(stats.t.ppf(1.0 - alpha / 2.0, self.df)) * self.se
+        return (self.mean - half, self.mean + half)
+
+    def fails_at(self, alpha: float = ALPHA) -> bool:
+        """Does not hold at a look of level `alpha`: its (1 − alpha) interval lies below
+        the margin, or a deterministic tie at it (known, and not more than it)."""
+        lo, hi = self.interval(alpha)
         below = hi < self.against or lo == hi == self.against
         return below and not (self.b_censored or self.short or self.lost_blocks_fail)
+
+    @property
+    def fails(self) -> bool:
+        return self.fails_at(ALPHA)
+
+    def mde(self, alpha: float) -> float | None:
+        """The smallest true mean advantage this test detects with probability POWER at a
+        one-sided level `alpha`, from its own spread: against + (t₁₋α + t_power)·se."""
+        if self.se == 0.0:
+            return self.against
+        if not (math.isfinite(self.se) and self.df > 0):
+            return None
+        t = float(stats.t.ppf(1.0 - alpha, self.df) + stats.t.ppf(POWER, self.df))
+        return self.against + t * self.se
 
     def shown(self, names: str) -> str:
         lo, hi = self.ci
@@ -415,27 +449,37 @@ def one_sided(
     (scipy.stats.ttest_1samp). Identical values (a deterministic statistic, equal within
     `tol`) give an interval of zero width and p 0 or 1; a mean within `tol` of `against`
     is a tie, not a lead: the mean and interval are `against` itself, p 1."""
+    m, ci, p, _, _ = _one_sided(d, against, tol)
+    return m, ci, p
+
+
+def _one_sided(
+    d: np.ndarray, against: float, tol: float = 0.0
+) -> tuple[float, tuple[float, float], float, float, float]:
+    """one_sided, and the mean's standard error and degrees of freedom."""
     d = np.asarray(d, dtype=float)
     m = float(d.mean())
     sd = float(d.std(ddof=1)) if len(d) > 1 else math.nan
     if len(d) < 2 or math.isnan(sd):
-        return m, (-math.inf, math.inf), 1.0
+        return m, (-math.inf, math.inf), 1.0, math.inf, math.nan
     tol = max(tol, 1e-12 * max(1.0, abs(m)))
+    df = float(len(d) - 1)
     if sd <= tol:  # equal up to rounding: no spread to test against
         if abs(m - against) <= tol:  # e.g. 3.6 − 3.4 against 0.2: one interval, no more
-            return against, (against, against), 1.0
-        return m, (m, m), 0.0 if m > against else 1.0
-    half = float(stats.t.ppf(0.975, len(d) - 1)) * sd / math.sqrt(len(d))
+            return against, (against, against), 1.0, 0.0, df
+        return m, (m, m), 0.0 if m > against else 1.0, 0.0, df
+    se = sd / math.sqrt(len(d))
+    half = float(stats.t.ppf(0.975, df)) * se
     p = float(stats.ttest_1samp(d, against, alternative="greater").pvalue)
-    return m, (m - half, m + half), p
+    return m, (m - half, m + half), p, se, df
 
 
 def welch(
     samples: list[np.ndarray], weights: list[float], offset: float = 0.0, tol: float = 0.0
-) -> tuple[float, tuple[float, float], float]:
+) -> tuple[float, tuple[float, float], float, float, float]:
     """Welch's test of a contrast Σ wᵢ·mean(xᵢ) + offset > 0 over independent samples: its
-    value, 95 % interval and one-sided p, with Welch–Satterthwaite degrees of freedom (no
-    spread: a value within `tol` of 0 is a tie, as in `one_sided`)."""
+    value, 95 % interval, one-sided p, standard error and Welch–Satterthwaite degrees of
+    freedom (no spread: a value within `tol` of 0 is a tie, as in `one_sided`)."""
     means = [float(np.mean(x)) for x in samples]
     parts = [
         w * w * float(np.var(x, ddof=1)) / len(x) for w, x in zip(weights, samples, strict=True)
@@ -443,15 +487,16 @@ def welch(
     value = sum(w * m for w, m in zip(weights, means, strict=True)) + offset
     var = sum(parts)
     if any(len(x) < 2 for x in samples):
-        return value, (-math.inf, math.inf), 1.0
+        return value, (-math.inf, math.inf), 1.0, math.inf, math.nan
     if var <= 1e-24 * max(1.0, value * value):
+        df = float(sum(len(x) for x in samples) - len(samples))
         if abs(value) <= tol:
-            return 0.0, (0.0, 0.0), 1.0
-        return value, (value, value), 0.0 if value > 0 else 1.0
+            return 0.0, (0.0, 0.0), 1.0, 0.0, df
+        return value, (value, value), 0.0 if value > 0 else 1.0, 0.0, df
     df = var * var / sum(p * p / (len(x) - 1) for p, x in zip(parts, samples, strict=True))
     se = math.sqrt(var)
     half = float(stats.t.ppf(0.975, df)) * se
-    return value, (value - half, value + half), float(stats.t.sf(value / se, df))
+    return value, (value - half, value + half), float(stats.t.sf(value / se, df)), se, df
 
 
 def _lose(claim: ClaimConfig, test: Test, lost: list[tuple[Any, int, str]]) -> Test:
@@ -490,13 +535,13 @@ def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
             return _lose(claim, Test(label or names, 0, math.nan, math.nan, (math.nan,) * 2, 0,
                                      1.0, "none", short=True), lost)  # fmt: skip
         tol = _tolerance(claim, [_size(claim, v) for v, k in zip(vals, keep, strict=True) if k])
-        mean, ci, p = one_sided(sign * (stat - bound), claim.margin, tol)
+        mean, ci, p, se, df = _one_sided(sign * (stat - bound), claim.margin, tol)
         return _lose(claim, Test(
             label or names, n, float(stat.mean()), mean, ci, claim.margin, p,
             "one-sample t" if claim.kind == "threshold" else "paired t",
             any(a.values[s].censored for s in used),
             any(r.values[s].censored for r in rest for s in used),
-            n < claim.min_seeds,
+            n < claim.min_seeds, se=se, df=df,
         ), lost)  # fmt: skip
     # no seed in common: Welch's test of the contrast whose sign is the claim, the margin
     # folded into it (so the interval is tested against 0)
@@ -512,12 +557,13 @@ def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
         weights, offset = [flip, flip * (edge - 1.0), -flip * edge], 0.0
     # unpaired, every run of a side is in the test: each lost run is lost to it
     lost = [(s, k, why) for k, x in enumerate(sides) for s, why in x.unusable.items()]
-    mean, ci, p = welch(xs, weights, offset, _tolerance(claim, [_size(claim, means)]))
+    mean, ci, p, se, df = welch(xs, weights, offset, _tolerance(claim, [_size(claim, means)]))
     n = min(len(x) for x in xs)
     return _lose(claim, Test(
         (label or names) + " (unpaired: a contrast of the means)", n, _statistic(claim, means),
         mean, ci, 0.0, p, "Welch t", any(v.censored for v in a.values.values()),
         any(v.censored for r in rest for v in r.values.values()), n < claim.min_seeds,
+        se=se, df=df,
     ), lost)  # fmt: skip
 
 
@@ -577,7 +623,7 @@ def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[
         d = np.array([f_hi[s].x - f_lo[s].x for s in seeds])
         censored = any(f_lo[s].censored or f_hi[s].censored for s in seeds)
         tol = _tolerance(claim, [size_lo, size_hi])
-        mean, ci, p = one_sided(_sign(claim) * d, claim.margin, tol)
+        mean, ci, p, se, df = _one_sided(_sign(claim) * d, claim.margin, tol)
         tests.append(
             _lose(
                 claim,
@@ -593,6 +639,8 @@ def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[
                     censored,
                     censored,
                     len(d) < claim.min_seeds,
+                    se=se,
+                    df=df,
                 ),
                 lost,
             )  # fmt: skip
@@ -723,16 +771,88 @@ def holm(ps: list[float]) -> list[float]:
     return adjusted
 
 
-def decide(tests: list[Test], p_adjusted: float) -> str:
+def decide(tests: list[Test], p_adjusted: float, alpha: float = ALPHA) -> str:
     """A claim's verdict from its tests (all must hold: an intersection-union test, whose
-    p is the largest of theirs, Holm-adjusted)."""
+    p is the largest of theirs, Holm-adjusted) at a look of level `alpha`."""
     if not tests:
         return "not run"
-    if any(t.fails for t in tests):
+    if any(t.fails_at(alpha) for t in tests):
         return "does not hold"
-    if p_adjusted < ALPHA and all(t.can_hold for t in tests):
+    if p_adjusted < alpha and all(t.can_hold for t in tests):
         return "holds"
     return "inconclusive"
+
+
+def look(row: dict) -> int:
+    """The look a run's seed belongs to (`sweep.look`, set by the sweeper on a later
+    look's runs; 1 for the sweep's own seeds)."""
+    try:
+        return max(1, int(row.get("sweep.look") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def involved(claim: ClaimConfig, rows: list[dict]) -> list[dict]:
+    """The rows any side of a claim selects."""
+    picked: dict[int, dict] = {}
+    for key in ("a", "b", "c"):
+        selector = getattr(claim, key)
+        if selector:
+            picked.update((id(r), r) for r in select(rows, {**claim.where, **selector}))
+    return list(picked.values())
+
+
+def schedule(sequential: SequentialConfig, rows: list[dict]) -> list[tuple[int, float]]:
+    """The sweep's looks, (seeds, α) each, from the seeds of its own runs (look 1)."""
+    first = len({r.get("seed") for r in rows if look(r) == 1})
+    return sequential.looks(first)
+
+
+def _sequential(sweep: dict, mine: list[dict], curves: pd.DataFrame) -> list[tuple]:
+    """Every claim of one sweep judged look by look (SequentialConfig): at look k a claim
+    still open is judged on the runs of looks 1..k if its arms got seeds at look k; Holm
+    over each family at that look's α, a claim decided earlier entering with p 0 (held) or
+    1 (did not hold), one not judged again with p 1. (claim, its last judgement) each."""
+    looks = schedule(sweep["sequential"], mine)
+    last = min(len(looks), max((look(r) for r in mine), default=1))
+    judged: dict[str, dict] = {}
+    for k in range(1, last + 1):
+        alpha = looks[k - 1][1]
+        rows = [r for r in mine if look(r) <= k]
+        fresh = []
+        for claim in sweep["claims"]:
+            before = judged.get(claim.id)
+            if before and before["verdict"] != "inconclusive":
+                continue
+            if k > 1 and not any(look(r) == k for r in involved(claim, mine)):
+                continue
+            judged[claim.id] = judge(claim, rows, curves)
+            fresh.append(claim.id)
+        for family in (TESTED, ("self-check",)):
+            members = [
+                c.id
+                for c in sweep["claims"]
+                if c.origin in family and c.id in judged and judged[c.id]["tests"]
+            ]
+            ps = []
+            for cid in members:
+                j = judged[cid]
+                if cid in fresh:
+                    ps.append(max(t.p for t in j["tests"]))
+                else:
+                    ps.append(0.0 if j["verdict"] == "holds" else 1.0)
+            for cid, p in zip(members, holm(ps), strict=True):
+                if cid in fresh:
+                    judged[cid].update(p_holm=p, family=len(members))
+        for cid in fresh:
+            j = judged[cid]
+            if j["verdict"] is None:  # a test (the count kinds come decided)
+                j["verdict"] = decide(j["tests"], j.get("p_holm", 1.0), alpha)
+            j.update(look=k, alpha=alpha, looks=len(looks))
+            # detectable at Holm's strictest step, α / the family's size (conservative)
+            j["mde"] = max((t.mde(alpha / j.get("family", 1)) for t in j["tests"]),
+                           key=lambda x: math.inf if x is None else x, default=None)  # fmt: skip
+    return [(c, judged[c.id]) for c in sweep["claims"]]
 
 
 def _finite(x: float) -> float | None:
@@ -756,15 +876,45 @@ def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
     results = []
     for name, sweep in sweeps.items():
         mine = [r for r in rows if r["sweep"] == name]
-        judged = [(claim, judge(claim, mine, curves)) for claim in sweep["claims"]]
-        for family in (TESTED, ("self-check",)):
-            members = [(c, j) for c, j in judged if c.origin in family and j["tests"]]
-            adjusted = holm([max(t.p for t in j["tests"]) for _, j in members])
-            for (_, j), p in zip(members, adjusted, strict=True):
-                j["p_holm"] = p
-        for claim, j in judged:
+        for claim, j in _sequential(sweep, mine, curves):
             results.append(_result(name, sweep, claim, j))
     return results
+
+
+def stuck(claim: ClaimConfig, j: dict[str, Any]) -> bool:
+    """An inconclusive claim more seeds cannot decide: a count whose runs disagree, or a
+    test that can never hold (a censored or lost seed of a) where none can ever fail."""
+    if not j["tests"]:
+        return j.get("n", 0) >= claim.min_seeds
+    never_hold = [t.a_censored or t.lost_blocks_hold for t in j["tests"]]
+    never_fail = [t.b_censored or t.lost_blocks_fail for t in j["tests"]]
+    return any(never_hold) and all(never_fail)
+
+
+def wanting(runs: pd.DataFrame, curves: pd.DataFrame) -> dict[str, tuple[int, list[str]]]:
+    """The second stage's next block, per sweep: the next look, and the run directories
+    of every claim still inconclusive at the sweep's last look while looks remain (their
+    arms get the block's seeds). A sweep with nothing open is left out."""
+    if runs.empty:
+        return {}
+    rows, sweeps = claim_rows(runs)
+    mark_blow_ups(rows, curves)
+    out = {}
+    for name, sweep in sweeps.items():
+        mine = [r for r in rows if r["sweep"] == name]
+        looks = schedule(sweep["sequential"], mine)
+        now = max((look(r) for r in mine), default=1)
+        if now >= len(looks):
+            continue
+        dirs = {
+            str(r["run_dir"])
+            for claim, j in _sequential(sweep, mine, curves)
+            if j["verdict"] == "inconclusive" and not stuck(claim, j)
+            for r in involved(claim, mine)
+        }
+        if dirs:
+            out[name] = (now + 1, sorted(dirs))
+    return out
 
 
 def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> dict[str, Any]:
@@ -772,6 +922,7 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
     single = tests[0] if len(tests) == 1 else None
     verdict = j["verdict"] or decide(tests, j.get("p_holm", 1.0))
     target = claim.target
+    mde = j.get("mde")
     return {
         "sweep": name,
         "paper": sweep["paper"],
@@ -808,6 +959,12 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
         "ci_high": _finite(single.ci[1]) if single else None,
         "p": _finite(max(t.p for t in tests)) if tests else None,
         "p_holm": _finite(j.get("p_holm")) if tests else None,
+        # the look it was decided at (or last judged), of how many, at what α; the mean
+        # advantage its test detects with 80 % power there (None: a count, or no spread)
+        "look": j.get("look", 1),
+        "looks": j.get("looks", 1),
+        "alpha": j.get("alpha", ALPHA),
+        "mde": _finite(mde) if mde is not None else None,
         "steps": [
             {
                 "label": t.label,
