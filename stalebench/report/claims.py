@@ -1004,6 +1004,18 @@ def _p(r: dict[str, Any]) -> str:
     return f"{r['p']:.2g} (Holm {holm})"
 
 
+def _seeds(r: dict[str, Any]) -> str:
+    """A claim's seeds, the look it was decided at (of how many, at what α) and its
+    minimum detectable effect there (80 % power), where the file records them."""
+    n = r.get("n")
+    parts = [f"n = {n}" if n is not None else "—"]
+    if r.get("looks", 1) > 1:
+        parts.append(f"look {r['look']} of {r['looks']} (α {r['alpha']:.2g})")
+    if r.get("mde") is not None:
+        parts.append(f"MDE {r['mde']:.3g}")
+    return "; ".join(parts)
+
+
 def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
     """One sweep's verdicts as display rows: claim, origin and margin, scope, published,
     ours, p, verdict."""
@@ -1031,6 +1043,7 @@ def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
                 for r in rows
             ],
             "p (one-sided)": [_p(r) for r in rows],
+            "seeds": [_seeds(r) for r in rows],
             "verdict": [r["verdict"] + (f" ({r['notes']})" if r["notes"] else "") for r in rows],
         }
     )

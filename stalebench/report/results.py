@@ -62,6 +62,7 @@ GENERATED = (
 )
 SELF_CHECK = "self-check"  # a verdict's origin: a check of the harness, tallied apart
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_LOOK = re.compile(r"^look[0-9]+$")  # the second stage's directories (the sweeper's)
 
 
 # -- the file's schema -----------------------------------------------------------------
@@ -89,7 +90,7 @@ PROVENANCE_SCHEMA = {
     "command": Field(TEXT + NULL, required=False),
     **{
         key: Field(OBJECT, required=False)
-        for key in ("git", "machine", "wall_time", "runs", "tuning_runs")
+        for key in ("git", "machine", "wall_time", "runs", "look_runs", "tuning_runs")
     },
     "environment": Field(OBJECT + NULL, required=False),
 }
@@ -112,6 +113,12 @@ VERDICT_SCHEMA = {
     "notes": Field(TEXT),
     "paper": Field(TEXT + NULL, required=False),
     "scale": Field(TEXT + NULL, required=False),
+    # the second stage (written since there is one): the look a claim was decided at, of
+    # how many, at what α, and the minimum detectable effect there
+    "look": Field(NUMBER, required=False),
+    "looks": Field(NUMBER, required=False),
+    "alpha": Field(NUMBER, required=False),
+    "mde": Field(NUMBER + NULL, required=False),
 }
 _JSON_NAMES = {
     str: "a string",
@@ -363,20 +370,24 @@ def _count(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 def provenance(sweep_dir: Path, root: Path, command: str | None = None) -> dict[str, Any]:
     """Where a sweep's verdicts came from (see the module's docstring). `runs` counts the
-    final runs, `tuning_runs` the tuning stage's (under <sweep_dir>/tune/); the wall time
-    spans both."""
+    final runs at the sweep's own seeds, `look_runs` the second stage's (under
+    <sweep_dir>/look<k>/), `tuning_runs` the tuning stage's (under <sweep_dir>/tune/); the
+    wall time spans them all."""
     stage = Path(sweep_dir) / TUNE_DIR
     tuning_runs = find_run_dirs([stage]) if stage.is_dir() else []
     staged = set(tuning_runs)  # left out of the sweep's own runs (also without tuning.json)
-    runs = [r for r in find_run_dirs([sweep_dir]) if r not in staged]
-    summaries = {r: _summary(r) for r in [*runs, *tuning_runs]}
+    found = [r for r in find_run_dirs([sweep_dir]) if r not in staged]
+    later = {r for r in found if _LOOK.match(r.relative_to(sweep_dir).parts[0])}
+    runs = [r for r in found if r not in later]
+    summaries = {r: _summary(r) for r in [*found, *tuning_runs]}
     return {
         "git": git_state(root),
         "command": command or sweep_command(sweep_dir, runs),
         "machine": machine(list(summaries.values())),
         "environment": environment(list(summaries.values())),
-        "wall_time": wall_time([*runs, *tuning_runs]),
+        "wall_time": wall_time([*found, *tuning_runs]),
         "runs": _count([summaries[r] for r in runs]),
+        "look_runs": _count([summaries[r] for r in found if r in later]),
         "tuning_runs": _count([summaries[r] for r in tuning_runs]),
         "sweep_dir": str(Path(sweep_dir).resolve()),
         "saved_at": _iso(dt.datetime.now(dt.timezone.utc).timestamp()),
@@ -508,10 +519,15 @@ def _runs(runs: dict[str, Any]) -> str:
 
 
 def _total(prov: dict[str, Any]) -> str:
-    """`40 (+ 64 tuning)`: the final runs, and the tuning stage's beside them."""
+    """`40 (+ 30 in later looks, + 64 tuning)`: the final runs at the sweep's seeds, and
+    the second stage's and the tuning stage's beside them."""
     final = (prov.get("runs") or {}).get("total")
-    tuning = (prov.get("tuning_runs") or {}).get("total")
-    return ("—" if final is None else str(final)) + (f" (+ {tuning} tuning)" if tuning else "")
+    more = [
+        f"+ {n} {what}"
+        for what, key in (("in later looks", "look_runs"), ("tuning", "tuning_runs"))
+        if (n := (prov.get(key) or {}).get("total"))
+    ]
+    return ("—" if final is None else str(final)) + (f" ({', '.join(more)})" if more else "")
 
 
 def _cell(x: Any) -> str:
@@ -655,6 +671,12 @@ def section(result: dict[str, Any]) -> list[str]:
             ("started", (wall.get("start") or "—").replace("T", " ").replace("Z", " UTC")),
             ("wall time", f"{duration(wall.get('seconds'))} (tuning included)"),
             ("runs", _runs(prov.get("runs") or {})),
+            # only where recorded (the second stage's runs, since there is one)
+            *(
+                [("later looks' runs", _runs(prov["look_runs"]))]
+                if (prov.get("look_runs") or {}).get("total")
+                else []
+            ),
             ("tuning runs", _runs(prov.get("tuning_runs") or {})),
             *((k, _cell(v)) for k, v in rule.items()),
         ],

@@ -244,3 +244,40 @@ def test_the_stalebench_sweeper_is_the_default_and_hydra_finds_it():
     assert "hydra_plugins.stalebench_sweeper.sweeper.TuningSweeper" in names
     text = (ROOT / "conf" / "config.yaml").read_text()
     assert "override hydra/sweeper: stalebench" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_second_stage_runs_seeds_only_for_the_claims_still_open(tmp_path):
+    """tiny_looks: at the sweep's 2 seeds the paper claim is short of its 3 (inconclusive),
+    the self-check holds; look 2 runs seed 2 for the claim's two arms (with their tuned
+    rates), and looks go on, one seed each, while it is open, up to 4 seeds."""
+    args = ["-m", "+test_sweep=tiny_looks", SEARCHPATH, "hydra.sweep.dir=sweep"]
+    done = run(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = tmp_path / "sweep"
+    verdicts = {c["id"]: c for c in json.loads((sweep / "claims.json").read_text())["claims"]}
+    check, claim = verdicts["two-workers"], verdicts["asp-lower-loss"]
+    assert (check["verdict"], check["look"], check["n"]) == ("holds", 1, 2)
+    assert check["alpha"] == 0.025 and check["looks"] == 3
+    assert claim["look"] in (2, 3) and claim["n"] == 1 + claim["look"]
+    assert claim["alpha"] == pytest.approx(0.0125) and claim["mde"] is not None
+    looks = sorted(
+        p.parent.relative_to(sweep).as_posix() for p in sweep.glob("look*/*/*/summary.json")
+    )
+    expected = [f"look{k}/{c}/{k}" for k in range(2, claim["look"] + 1) for c in (0, 1)]
+    assert looks == expected
+    for path in looks:
+        cfg = config(sweep / path)
+        arm = cfg["algorithm"]["name"].lower()
+        assert cfg["sweep"]["look"] == int(path[4]) and cfg["seed"] == int(path.rsplit("/")[-1])
+        assert cfg["algorithm"]["update"]["lr"] == GOOD[arm]  # the cell's selection
+    assert "Look 2 of 3: 2 cells x seeds [2]" in done.stderr + done.stdout
+    # a rerun judges again from disk: the claim is decided or at its last look, so no look
+    # is launched, and nothing is run again
+    before = mtimes(sweep)
+    again = run(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "final stage: 4 of 4 jobs finished before" in again.stderr + again.stdout
+    assert "Look " not in again.stderr + again.stdout
+    assert {p for p, t in mtimes(sweep).items() if before.get(p) != t} == set()

@@ -552,3 +552,16 @@ def test_check_passes_on_the_committed_results_warning_for_each_unrecorded_one(c
     unrecorded = [r for r in R.load(ROOT) if not r["provenance"].get("environment")]
     lines = capsys.readouterr().err.splitlines()
     assert sum("environment unrecorded" in x for x in lines) == len(unrecorded)
+
+
+def test_the_second_stages_runs_are_counted_apart(sweep_dir, checkout):
+    # look 2 of a claim left open at the sweep's seeds: two more runs, after the final ones
+    run_dir(sweep_dir / "look2" / "0", 3, "completed", T0 + 220, T0 + 230, ["seed=3"])
+    run_dir(sweep_dir / "look2" / "1", 3, "completed", T0 + 230, T0 + 240, ["seed=3"])
+    (path,) = R.save(sweep_dir, checkout)
+    prov = json.loads(path.read_text())["provenance"]
+    assert prov["runs"] == {"total": 2, "by_status": {"completed": 1, "diverged": 1}}
+    assert prov["look_runs"] == {"total": 2, "by_status": {"completed": 2}}
+    assert prov["wall_time"]["seconds"] == 240.0
+    block = R.render_block(R.load(checkout))
+    assert "2 (+ 2 in later looks, + 4 tuning)" in block
