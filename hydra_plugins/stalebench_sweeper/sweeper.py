@@ -109,7 +109,7 @@ class TuningSweeper(BasicSweeper):
         tuning.check_resolution(layout)  # one resolution for every arm, before any job
         self._check(tune, jobs, cells)
         seeds, looks = self._looks(jobs)
-        later = set(range(max(seeds) + 1, max(seeds) + 1 + looks[-1][0] - looks[0][0]))
+        later = {s for k in range(2, len(looks) + 1) for s in _block(seeds, looks, k)}
         if later & set(tune.seeds):
             raise ConfigError(
                 f"sweep.tune.seeds {list(tune.seeds)} must not hold a seed of the second "

@@ -871,14 +871,19 @@ def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
     are a family of their own). Raises ClaimError for a claim these runs cannot judge."""
     if runs.empty:
         return []
+    return [
+        _result(name, sweep, claim, j)
+        for name, sweep, mine in _sweeps(runs, curves)
+        for claim, j in _sequential(sweep, mine, curves)
+    ]
+
+
+def _sweeps(runs: pd.DataFrame, curves: pd.DataFrame):
+    """(name, sweep, its rows) for every sweep found under the runs, blow-ups marked."""
     rows, sweeps = claim_rows(runs)
     mark_blow_ups(rows, curves)
-    results = []
     for name, sweep in sweeps.items():
-        mine = [r for r in rows if r["sweep"] == name]
-        for claim, j in _sequential(sweep, mine, curves):
-            results.append(_result(name, sweep, claim, j))
-    return results
+        yield name, sweep, [r for r in rows if r["sweep"] == name]
 
 
 def stuck(claim: ClaimConfig, j: dict[str, Any]) -> bool:
@@ -897,11 +902,8 @@ def wanting(runs: pd.DataFrame, curves: pd.DataFrame) -> dict[str, tuple[int, li
     arms get the block's seeds). A sweep with nothing open is left out."""
     if runs.empty:
         return {}
-    rows, sweeps = claim_rows(runs)
-    mark_blow_ups(rows, curves)
     out = {}
-    for name, sweep in sweeps.items():
-        mine = [r for r in rows if r["sweep"] == name]
+    for name, sweep, mine in _sweeps(runs, curves):
         looks = schedule(sweep["sequential"], mine)
         now = max((look(r) for r in mine), default=1)
         if now >= len(looks):
@@ -920,7 +922,7 @@ def wanting(runs: pd.DataFrame, curves: pd.DataFrame) -> dict[str, tuple[int, li
 def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> dict[str, Any]:
     tests: list[Test] = j.pop("tests")
     single = tests[0] if len(tests) == 1 else None
-    verdict = j["verdict"] or decide(tests, j.get("p_holm", 1.0))
+    verdict = j["verdict"]  # every claim is decided at some look (_sequential)
     target = claim.target
     mde = j.get("mde")
     return {
