@@ -3,7 +3,7 @@ profile: updates/s of real runs against the simulator's for N = 1, 2, 4 workers.
 
     python benchmarks/allreduce_fidelity.py   # writes benchmarks/results/allreduce_fidelity.json
 
-The simulator charges a round max(compute) + Profile.allreduce_s(message); a real round also
+The simulator charges a round max(compute) + Network.allreduce_s(message); a real round also
 pays gloo's own all-reduce, Python and process scheduling, so real/sim < 1 is the overhead
 the model leaves out. On a 2-core machine N = 4 runs 4 processes on 2 cores (oversubscribed):
 the host's cores and load are recorded with every run.
@@ -29,6 +29,7 @@ from stalebench import experiment  # noqa: E402
 from stalebench.engines.allreduce import round_bytes  # noqa: E402
 from stalebench.job import Job  # noqa: E402
 from stalebench.metrics.events import read_events  # noqa: E402
+from stalebench.runtime.network import Network  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 # the network dominates: 315 KB of gradient behind 2 ms and 0.1 Gbit/s each way, 20 ms steps
@@ -64,7 +65,7 @@ def modelled(workers: int) -> dict:
     job = Job.build(cfg)
     d = sum(p.numel() for p in job.model().parameters())
     nbytes = round_bytes(d, workers)
-    allreduce_s = job.profile.allreduce_s(nbytes)
+    allreduce_s = Network(cfg.cluster).allreduce_s(nbytes)
     step_s = max(job.profile.step_s(w) for w in range(workers))
     return {
         "params": d,

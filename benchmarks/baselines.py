@@ -20,6 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from stalebench.job import Job
 from stalebench.runtime.faults import pad_to
 from stalebench.runtime.link import LinkClock, Pace
+from stalebench.runtime.network import Network
 from tests.conftest import compose, free_port
 
 WARMUP = 10
@@ -115,7 +116,7 @@ def ddp_profiled_rank(
     net = job.model()
     pace = Pace(net, list(net.parameters()))
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_mb)
-    clock, ends = LinkClock(job.profile), []
+    clock, ends = LinkClock(Network(job.cfg.cluster)), []
 
     def hook(state, bucket):
         ends.append(clock.issue(4 * bucket.buffer().numel()))

@@ -1,6 +1,7 @@
 """Cluster profiles, one schema for both runtimes: how many workers, how long each one's
 steps take (a compute-time model × a per-worker speed multiplier × transient stragglers),
-how slow the network is per message and direction, and scheduled faults.
+how slow the network is per message and direction (priced by the runtime's network model,
+`stalebench.runtime.network`), and scheduled faults.
 
 Every draw comes from a stream of the worker's own, seeded by (seed, worker): step k of
 worker w takes the same time in the real and the sim runtime, and one seed gives one
@@ -22,6 +23,54 @@ from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry, stored
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
+
+
+# named devices whose peak FLOP rate times a step from the run's model (`cluster.device`;
+# the arithmetic: stalebench.runtime.compute). The peaks are the vendors' dense datasheet
+# figures, estimates of a step until measured (`stalebench calibrate`)
+@dataclasses.dataclass(frozen=True)
+class Device:
+    name: str
+    tflops: dict[str, float]  # precision -> dense peak, TFLOP/s
+    source: str
+
+
+DEVICES = {
+    d.name: d
+    for d in (
+        Device(
+            "v100",
+            {"fp32": 15.7, "fp16": 125.0},
+            "NVIDIA Tesla V100 datasheet (SXM2): FP32 15.7, Tensor (FP16) 125 TFLOPS",
+        ),
+        Device(
+            "a100",
+            {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+            "NVIDIA A100 datasheet (SXM4): FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS dense",
+        ),
+        Device(
+            "h100",
+            {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+            "NVIDIA H100 datasheet (SXM5): FP32 67, TF32 495, BF16/FP16 989 TFLOPS dense "
+            "(the sheet's 989/1979 are with sparsity)",
+        ),
+    )
+}
+
+
+def check_device(device: str, precision: str, utilization: float) -> None:
+    """The device keys of a cluster profile, by name."""
+    if not device:
+        return
+    if device not in DEVICES:
+        raise ConfigError(f"cluster.device: unknown {device!r}; known: {', '.join(DEVICES)}")
+    if precision not in DEVICES[device].tflops:
+        known = ", ".join(DEVICES[device].tflops)
+        raise ConfigError(f"cluster.precision={precision!r}: {device} has {known}")
+    if not 0 < utilization <= 1:
+        raise ConfigError(f"cluster.utilization must be in (0, 1], got {utilization!r}")
+
+
 FAULT_ACTIONS = ("pause", "die", "slow", "slow_compute")
 # actions the profile's step times carry (`Profile.step_s`), not the runtime's fault
 # wrappers (`stalebench.runtime.faults.Faults` leaves them out)
@@ -53,6 +102,12 @@ class ClusterConfig(ComponentConfig):
     # compute time of one step on a speed-1 worker: constant, gamma, lognormal or trace
     compute: str = "constant"
     compute_ms: float = 0.0  # its mean (ms); 0 = real compute only (real runtime)
+    # or the mean from the run's model: its FLOPs per step on this device (v100, a100, h100)
+    # at `precision`, at `utilization` of the dense peak (stalebench.runtime.compute); set
+    # before any process starts, into compute_ms
+    device: str = ""
+    precision: str = "fp32"
+    utilization: float = 0.4
     gamma_shape: float = 100.0  # k of Gamma(k, compute_ms / k): coefficient of variation 1/√k
     lognormal_sigma: float = 0.5  # σ of the log; the mean stays compute_ms
     trace_file: str = ""  # CSV with columns worker,ms: each worker's step times, replayed
@@ -91,6 +146,7 @@ class ClusterConfig(ComponentConfig):
             raise bad("spares", self.spares, ">= 0")
         if not 0 <= self.min_replicas <= self.num_workers:
             raise bad("min_replicas", self.min_replicas, f"in [0, num_workers={self.num_workers}]")
+        check_device(self.device, self.precision, self.utilization)
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         for key in (
@@ -215,7 +271,8 @@ def read_trace(path: str) -> list[np.ndarray]:
 
 
 class Profile:
-    """Draws each worker's step times and the network's message delays (seconds)."""
+    """Draws each worker's step times (seconds). What the network costs is the runtime's
+    network model (`stalebench.runtime.network`), from the same config."""
 
     def __init__(self, cfg: ClusterConfig, seed: int = 0):
         self.cfg = cfg
@@ -263,43 +320,8 @@ class Profile:
                 seconds *= factor
         return seconds
 
-    def push_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of one message from a worker; `slow_s` is what a slow fault adds to each
-        message that worker sends (`Faults.slow_s`)."""
-        return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes) + slow_s
-
-    def pull_s(self, nbytes: float) -> float:
-        return _delay(self.cfg.pull_latency_ms, self.cfg.pull_bandwidth_gbps, nbytes)
-
-    def allreduce_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of a ring all-reduce of `nbytes` over the N workers: 2(N − 1) steps of a
-        chunk of nbytes/N each, 2(N − 1)·(α + nbytes/(N·β)) when both directions have latency
-        α and bandwidth β (N = 1: 0).
-
-        In each step every worker sends a chunk to the next worker (charged the push
-        direction's latency and bandwidth) while it receives one from the previous (the pull
-        direction's); the step lasts as long as the slower of the two, because the next step
-        forwards the chunk just received. A worker whose sends a slow fault delays by `slow_s`
-        makes every step that much longer: the next step waits for its chunk.
-        """
-        n = self.cfg.num_workers
-        chunk = nbytes / n
-        step = max(self.push_s(chunk), self.pull_s(chunk))
-        return 2 * (n - 1) * (step + slow_s)
-
-    def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
-        N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`)."""
-        n = self.cfg.num_workers
-        return (n - 1) * (max(self.push_s(nbytes), self.pull_s(nbytes)) + slow_s)
-
     def faults(self, worker: int) -> list[FaultConfig]:
         return sorted((f for f in self.cfg.faults if f.worker == worker), key=lambda f: f.at_s)
-
-
-def _delay(latency_ms: float, bandwidth_gbps: float, nbytes: float) -> float:
-    transfer = nbytes * 8 / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0
-    return latency_ms / 1000.0 + transfer
 
 
 CLUSTERS: Registry[Profile] = Registry("cluster profile", "cluster", "cluster")

@@ -221,7 +221,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
                     live = [at["workers"][r] for r in ranks]
                     replicas_left(record, world.now(), version + 1, before, live, quorum, n)
                 else:
-                    yield from world.all_reduce(buf, lasts)  # the profile's ring time, or gloo's
+                    yield from world.all_reduce(buf, lasts)  # the network's ring time, or gloo's
             if word[0] == STOP:  # rank 0 decided last round that this one is not applied
                 break
             rule.step(params, buf[tail:].div_(len(live)), -1, 0)  # the mean over those left

@@ -24,11 +24,11 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.cluster import Profile
 from stalebench.evaluation import objective
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.link import FORWARD
+from stalebench.runtime.network import Network
 from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op
 
@@ -107,25 +107,14 @@ class Layout:
             for k in range(len(self.pieces))
         ]
 
-    def order(self, profile: Profile, step_s: float, p3: bool) -> list[int]:
+    def order(self, network: Network, step_s: float, p3: bool) -> list[int]:
         """The order every rank all-reduces the pieces in. fifo: as backward makes them.
-        p3: whenever the link is free, the made piece nearest the input first, replayed on
-        the model (pieces ready at `ready_at` × `step_s`, each taking the profile's ring
-        all-reduce time), so that all ranks agree on it."""
+        p3: the link's priority schedule (`Network.priority_order`), replayed on the network
+        model for pieces ready at `ready_at` × `step_s`, so that all ranks agree on it."""
         ready = [r * step_s for r in self.ready_at()]
         if not p3:
             return sorted(range(len(ready)), key=lambda k: (ready[k], -k))
-        cost = [profile.allreduce_s(4 * (b - a)) for a, b in self.pieces]
-        order, t, left = [], 0.0, set(range(len(ready)))
-        while left:
-            made = [k for k in left if ready[k] <= t]
-            if not made:
-                t = min(ready[k] for k in left)
-                continue
-            order.append(min(made))
-            left.remove(order[-1])
-            t += cost[order[-1]]
-        return order
+        return network.priority_order([4 * (b - a) for a, b in self.pieces], ready)
 
 
 class Rounds:
@@ -158,7 +147,7 @@ class Rounds:
                 self.left_in[k] += 1
         self.left_in[0] += 1
         self.fresh = list(self.left_in)
-        order = layout.order(job.profile, nominal, self.p3)
+        order = layout.order(world.network, nominal, self.p3)
         self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at())
         if not self.pieces.hooked:
             return

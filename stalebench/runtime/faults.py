@@ -1,6 +1,6 @@
 """The cluster profile as a wrapper around what an engine does, the way torchft wraps a
-process group: a transport that pays the profile's network delays, and a worker's compute
-step that strikes its scheduled faults and lasts the profile's step time.
+process group: a transport that pays the network model's delays (`runtime.network`), and a
+worker's compute step that strikes its scheduled faults and lasts the profile's step time.
 
 The same objects serve both runtimes. In the real runtime a delay is a sleep and a dead
 worker's process exits with `FAULT_EXIT`; in the simulator the engine adds the same
@@ -19,6 +19,7 @@ import torch
 from stalebench.cluster import STEP_ACTIONS, FaultConfig, Profile
 from stalebench.errors import RunError
 from stalebench.registry import stored
+from stalebench.runtime.network import Network
 from stalebench.runtime.transport import Pending, Transport
 
 FAULT_EXIT = 3  # exit code of a process that an injected fault killed
@@ -47,8 +48,8 @@ class WorkerDied(WorkerLost):
 class Faults:
     """One worker's scheduled faults, struck when its steps start: those of its step index
     (`at_step`), then those due by the time (`at_s`), in order. Every engine calls `strike`
-    once per step the worker starts, and adds `slow_s` to each message the worker sends in
-    that step (the profile's `push_s`, `allreduce_s`, `allgather_s` take it). A
+    once per step the worker starts, and the world adds `slow_s` to each message the worker
+    sends in that step (the network model's prices take it). A
     `slow_compute` fault is not struck here: the profile's step times carry it
     (`Profile.step_s`)."""
 
@@ -111,8 +112,8 @@ class LinkClock:
     group carries one at a time, so a collective starts once it is issued and the one
     before it is through."""
 
-    def __init__(self, profile: Profile):
-        self.profile, self.free_at = profile, 0.0
+    def __init__(self, network: Network):
+        self.network, self.free_at = network, 0.0
 
     def after(self, seconds: float) -> float:
         """A collective lasting `seconds` issued now: when it ends (perf_counter seconds)."""
@@ -122,18 +123,20 @@ class LinkClock:
 
     def issue(self, nbytes: int, slow_s: float = 0.0) -> float:
         """A ring all-reduce of `nbytes` issued now: when it ends."""
-        return self.after(self.profile.allreduce_s(nbytes, slow_s))
+        return self.after(self.network.allreduce_s(nbytes, slow_s))
 
 
 class Shaped(Transport):
-    """A worker's transport with the profile's network: a send waits the push direction's
+    """A worker's transport through the network model: a send waits the push direction's
     delay for its size, a receive the pull direction's once the message is in, an
-    all-reduce the ring all-reduce's time (`Profile.allreduce_s`); each as slowed by the
-    worker's `faults` in force (set it once they are known)."""
+    all-reduce the ring all-reduce's time (`Network.allreduce_s`); each as slowed by the
+    worker's `faults` in force (set it once they are known). `wire_s` adds up the seconds
+    its messages and collectives took on the wire, as modelled."""
 
-    def __init__(self, inner: Transport, profile: Profile, faults: Faults | None = None):
-        self.inner, self.profile, self.faults = inner, profile, faults
-        self.clock = LinkClock(profile)  # its collectives, one after another
+    def __init__(self, inner: Transport, network: Network, faults: Faults | None = None):
+        self.inner, self.network, self.faults = inner, network, faults
+        self.clock = LinkClock(network)  # its collectives, one after another
+        self.wire_s = 0.0
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.inner.mailbox(src, dst, size, header)
@@ -147,41 +150,46 @@ class Shaped(Transport):
         return self.inner.bytes_sent
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
-        _sleep(self.profile.push_s(_size(buf), self.slow_s))
+        self._pay(self.network.push_s(_size(buf), self.slow_s))
         self.inner.send(buf, dst)
 
     def isend(self, buf: torch.Tensor, dst: int):
-        _sleep(self.profile.push_s(_size(buf), self.slow_s))
+        self._pay(self.network.push_s(_size(buf), self.slow_s))
         return self.inner.isend(buf, dst)
+
+    def _pay(self, seconds: float) -> None:
+        self.wire_s += seconds
+        _sleep(seconds)
 
     def wait(self, work, dst: int) -> None:
         self.inner.wait(work, dst)
 
     def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
         self.inner.recv(buf, src, timeout)
-        _sleep(self.profile.pull_s(_size(buf)))
+        self._pay(self.network.pull_s(_size(buf)))
 
     def all_reduce(self, buf: torch.Tensor) -> None:
-        _sleep(self.profile.allreduce_s(_size(buf), self.slow_s))
+        self._pay(self.network.allreduce_s(_size(buf), self.slow_s))
         self.inner.all_reduce(buf)
 
     def all_reduce_start(self, buf: torch.Tensor, seconds: float | None = None) -> Pending:
         """The all-reduce goes on while the caller computes; its wait() returns no sooner
-        than `seconds` (default: the profile's ring all-reduce time) after it starts: now,
+        than `seconds` (default: the network's ring all-reduce time) after it starts: now,
         or when the collectives started before it end (they run one after another)."""
         if seconds is None:
-            seconds = self.profile.allreduce_s(_size(buf), self.slow_s)
+            seconds = self.network.allreduce_s(_size(buf), self.slow_s)
         return self._paced(self.inner.all_reduce_start(buf), seconds)
 
     def all_gather_start(
         self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None
     ) -> Pending:
-        """As all_reduce_start (default: the profile's ring all-gather time)."""
+        """As all_reduce_start (default: the network's ring all-gather time)."""
         if seconds is None:
-            seconds = self.profile.allgather_s(_size(buf), self.slow_s)
+            seconds = self.network.allgather_s(_size(buf), self.slow_s)
         return self._paced(self.inner.all_gather_start(out, buf), seconds)
 
     def _paced(self, inner: Pending, seconds: float) -> Pending:
+        self.wire_s += seconds
         end = self.clock.after(seconds)
 
         def wait() -> None:

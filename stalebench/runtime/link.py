@@ -4,7 +4,7 @@ gradient in pieces while backward is still making the rest (DDP's buckets, P3's 
 `Link` starts the pieces' all-reduces asynchronously (gloo runs them on its own threads,
 without the interpreter lock) in one order fixed at start-up: every rank must issue the same
 collectives in the same order. The emulated network is a clock: a process group carries one
-collective at a time, so a piece's ring all-reduce (`Profile.allreduce_s`) starts once it is
+collective at a time, so a piece's ring all-reduce (`Network.allreduce_s`) starts once it is
 issued and the previous piece is through, and `wait` returns no sooner than it ends (nor
 before the real all-reduce is done). `LinkClock` (`runtime/faults.py`, where `Shaped` paces
 every collective with it) is that arithmetic alone, for a reference that issues its own
@@ -37,7 +37,7 @@ class Link:
 
     def __init__(self, network: Shaped, bufs: Sequence[torch.Tensor], order: Sequence[int]):
         self.network, self.bufs, self.order = network, list(bufs), list(order)
-        self.clock = LinkClock(network.profile)
+        self.clock = LinkClock(network.network)
         self.made = [0] * len(bufs)  # the last round each piece was written for
         self.next = 0  # the position in `order` of the next piece to issue
         self.pending: list[Pending | None] = [None] * len(bufs)

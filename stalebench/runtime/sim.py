@@ -5,7 +5,10 @@ A rank runs until it waits: for a message not yet sent, or for the others at a c
 Compute and a fault's pause only move its clock (its step's gradient is computed for real,
 on a model the ranks share); a send stamps the message with the sender's clock plus the
 push delay, and a receive takes it at the later of the two clocks plus the pull delay; a
-collective ends for every rank at the latest of their clocks plus each one's cost. Ranks
+collective ends for every rank at the latest of their clocks plus each one's cost. A hub's
+NIC is shared by its peers: a message reaching it is delivered once its downlink is free of
+the messages before it, and a message it sends leaves once its uplink is free of the ones
+before (the hub goes on meanwhile; `runtime.network`). Ranks
 that can run are taken in the order of the times they go on at, ties in the order they
 became ready, so a config and a seed give one history (`events.jsonl` byte for byte).
 
@@ -48,10 +51,12 @@ from stalebench.metrics.summary import stop
 from stalebench.runtime import checkpoint
 from stalebench.runtime.batching import Batcher, Deferred
 from stalebench.runtime.faults import WorkerLost
+from stalebench.runtime.network import Link, Network
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
 Program = Callable[[Job, World], Op[Any]]
+size_of = nbytes  # (a collective's `nbytes` argument shadows it)
 
 
 def _no_pause(at: float, seconds: float) -> None:
@@ -88,6 +93,9 @@ class SimWorld(World):
     def __init__(self, sim: Simulator, rank: int, record: RunRecord | None):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
+        self.network = Network(self.profile.cfg)
+        self.up, self.down = Link(), Link()  # a hub's NIC
+        self.wire_s = 0.0
         self.clock = 0.0
         self.linked = 0.0  # when this rank's collectives under way end: the next starts then
         self.pending: list[Deferred] = []  # lazy steps not yet run, oldest first
@@ -156,11 +164,16 @@ class SimWorld(World):
         return self.faults.slow_s if self.faults is not None else 0.0
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
-        if not self.hub:
-            self.clock += self.profile.push_s(nbytes(buf), self._slow_s())
+        at = self.clock
+        if self.hub:  # it leaves once the hub's uplink is free (the hub goes on meanwhile);
+            # its receiver pays the pull time from there
+            at = self.up.leave(self.clock, self.network.pull_wire_s(nbytes(buf)))
+        else:
+            self._pay(self.network.push_s(nbytes(buf), self._slow_s()))
+            at = self.clock
         if self.pending:  # the lazy steps that write this message, and any still unrun
             self.pending = [d for d in self.pending if d.step is not None]
-        self.sim.post(self.rank, dst, self.clock, buf, tuple(self.pending))
+        self.sim.post(self.rank, dst, at, buf, tuple(self.pending))
         return
         yield
 
@@ -182,26 +195,40 @@ class SimWorld(World):
             step.run()
         if message is not buf:
             buf.copy_(message)
+        if self.hub:  # through the hub's downlink, behind the messages before it
+            arrival = self.down.take(arrival, self.network.push_wire_s(nbytes(buf)))
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
         if not self.hub:
-            self.clock += self.profile.pull_s(nbytes(buf))
+            self._pay(self.network.pull_s(nbytes(buf)))
         return waited
+
+    def _pay(self, seconds: float) -> None:
+        self.clock += seconds
+        self.wire_s += seconds
 
     def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
         listener = SimListener(self, peers)
         self.sim.listeners[self.rank] = listener
         return listener
 
-    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True):
-        if seconds is None:
-            seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
+    def all_reduce(self, buf: torch.Tensor, seconds=None, wait: bool = True, nbytes=None):
+        seconds = self._priced(seconds, buf, nbytes, self.network.allreduce_s)
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait))
 
-    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None, wait=True):
-        if seconds is None:
-            seconds = self.profile.allreduce_s(nbytes(buf), self._slow_s())
+    def all_reduce_live(self, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
+        seconds = self._priced(seconds, buf, nbytes, self.network.allreduce_s)
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait, live=True))
+
+    def _priced(self, seconds: float | None, buf, size: int | None, price) -> float:
+        """A collective's `seconds`: as given, or the network's price of `size` bytes
+        (default: the buffer's)."""
+        if seconds is not None:
+            return seconds
+        return price(size_of(buf) if size is None else size, self._slow_s())
+
+    def collectives_end(self) -> float:
+        return self.linked
 
     @property
     def joining(self) -> list[tuple[int, int]]:  # type: ignore[override]
@@ -220,9 +247,8 @@ class SimWorld(World):
             self.sim.ready.push(self.clock, (spare, None, None))
         self.sim.standby = []
 
-    def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
-        if seconds is None:
-            seconds = self.profile.allgather_s(nbytes(buf), self._slow_s())
+    def all_gather(self, out, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
+        seconds = self._priced(seconds, buf, nbytes, self.network.allgather_s)
         return (yield from self._collective(Collective.GATHER, buf, out, seconds, wait))
 
     def _collective(
@@ -231,6 +257,7 @@ class SimWorld(World):
         """Start a collective; with `wait`, the seconds waited for it (`live`: the ranks it
         summed), else its handle."""
         self.settle()
+        self.wire_s += seconds
         self.linked = max(self.clock, self.linked) + seconds
         handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait, live)
         if not wait:
@@ -254,14 +281,14 @@ class SimWorld(World):
         return waited
 
 
-def pieces_s(profile, bounds, order, ready, step_s: float, slow_s: float = 0.0) -> float:
+def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0) -> float:
     """How long pieces of a buffer (`bounds`), made at `ready` (fractions of a step of
     `step_s` seconds) and ring all-reduced one after another in `order`, each once made and
     the one before it is through, take past the step."""
     end = 0.0
     for k in order:
         lo, hi = bounds[k]
-        end = max(end, ready[k] * step_s) + profile.allreduce_s(4 * (hi - lo), slow_s)
+        end = max(end, ready[k] * step_s) + network.allreduce_s(4 * (hi - lo), slow_s)
     return end - step_s
 
 
@@ -287,7 +314,7 @@ class SimPieces:
 
     def comm_s(self, step_s: float, slow_s: float = 0.0) -> float:
         """e(c) − c: how long the round's communication lasts past a step of `step_s`."""
-        return pieces_s(self.world.profile, self.bounds, self.order, self.ready, step_s, slow_s)
+        return pieces_s(self.world.network, self.bounds, self.order, self.ready, step_s, slow_s)
 
     def close(self) -> None:
         pass
@@ -360,6 +387,8 @@ class SimListener(Listener):
                 world.clock = max(world.clock, until)
                 return None
             heapq.heappop(heap)
+            if world.hub and not isinstance(message, BaseException):  # its downlink's queue
+                at = max(at, world.down.take(arrival, world.network.push_wire_s(nbytes(message))))
             world.clock, peer = at, self.peer_of[src]
             for step in deferred if read else ():
                 step.run()
@@ -572,7 +601,7 @@ class Simulator:
             return
         data = io.BytesIO()
         torch.save(self.welcomed[expected[0]], data)
-        cost = self.job.profile.allreduce_s(data.tell(), 0.0)
+        cost = self.worlds[0].network.allreduce_s(data.tell(), 0.0)
         done = max(self.worlds[r].clock for r in expected) + cost
         for spare, lost in self.joining:
             self.handoff[spare] = (lost, checkpoint.read(io.BytesIO(data.getvalue()), "welcome"))

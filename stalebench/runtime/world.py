@@ -19,12 +19,14 @@ Every operation that may wait for another rank is a generator, taken with `yield
 virtual clock, while the other ranks of the run go on in the same process. A program
 never asks which runtime it is in.
 
-The profile's network is paid inside the world, as the `Shaped` transport pays it: a send
-the push direction's delay for its size (one send after the other), a receive the pull
-direction's once the message is in, an all-reduce the ring's time, each slowed by the
-rank's `slow` faults in force (`faults`, set once the program has built them). A hub (a
-parameter server: `hub = True`) pays nothing: the workers at the other ends of its links
-pay both directions, the push to it and the pull from it.
+The network is paid inside the world, as the network model says (`runtime.network`, one
+model for both runtimes): a send the push direction's delay for its size (one send after
+the other), a receive the pull direction's once the message is in, an all-reduce the ring's
+time, each slowed by the rank's `slow` faults in force (`faults`, set once the program has
+built them). A hub (a parameter server: `hub = True`) has one NIC for all its peers: the
+messages that reach it queue on its downlink, its sends on its uplink. `wire_s` adds up
+what this rank's messages and collectives took on the wire, for an engine to report; what
+an engine exchanges only to measure (`seconds=0.0`) costs nothing.
 
 A rank that hears from many peers in whatever order they send (a server) listens to them
 (`listen`): the next message from any of them, a lost one's loss in its place.
@@ -32,8 +34,11 @@ A rank that hears from many peers in whatever order they send (a server) listens
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable, Generator
 from datetime import timedelta
@@ -46,6 +51,7 @@ from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.network import Link, Network
 from stalebench.runtime.quorum import Live, Quorum, Rounds
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.transport import Transport
@@ -58,6 +64,7 @@ T = TypeVar("T")
 Op = Generator[Any, Any, T]  # what a world's waiting operation is: `yield from` it
 Pause = Callable[[float, float], None]  # pause(at, seconds)
 PATIENT = timedelta(days=1)  # a receive that waits as long as the run lasts (a spare's)
+OVERRUN_KEY = "overrun"  # the store's keys of each rank's steps that ran long (`tell_overrun`)
 
 
 def nbytes(buf: torch.Tensor) -> int:
@@ -87,7 +94,13 @@ class World:
     run_dir: Path  # the run directory (each rank's own, with torchrun across machines)
     record: RunRecord | None
     faults: Faults | None = None
-    hub = False  # a parameter server's rank: its side of every link costs nothing
+    # a parameter server's rank: one NIC for all its peers, whose messages queue on it
+    hub = False
+    network: Network  # what messages and collectives cost (`runtime.network`)
+    # seconds this rank's messages and collectives took on the wire so far, as modelled:
+    # its sends' push time, its receives' pull time, its collectives' time (not what it
+    # waited for the others); an engine reports communication from it
+    wire_s = 0.0
 
     def now(self) -> float:
         """Run time: seconds since every rank started (real or virtual)."""
@@ -221,19 +234,28 @@ class World:
         raise NotImplementedError
 
     def all_reduce(
-        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True
-    ) -> Op[Any]:
+        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True,
+        nbytes: int | None = None,
+    ) -> Op[Any]:  # fmt: skip
         """Sum `buf` over every rank, in place (the simulator sums in rank order); it lasts
-        `seconds` from this rank's start (default: the profile's ring all-reduce time for
-        its size, as slowed by this rank's faults), or the real transfer's if that is
-        longer. Returns the seconds this rank waited for it; with `wait=False`, at once a
-        handle for `complete`, the collective going on while the rank computes (`buf`
-        untouched until then). A rank's collectives run in the order it starts them."""
+        the network's ring all-reduce time for `nbytes` (what the wire carries; default
+        `buf`'s size), as slowed by this rank's faults, from this rank's start — or
+        `seconds` when given (0: the harness's own exchange, free; or a time the runtime
+        worked out, `pieces`) — or the real transfer's if that is longer. Returns the
+        seconds this rank waited for it; with `wait=False`, at once a handle for `complete`,
+        the collective going on while the rank computes (`buf` untouched until then). A
+        rank's collectives run in the order it starts them (`collectives_end`)."""
+        raise NotImplementedError
+
+    def collectives_end(self) -> float:
+        """The run time at which this rank's collectives started so far end, as the
+        network model has them (not waiting for the other ranks)."""
         raise NotImplementedError
 
     def all_reduce_live(
-        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True
-    ) -> Op[Any]:
+        self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True,
+        nbytes: int | None = None,
+    ) -> Op[Any]:  # fmt: skip
         """`all_reduce` over the ranks still alive: a rank lost before or during it (dead,
         or silent past timeout_s) is left out, the others agreeing on who is left (a quorum)
         and summing their buffers as they brought them — unless a survivor had completed
@@ -266,10 +288,10 @@ class World:
 
     def all_gather(
         self, out: list[torch.Tensor], buf: torch.Tensor, seconds: float | None = None,
-        wait: bool = True,
+        wait: bool = True, nbytes: int | None = None,
     ) -> Op[Any]:  # fmt: skip
         """Every rank's `buf` into `out` (one tensor per rank, in rank order), as
-        `all_reduce` (default time: the profile's ring all-gather)."""
+        `all_reduce` (its time: the network's ring all-gather of `nbytes` per rank)."""
         raise NotImplementedError
 
     def complete(self, handle: Any) -> Op[float]:
@@ -320,11 +342,15 @@ class RealWorld(World):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
         active = size - spares
-        self.net = Shaped(transport, profile)
+        self.network = Network(profile.cfg)
+        self.net = Shaped(transport, self.network)
+        self.up, self.down = Link(), Link()  # a hub's NIC, on perf_counter's clock
+        self.departures: Departures | None = None  # a hub's sends that wait for its uplink
         self.quorum, self.rounds = None, None  # the ranks left; the live collectives
         if store is not None:
             self.quorum = Quorum(store, rank, size, timeout_s, active)
             self.rounds = Rounds(self.quorum, transport, self.net.all_reduce_start)
+        self.store, self.steps, self.overran, self.told_at = store, 0, 0, 0.0
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
@@ -337,7 +363,11 @@ class RealWorld(World):
         return self._events
 
     def close(self) -> None:
-        """Close what this rank opened (its own events.jsonl handle)."""
+        """Close what this rank opened (its own events.jsonl handle), once a hub's sends
+        still waiting for its uplink have left."""
+        self.tell_overrun()
+        if self.departures is not None:
+            self.departures.close()
         if self._events is not None and self.record is None:
             self._events.close()
 
@@ -359,8 +389,31 @@ class RealWorld(World):
 
     @property
     def link(self) -> Transport:
-        """The transport this rank's messages go through: the profile's, or a hub's free."""
+        """The transport this rank's messages go through: the network's, or a hub's own
+        (its NIC's queues are paid here: `_leave`, `_deliver`)."""
         return self.transport if self.hub else self.net
+
+    @property
+    def wire_s(self) -> float:  # type: ignore[override]
+        return self.net.wire_s
+
+    def _leave(self, buf: torch.Tensor, dst: int) -> Any:
+        """A hub's send leaves once its uplink is free of the sends before it: at once, or
+        from its NIC's thread (`Departures`) while the hub goes on."""
+        now = time.perf_counter()
+        at = self.up.leave(now, self.network.pull_wire_s(nbytes(buf)))
+        if at <= now and (self.departures is None or self.departures.idle()):
+            return self.transport.isend(buf, dst)
+        if self.departures is None:
+            self.departures = Departures(self.transport)
+        self.departures.put(at, buf, dst)
+        return None
+
+    def _deliver(self, size: int) -> None:
+        """A message of `size` bytes that reached a hub now is through its downlink once
+        the messages before it are (`Link.take`)."""
+        now = time.perf_counter()
+        pad_to(now, self.down.take(now, self.network.push_wire_s(size)) - now)
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.transport.mailbox(src, dst, size, header)
@@ -396,37 +449,65 @@ class RealWorld(World):
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         start = time.perf_counter()
         out = step()
+        if step_s > 0:  # a step the profile times: did the machine keep to it?
+            self.steps += 1
+            self.overran += time.perf_counter() - start > step_s
+            if start - self.told_at > 1.0:
+                self.tell_overrun()
         pad_to(start, step_s)
         return out, time.perf_counter() - start
 
+    def tell_overrun(self) -> None:
+        """This rank's profiled steps and those that ran longer than drawn, to the run's
+        store, where the launcher adds them up into summary.json (`overrun`)."""
+        self.told_at = time.perf_counter()
+        if self.store is not None and self.steps:
+            with contextlib.suppress(Exception):  # the store gone: the run is ending
+                self.store.set(f"{OVERRUN_KEY}/{self.rank}", f"{self.steps} {self.overran}")
+
     @blocking
     def isend(self, buf: torch.Tensor, dst: int) -> Any:
-        return self.link.isend(buf, dst)
+        return self._leave(buf, dst) if self.hub else self.link.isend(buf, dst)
 
     @blocking
     def wait(self, work: Any, dst: int) -> None:
-        self.link.wait(work, dst)
+        if work is not None:  # None: it leaves from a hub's NIC thread
+            self.link.wait(work, dst)
 
     @blocking
     def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> float:
-        pull_s = 0.0 if self.hub else self.profile.pull_s(nbytes(buf))
+        pull_s = 0.0 if self.hub else self.network.pull_s(nbytes(buf))
         start = time.perf_counter()
         self.link.recv(buf, src, PATIENT if patient else None)  # then sleeps the pull delay
+        if self.hub:
+            self._deliver(nbytes(buf))
         return max(time.perf_counter() - start - pull_s, 0.0)
 
     def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
-        return RealListener(Inbox(self.transport, peers, make, self.now, self.timeout_s))
+        inbox = Inbox(self.transport, peers, make, self.now, self.timeout_s)
+        return RealListener(inbox, self._deliver if self.hub else None)
 
     @blocking
-    def all_reduce(self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True):
-        pending = self.net.all_reduce_start(buf, seconds)  # the profile's time, or gloo's
+    def all_reduce(self, buf: torch.Tensor, seconds=None, wait: bool = True, nbytes=None):
+        seconds = self._priced(seconds, nbytes, self.network.allreduce_s)
+        pending = self.net.all_reduce_start(buf, seconds)  # the network's time, or gloo's
         return self._complete(pending) if wait else pending
 
+    def _priced(self, seconds: float | None, size: int | None, price) -> float | None:
+        """A collective's `seconds`: as given, or the network's price of `size` bytes (None:
+        the transport prices the buffer itself)."""
+        if seconds is None and size is not None:
+            return price(size, self.net.slow_s)
+        return seconds
+
+    def collectives_end(self) -> float:
+        return self.net.clock.free_at - self.t0
+
     @blocking
-    def all_reduce_live(self, buf: torch.Tensor, seconds: float | None = None, wait=True):
+    def all_reduce_live(self, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
         if self.rounds is None:
             raise RunError("all_reduce_live needs the run's store (a RealWorld made without)")
-        live = self.rounds.start(buf, seconds)
+        live = self.rounds.start(buf, self._priced(seconds, nbytes, self.network.allreduce_s))
         if not wait:
             return live
         self._settle(live)
@@ -462,7 +543,8 @@ class RealWorld(World):
             self.quorum.release()
 
     @blocking
-    def all_gather(self, out, buf: torch.Tensor, seconds: float | None = None, wait=True):
+    def all_gather(self, out, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
+        seconds = self._priced(seconds, nbytes, self.network.allgather_s)
         pending = self.net.all_gather_start(out, buf, seconds)
         return self._complete(pending) if wait else pending
 
@@ -484,6 +566,45 @@ class RealWorld(World):
         start = time.perf_counter()
         pending.wait()
         return time.perf_counter() - start
+
+
+class Departures:
+    """A hub's uplink in real processes: the sends that must wait for it leave from one
+    thread, in order, each at its time (perf_counter seconds). A hub writes a peer's buffer
+    again only once that peer has replied (the mailbox contract, `Transport.mailbox`), so the
+    buffer is sent as it is then. A send that fails (the peer lost) is dropped: the hub's
+    listener hears of the loss."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="hub-uplink", daemon=True)
+        self.thread.start()
+
+    def idle(self) -> bool:
+        return self.queue.unfinished_tasks == 0
+
+    def put(self, at: float, buf: torch.Tensor, dst: int) -> None:
+        self.queue.put((at, buf, dst))
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                at, buf, dst = item
+                pad_to(0.0, at)
+                try:
+                    self.transport.wait(self.transport.isend(buf, dst), dst)
+                except Exception:  # noqa: BLE001 (a lost peer: the listener reports it)
+                    pass
+            finally:
+                self.queue.task_done()
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 class Listener:
@@ -509,15 +630,19 @@ class Listener:
 
 
 class RealListener(Listener):
-    """A thread per peer, each waiting on its messages (`Inbox`)."""
+    """A thread per peer, each waiting on its messages (`Inbox`); a hub's messages then
+    pass its downlink (`deliver(size)`), in the order it takes them."""
 
-    def __init__(self, inbox: Inbox):
-        self.inbox = inbox
+    def __init__(self, inbox: Inbox, deliver: Callable[[int], None] | None = None):
+        self.inbox, self.deliver = inbox, deliver
         inbox.start()
 
     @blocking
     def next(self, active: set[int], until: float = 0.0, read: bool = True):
-        return self.inbox.next(active, until)
+        got = self.inbox.next(active, until)
+        if got is not None and self.deliver is not None:
+            self.deliver(sum(nbytes(b) for b in got[1]))
+        return got
 
     def arm(self, peer: int) -> None:
         self.inbox.receivers[peer].arm(self.inbox.now())

@@ -1,5 +1,5 @@
 """The allreduce engine on the sim runtime: a round costs the slowest compute plus one ring
-all-reduce (Profile.allreduce_s), the numbers are PS-BSP's, the events are deterministic
+all-reduce (Network.allreduce_s), the numbers are PS-BSP's, the events are deterministic
 and shaped like the real engine's; and a real run pays at least the modelled time."""
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ def finish(world, **fields):
 
 def test_a_message_arrives_after_the_senders_clock_and_both_delays(tmp_path):
     sim, seen = simulator(tmp_path), {}
-    profile = sim.job.profile
     buf = torch.arange(250, dtype=torch.float32)  # 1,000 bytes: bandwidth matters
 
     def program(job, world):
@@ -60,7 +59,7 @@ def test_a_message_arrives_after_the_senders_clock_and_both_delays(tmp_path):
         return finish(world)
 
     summary = sim.run(program)
-    push, pull = profile.push_s(1000), profile.pull_s(1000)
+    push, pull = sim.worlds[0].network.push_s(1000), sim.worlds[0].network.pull_s(1000)
     assert push > 0.007 and pull > 0.003  # latency and bandwidth both paid
     assert seen["sender"] == (0.3, 0.3 + push + push)
     assert seen["waited"] == [0.3 + push, max(0.3 + push + push - (0.3 + push + pull), 0.0)]
@@ -75,7 +74,6 @@ def test_an_all_reduce_sums_in_rank_order_and_ends_at_the_latest_clock_plus_each
         simulator(tmp_path, "cluster.faults=[{worker:2,at_step:0,action:slow,delay_ms:50}]"),
         {},
     )
-    profile = sim.job.profile
 
     def program(job, world):
         world.faults = Faults(job.profile, world.rank)
@@ -87,7 +85,7 @@ def test_an_all_reduce_sums_in_rank_order_and_ends_at_the_latest_clock_plus_each
         return finish(world)
 
     sim.run(program)
-    cost = profile.allreduce_s(400)
+    cost = sim.worlds[0].network.allreduce_s(400)
     done = max(0.1 + cost, 0.4 + cost, 0.2 + cost + 0.05)
     assert seen == {r: (6.0, done) for r in range(3)}
 
@@ -172,7 +170,7 @@ def test_a_listener_takes_messages_in_arrival_order_and_hears_of_a_loss(tmp_path
     WorkerLost naming its peer (0.25 s), then 2's message (0.5 s); it pays no delay (a hub),
     the senders do (push latency, 7 ms)."""
     sim, seen = simulator(tmp_path, size=4), []
-    push = sim.job.profile.push_s(8)
+    push = sim.worlds[0].network.push_s(8)
 
     def program(job, world):
         if world.rank == 0:

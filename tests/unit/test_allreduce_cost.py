@@ -1,14 +1,15 @@
-"""The cost model of a ring all-reduce (Profile.allreduce_s) against hand-computed numbers,
+"""The cost model of a ring all-reduce (Network.allreduce_s) against hand-computed numbers,
 and the sizes the allreduce engine counts, and what rank 0 reports of a round."""
 
 import pytest
 
-from stalebench.cluster import ClusterConfig, Profile
+from stalebench.cluster import ClusterConfig
 from stalebench.engines.rounds import ring_volume, round_bytes
+from stalebench.runtime.network import Network
 
 
 def profile(**kw):
-    return Profile(ClusterConfig(name="profile", **kw))
+    return Network(ClusterConfig(name="profile", **kw))
 
 
 def symmetric(num_workers, latency_ms, bandwidth_gbps):

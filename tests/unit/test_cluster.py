@@ -10,6 +10,7 @@ import pytest
 from stalebench.cluster import ClusterConfig, FaultConfig, Profile
 from stalebench.errors import ConfigError
 from stalebench.runtime.faults import Faults, WorkerDied
+from stalebench.runtime.network import Network
 
 
 def profile(seed=0, **kw):
@@ -88,10 +89,10 @@ def test_each_worker_has_its_own_seeded_stream():
 
 
 def test_network_delay_is_latency_plus_size_over_bandwidth():
-    p = profile(push_latency_ms=5, pull_latency_ms=1, push_bandwidth_gbps=0.1)
+    p = Network(ClusterConfig(push_latency_ms=5, pull_latency_ms=1, push_bandwidth_gbps=0.1))
     assert p.push_s(1_000_000) == pytest.approx(0.005 + 8e6 / 1e8)
     assert p.pull_s(1_000_000) == pytest.approx(0.001)  # unlimited bandwidth
-    assert profile().push_s(10**9) == 0.0
+    assert Network(ClusterConfig()).push_s(10**9) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -138,14 +139,14 @@ def test_a_seeds_step_times_stay_the_same_across_versions():
 
 
 def test_a_ring_all_gather_forwards_one_piece_per_step():
-    p = Profile(ClusterConfig(num_workers=4, push_latency_ms=2, push_bandwidth_gbps=1))
+    p = Network(ClusterConfig(num_workers=4, push_latency_ms=2, push_bandwidth_gbps=1))
     # N − 1 = 3 steps, each one piece of 1,000 bytes: 2 ms + 8 µs
     assert p.allgather_s(1000) == pytest.approx(3 * (0.002 + 8e-6))
-    assert Profile(ClusterConfig(num_workers=1, push_latency_ms=2)).allgather_s(1000) == 0.0
+    assert Network(ClusterConfig(num_workers=1, push_latency_ms=2)).allgather_s(1000) == 0.0
 
 
 def test_a_ring_all_gather_step_lasts_as_long_as_its_slower_direction():
-    p = Profile(ClusterConfig(num_workers=3, push_latency_ms=1, pull_bandwidth_gbps=0.001))
+    p = Network(ClusterConfig(num_workers=3, push_latency_ms=1, pull_bandwidth_gbps=0.001))
     # each step receives a 1,000-byte piece at 1 Mbit/s: 8 ms, more than the 1 ms send
     assert p.allgather_s(1000) == pytest.approx(2 * 0.008)
 
@@ -224,7 +225,7 @@ def test_a_slow_fault_delays_the_sends_of_the_steps_in_its_window():
 
 
 def test_a_slow_fault_adds_its_delay_to_every_message_the_worker_sends():
-    p = Profile(ClusterConfig(num_workers=4, push_latency_ms=2, pull_latency_ms=1))
+    p = Network(ClusterConfig(num_workers=4, push_latency_ms=2, pull_latency_ms=1))
     assert p.push_s(1000, 0.03) == pytest.approx(0.002 + 0.03)
     assert p.pull_s(1000) == pytest.approx(0.001)  # what it receives is not slowed
     # a ring all-reduce: 2(N − 1) = 6 steps, each waits for the slow worker's chunk

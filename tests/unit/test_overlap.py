@@ -10,18 +10,19 @@ import torch
 
 from stalebench.algorithms.base import UPDATES
 from stalebench.algorithms.updates import MomentumConfig, SGDConfig
-from stalebench.cluster import ClusterConfig, Profile
+from stalebench.cluster import ClusterConfig
 from stalebench.engines.overlap import Layout
 from stalebench.engines.rounds import round_bytes
 from stalebench.runtime.link import FORWARD, LinkClock
+from stalebench.runtime.network import Network
 from stalebench.runtime.sim import pieces_s
 
 TAIL = 7  # 3·N + 1 slots for N = 2
 
 
-def latency_only(ms: float, n: int = 2) -> Profile:
+def latency_only(ms: float, n: int = 2) -> Network:
     """A ring all-reduce of any size takes 2(N − 1)·ms."""
-    return Profile(
+    return Network(
         ClusterConfig(name="profile", num_workers=n, push_latency_ms=ms, pull_latency_ms=ms)
     )
 
@@ -105,7 +106,7 @@ def test_the_link_carries_one_collective_at_a_time():
     assert second == pytest.approx(first + 0.1, abs=1e-9)
 
 
-def buckets_s(profile: Profile, sizes: list[int], bucket_mb: float, step_s: float) -> float:
+def buckets_s(profile: Network, sizes: list[int], bucket_mb: float, step_s: float) -> float:
     """What the simulator's round of fifo buckets of `bucket_mb` lasts past its step."""
     layout = Layout.build(sizes, 2, max(1, int(bucket_mb * 2**20 / 4)), p3=False)
     order = layout.order(profile, 1.0, p3=False)

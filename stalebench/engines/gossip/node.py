@@ -89,11 +89,6 @@ def stats_slots(num_nodes: int, sync_every: int) -> int:
     return num_nodes * sync_every * len(ROW) + num_nodes + 2
 
 
-def sync_bytes(num_params: int, num_nodes: int, sync_every: int) -> tuple[int, int]:
-    """The two messages of the collective: z (float32) and the statistics (float64)."""
-    return 4 * num_params, 8 * stats_slots(num_nodes, sync_every)
-
-
 def gossip_bytes(
     rule: Mixing, first: int, last: int, num_params: int, lost: set[int] = frozenset()
 ) -> int:  # fmt: skip

@@ -5,13 +5,15 @@ a send's buffer is kept until it is delivered, which the receiver allows within 
 iterations. At the engine's collective every node meets: one all-reduce of z (z̄, the model
 rank 0 snapshots), one of the statistics (rank 0 writes the window's events from them)
 with rank 0's stop decision and each node's divergence, so that every rank stops after the
-same iteration. A lost node ends the run: its out-peers' receives and the next collective
-fail, naming whom they lost — unless cluster.min_replicas is set: then a node whose
-exchange with a peer fails (dead, or silent past timeout_s) counts that peer lost, and from
-then on keeps at home the share it would send it (the share it sent it in that very
-iteration comes back too); the meetings go over the nodes left, which all learn who is
-lost there. A share kept at home is the mixing matrix's weight of the lost edge moved to
-its diagonal: D-PSGD's W stays symmetric and doubly stochastic over the nodes left, and
+same iteration. The meeting is the harness's, not the algorithm's: it costs no time on the
+wire and counts in no bytes (only the wait for the slowest node). A lost node ends the
+run: its out-peers' receives and the next collective fail, naming whom they lost — unless
+cluster.min_replicas is set: then a node whose exchange with a peer fails (dead, or
+silent past timeout_s) counts that peer lost, and from then on keeps at home the share it
+would send it (the share it sent it in that very iteration comes back too); the meetings
+go over the nodes left, which all learn who is lost there. A share kept at home is the
+mixing matrix's weight of the lost edge moved to its diagonal: D-PSGD's W stays symmetric
+and doubly stochastic over the nodes left, and
 PushSum keeps its mass. A node that only sends to a lost peer (a directed exponential
 graph) loses those shares until the next meeting.
 """
@@ -30,17 +32,14 @@ from stalebench.engines.gossip.node import (
     Net,
     Node,
     gossip_bytes,
-    message_bytes,
     mixing,
     report,
     stats_slots,
-    sync_bytes,
     syncs_at,
 )
 from stalebench.engines.rounds import (
     lost_in_failure,
     replicas_left,
-    ring_volume,
     take_in_spares,
 )
 from stalebench.errors import RunError
@@ -64,7 +63,6 @@ class Peer:
         self.node = Node(job, self.me, theta, self.net, self.rule)
         world.faults = self.node.faults
         self.every, self.d = job.cfg.engine.sync_every, theta.numel()
-        self.msg_bytes = message_bytes(self.d)
         self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
         self.rows: list[list[float]] = []
@@ -200,7 +198,7 @@ class Peer:
         (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.me))
         if not rule.mixes_first:
             node.step(grad)
-        message, sends = node.send(k), []
+        message, sends, wire = node.send(k), [], world.wire_s
         for peer in rule.out_peers(self.me, k):
             try:
                 if peer not in self.lost:
@@ -214,10 +212,8 @@ class Peer:
         self.in_flight.append((k, message, sends))
         yield from self.settle(k - rule.delay)
         wait, comm = self.carried
-        comm += len(sends) * self.job.profile.push_s(self.msg_bytes, node.faults.slow_s)
         took = k >= rule.delay
         if took:  # the messages the in-peers sent at k − τ
-            pull_s = self.job.profile.pull_s(self.msg_bytes)
             for peer in rule.in_peers(self.me, k - rule.delay):
                 if peer in self.lost:
                     continue
@@ -228,8 +224,8 @@ class Peer:
                         raise
                     self.lose(peer, message if any(p == peer for _, p in sends) else None)
                     continue
-                comm += pull_s
                 node.receive(self.inbox)
+        comm += world.wire_s - wire  # its sends' and receives' time on the wire
         if rule.mixes_first:
             node.step(grad)
         self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
@@ -267,9 +263,7 @@ class Peer:
     def meet(self, version: int) -> Op[bool]:
         """The collective after iteration `version` − 1 (every rank calls it there): z̄, the
         statistics; rank 0 writes the events and the snapshot. True when the run stops."""
-        n, world, record, slow_s = self.n, self.world, self.world.record, self.node.faults.slow_s
-        profile = self.job.profile
-        z_bytes, stats_bytes = sync_bytes(self.d, n, self.every)
+        n, world, record = self.n, self.world, self.world.record
         t_enter, z = world.now(), self.node.z
         live = yield from self.all_reduce(self.z_mean.copy_(z))
         self.z_mean /= len(live)
@@ -289,11 +283,9 @@ class Peer:
             before, self.met, self.lost = self.met, live, set(range(n)) - set(live)
             replicas_left(record, world.now(), version, before, live, self.quorum, n)
         self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
-        comm = profile.allreduce_s(z_bytes, slow_s) + profile.allreduce_s(stats_bytes, slow_s)
-        self.carried = [max(world.now() - t_enter - comm, 0.0), comm]
-        if record is not None:  # rank 0 counts every rank's bytes
-            m, left = len(self.rows), len(live)
-            self.nbytes += ring_volume(z_bytes, left) + ring_volume(stats_bytes, left)
+        self.carried = [world.now() - t_enter, 0.0]  # waited for the others; the wire: free
+        if record is not None:  # rank 0 counts every rank's bytes (the gossip's only)
+            m = len(self.rows)
             self.nbytes += gossip_bytes(self.rule, self.first, version, self.d, self.lost)
             rows = stats[: n * width].view(n, self.every, len(ROW))[live, :m].numpy()
             dists = stats[n * width : -2].numpy()[live]
@@ -309,9 +301,10 @@ class Peer:
 
     def all_reduce(self, buf: torch.Tensor) -> Op[list[int]]:
         """A meeting's all-reduce: over every node, or (cluster.min_replicas) over the nodes
-        left; the nodes summed."""
+        left; the nodes summed. The harness's measurement, not the algorithm's traffic: it
+        costs no time on the wire (`seconds=0.0`), only the wait for the slowest node."""
         if self.quorum:
-            ranks = yield from self.world.all_reduce_live(buf)
+            ranks = yield from self.world.all_reduce_live(buf, 0.0)
             return sorted(self.workers[r] for r in ranks)
-        yield from self.world.all_reduce(buf)
+        yield from self.world.all_reduce(buf, 0.0)
         return list(range(self.n))

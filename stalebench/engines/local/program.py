@@ -185,35 +185,41 @@ class Member:
         )  # fmt: skip
 
     def send(self, fragments: list[int]) -> Op[None]:
-        """Start the exchanges of `fragments`, with the statistics since the last send."""
+        """Start the exchanges of `fragments`, with the statistics since the last send: the
+        payload (for a rule that follows leaders, the losses first, to choose them), then
+        the statistics with when this worker's payload is through — the harness's own
+        exchange, free on the wire (`seconds=0.0`) and in no byte count."""
         world, m, rank = self.world, self.m, self.me
         for p in fragments:
             ex = self.exs[p]
             delta = self.theta[self.parts[p]] - self.rep.x[self.parts[p]]
-            stats_s, payload_s = ex.comm_s(world.profile, world.faults.slow_s)
             row = stats_row(self.compute, statistics.fmean(self.losses), self.paused, delta,
                             ex.wire)  # fmt: skip
-            row.append(world.now() + stats_s + payload_s)  # when its exchange ends, priced
-            stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
-            stats[rank] = torch.tensor(row, dtype=torch.float64)
             waited, pending = 0.0, []
             # cluster.min_replicas (a mean, never int8): over the replicas left
             reduce = world.all_reduce_live if self.quorum else world.all_reduce
             if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
-                waited += yield from world.all_reduce(stats, stats_s)
-                ex.choose(stats[:, 1].tolist())
+                losses = torch.zeros(m, dtype=torch.float64)
+                losses[rank] = row[1]
+                waited += yield from world.all_reduce(losses)
+                ex.choose(losses.tolist())
                 payload = ex.contribution(rank, delta)
-                waited += yield from world.all_reduce(payload, payload_s)
+                waited += yield from world.all_reduce(payload, nbytes=ex.payload_bytes)
             else:
-                pending.append((yield from reduce(stats, stats_s, wait=False)))
                 payload = ex.contribution(rank, delta)
                 if ex.gathers:  # int8: every worker's piece, summed after decoding
                     pieces = [torch.empty_like(payload) for _ in range(m)]
-                    handle = yield from world.all_gather(pieces, payload, payload_s, False)
-                    pending.append(handle)
+                    handle = yield from world.all_gather(
+                        pieces, payload, wait=False, nbytes=ex.payload_bytes
+                    )
                     payload = pieces
                 else:
-                    pending.append((yield from reduce(payload, payload_s, wait=False)))
+                    handle = yield from reduce(payload, wait=False, nbytes=ex.payload_bytes)
+                pending.append(handle)
+            row.append(world.collectives_end())  # when its payload is through, as modelled
+            stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
+            stats[rank] = torch.tensor(row, dtype=torch.float64)
+            pending.insert(0, (yield from reduce(stats, 0.0, wait=False)))
             self.sent[p] = Sent(payload, stats, delta, pending, waited, len(self.losses))
             self.compute, self.paused, self.losses = 0.0, 0.0, []
 

@@ -6,13 +6,14 @@ next θ and the next replicas (`Exchange`), and the asynchronous server's (`Arri
 A round of the collective modes, for every outer rule:
 
 1. each worker takes H inner steps on its replica x_i (from θ, or where the rule left it);
-2. the round's statistics are all-reduced, exact (float64): `STATS` per worker (compute
+2. the payload is all-reduced: Δ_i/M from every worker (`exchange = "mean"`), or, for a
+   rule that follows leaders, Δ_l of each group's leader in that group's slot (the
+   workers' losses all-reduced first, to pick the leaders); an int8 payload is
+   all-gathered instead;
+3. the round's statistics are all-reduced, exact (float64): `STATS` per worker (compute
    time, mean inner loss, seconds paused, ‖Δ_i‖, the wire's relative error) and when the
-   worker's exchange ends, as the profile prices it from its send (the latest of these
-   decides the wall budget);
-3. so is the payload: Δ_i/M from every worker (`exchange = "mean"`), or, for a rule that
-   follows leaders, Δ_l of each group's leader in that group's slot (the statistics first,
-   to pick the leaders); an int8 payload is all-gathered instead;
+   worker's payload is through, as the network model has it (the latest of these decides
+   the wall budget). They are the harness's measurement: free on the wire, in no bytes;
 4. every worker applies the same arithmetic (`Exchange.new_theta`, `merge`), so θ stays
    identical everywhere.
 """
@@ -32,10 +33,6 @@ from stalebench.runtime.faults import Faults
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error; then its end
 WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
-
-
-def stats_slots(num_workers: int) -> int:
-    return (STATS + 1) * num_workers  # and each worker's end of the exchange
 
 
 class Replica:
@@ -170,29 +167,20 @@ class Exchange:
         self.leaders: list[int] = []
         self.best = 0
 
-    def comm_s(self, profile, slow_s: float = 0.0) -> tuple[float, float]:
-        """The round's two collectives, one after the other, as the profile prices them
-        (`slow_s`: what a slow fault adds to each of this worker's messages): the
-        statistics' all-reduce, then the payload's."""
-        payload = profile.allgather_s if self.gathers else profile.allreduce_s
-        return profile.allreduce_s(self.stats_bytes, slow_s), payload(self.payload_bytes, slow_s)
-
     def volume(self) -> int:
-        """Bytes all workers together send in the round's collectives: 2(M − 1) times the
-        message for a ring all-reduce, M(M − 1) pieces for a ring all-gather."""
+        """Bytes all workers together send in the round's collectives (the statistics are
+        the harness's, not counted): 2(M − 1) times the message for a ring all-reduce,
+        M(M − 1) pieces for a ring all-gather, and a leader rule's losses (float64 each)."""
         m = self.num_workers
+        losses = ring_volume(8 * m, m) if self.rule.exchange == "leaders" else 0
         if self.gathers:
-            return ring_volume(self.stats_bytes, m) + m * (m - 1) * self.payload_bytes
-        return ring_volume(self.stats_bytes, m) + ring_volume(self.payload_bytes, m)
+            return losses + m * (m - 1) * self.payload_bytes
+        return losses + ring_volume(self.payload_bytes, m)
 
     @property
     def payload_bytes(self) -> int:
         """One worker's payload (int8: its own piece of the all-gather)."""
         return self.slots * self.wire.nbytes(self.d)
-
-    @property
-    def stats_bytes(self) -> int:
-        return 8 * stats_slots(self.num_workers)
 
     def choose(self, losses: list[float]) -> None:
         """Before the payload: a rule that follows leaders picks them from the losses."""

@@ -30,7 +30,7 @@ from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
 from stalebench.runtime.faults import Faults, WorkerLost
 from stalebench.runtime.record import gradient
-from stalebench.runtime.world import Op, World, nbytes
+from stalebench.runtime.world import Op, World
 
 log = logging.getLogger("stalebench")
 
@@ -202,7 +202,6 @@ class Worker:
         self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
         self.out = world.mailbox(rank, 0, size, HEADER)
-        self.out_bytes = nbytes(self.out)
         self.head, self.sent = Header(self.inbox), Header(self.out)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
@@ -238,8 +237,8 @@ class Worker:
             _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
             SENT.pack_into(sent.raw, 0, self.clock, version)
             TIMES.pack_into(sent.raw, 16, compute, received - pushed_at)
+            pushed_at = world.now()
             yield from world.send(self.out, 0)
-            pushed_at = world.now() - self.profile.push_s(self.out_bytes, self.faults.slow_s)
             self.clock += 1
 
     def join(self, w: int, clock: int, started_at: float) -> None:
