@@ -122,6 +122,18 @@ def _print_result(summary: dict, run_dir: str) -> None:
         f"wall={summary['wall_time_s']:.1f}s {shown or split + '_accuracy=None'} "
         f"mean_lag={summary['lag']['mean']} -> {run_dir}"
         + (f"\n  error: {summary['error']}" if summary["error"] else "")
+        + _overrun_line(summary.get("overrun"))
+    )
+
+
+def _overrun_line(overrun: dict | None) -> str:
+    """A real run's warning when too many of its steps ran longer than the profile drew."""
+    if not overrun or overrun["fraction"] <= overrun["limit"]:
+        return ""
+    return (
+        f"\n  warning: {100 * overrun['fraction']:.0f} % of the {overrun['steps']} profiled "
+        "steps ran longer than the profile drew: this machine was not the cluster asked for "
+        "(runtime=sim, fewer workers or a slower profile)"
     )
 
 
@@ -215,6 +227,22 @@ def check_choices(argv: list[str]) -> None:
                 raise ConfigError(f"{group}: unknown {name!r}; known: {', '.join(sorted(known))}")
 
 
+def compose_run(overrides: list[str]) -> RunConfig:
+    """The validated RunConfig of CLI-style overrides, composed without running a job (a
+    command that only reads the config: calibrate)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    load_plugins()
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("stalebench.conf", version_base=None):
+            return to_run_config(compose("config", overrides=overrides), overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def _remove_if_unused(run_dir: Path) -> None:
     """A run rejected before it started leaves no directory that looks like a run."""
     if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "cli.log"}:
@@ -231,6 +259,20 @@ def main() -> None:
         from stalebench.catalog import render
 
         print(render())
+        return
+    if sys.argv[1:2] == ["calibrate"]:
+        from stalebench import calibrate
+
+        argv, name = sys.argv[2:], calibrate.NAME
+        if "--name" in argv:
+            i = argv.index("--name")
+            name, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
+        try:
+            path = calibrate.run(compose_run(argv), name)
+            print(path.read_text() + f"wrote {path}: run with cluster={name}")
+        except ConfigError as exc:
+            print(f"stalebench: error: {exc}", file=sys.stderr)
+            sys.exit(2)
         return
     try:
         check_choices(sys.argv[1:])

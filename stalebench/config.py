@@ -209,6 +209,10 @@ class RunConfig:
     # the address the real runtime's sockets listen on (the rendezvous store, gloo): the
     # loopback by default, so that no other machine can reach a run's unauthenticated store
     listen_host: str = "127.0.0.1"
+    # runtime=real: run even when this machine's cores cannot give every worker the
+    # profile's step time (such a run is refused before any process starts, with the
+    # numbers); summary.json's `overrun` says how many steps then ran longer than drawn
+    oversubscribe: bool = False
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.registry import PARTS, REGISTRIES
-from stalebench.runtime import checkpoint, forkserver, nodes
+from stalebench.runtime import checkpoint, compute, forkserver, nodes
 from stalebench.runtime.signals import Interrupted, interrupt_if_deferred, interruptible
 
 log = logging.getLogger("stalebench")
@@ -64,13 +65,38 @@ def prepare(cfg: RunConfig) -> Engine:
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller
     splits.check(f"dataset={cfg.dataset.name}")
+    if cfg.cluster.device:
+        derive_compute(cfg, splits)
     engine.validate(splits)
     # a model that cannot take the dataset's inputs fails here, not inside every process
-    check_pair(cfg, MODELS.build(cfg.model, splits.input_shape, splits.num_classes), splits)
+    model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    check_pair(cfg, model, splits)
     check_device(cfg)
     if cfg.runtime == "real":
         check_processes(cfg, engine.world_size())
+        if not nodes.under_torchrun():  # torchrun's ranks are on other machines' cores
+            check_cores(cfg, engine.num_workers, model, splits, engine.one_stream)
     return engine
+
+
+def derive_compute(cfg: RunConfig, splits) -> None:
+    """cluster.device: the step's mean time from the run's model, its FLOPs per minibatch
+    at the device's peak × utilization (`runtime.compute`), replaces cluster.compute_ms
+    (a preset's or one given: the device is the source asked for; the log says both)."""
+    from stalebench.cluster import DEVICES
+
+    c = cfg.cluster
+    n = min(cfg.dataset.batch_size, len(splits.y_train))
+    model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    flops = compute.step_flops(model, splits.x_train[:n], splits.y_train[:n])
+    ms = compute.step_ms(flops, c.device, c.precision, c.utilization)
+    log.info(
+        "cluster.device=%s: %.4g GFLOPs a step (model=%s, batch %d) at %g %% of %g TFLOP/s "
+        "(%s): cluster.compute_ms=%.4g (was %g)", c.device, flops / 1e9, cfg.model.name, n,
+        100 * c.utilization, DEVICES[c.device].tflops[c.precision], c.precision, ms,
+        c.compute_ms,
+    )  # fmt: skip
+    c.compute_ms = ms
 
 
 def check_pair(cfg: RunConfig, model, splits) -> None:
@@ -107,6 +133,80 @@ def check_processes(cfg: RunConfig, world: int) -> None:
             f"(engine={cfg.engine.name}), about {need_mb} MB, but {have_mb} MB is available "
             "(runtime=sim runs any number of workers in one process)"
         )
+
+
+def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 5) -> float:
+    """One training step's CPU time on this machine: the model's forward and backward on a
+    minibatch of dataset.batch_size, with the run's threads per process (the median of
+    `repeats`, after one to warm up)."""
+    import statistics
+
+    import torch
+
+    from stalebench.evaluation import objective
+
+    n = min(cfg.dataset.batch_size, len(splits.y_train))
+    x, y = splits.x_train[:n], splits.y_train[:n]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.num_threads)
+    try:
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            objective(model(x), y).backward()
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times[1:])
+
+
+# CPU a real step costs beyond its gradient: the worker's receive and send, the server's
+# update, the processes' switching. Measured on a 2-core machine: 2 real ASP workers with no
+# emulation (CNN, batch 32) made 628 updates/s, 3.2 ms of CPU per update, of which the
+# forward and backward (`step_cpu_s`) are ~1.1 ms
+STEP_OVERHEAD_S = 0.002
+
+
+def check_cores(
+    cfg: RunConfig, workers: int, model, splits, split: bool = False, step_s: float | None = None
+) -> None:
+    """Refuse a real run whose workers, as measured here, need more of this machine's
+    cores than the profile's step times leave: each worker spends a step's forward and
+    backward (`step_cpu_s`) plus `STEP_OVERHEAD_S` of CPU every `compute_ms` × its
+    slowdown (`split`: the workers compute one step of the model together, a pipeline's
+    stages, each its share); beyond the cores the processes wait for one another and every
+    step runs longer than the profile draws, silently. A profile of real compute only
+    (compute_ms 0) asks for no step time and is not checked."""
+    c = cfg.cluster
+    if c.compute_ms <= 0 or cfg.oversubscribe:
+        return
+    have = compute.cores()
+    if workers * cfg.num_threads <= have:
+        return  # every worker a core of its own: no step can wait for a core
+    if step_s is None:
+        import torch
+
+        if cfg.device != "cpu" and torch.cuda.is_available():
+            return  # the workers compute on the GPU, not on these cores
+        step_s = step_cpu_s(cfg, model, splits) / (workers if split else 1) + STEP_OVERHEAD_S
+    slowdown = Profile(c, cfg.seed).slowdown[:workers]
+    need = sum(step_s * cfg.num_threads / (c.compute_ms / 1000 * m) for m in slowdown)
+    if need <= have:
+        return
+    fits = int(have * c.compute_ms / 1000 / (step_s * cfg.num_threads))
+    fewer = f"at most about {fits} workers, " if fits >= 1 else ""
+    slower = need / have * c.compute_ms
+    raise ConfigError(
+        f"cluster.num_workers={c.num_workers}: runtime=real on this machine's {have} cores "
+        f"cannot keep cluster.compute_ms={c.compute_ms:g}: a step of model={cfg.model.name} "
+        f"at dataset.batch_size={cfg.dataset.batch_size} costs {1000 * step_s:.2f} ms of CPU "
+        f"here with its messages, so the {workers} workers need {need:.1f} cores to step at "
+        f"the profile's pace; steps would run longer than the profile draws. Use "
+        f"runtime=sim (any number of workers), {fewer}a slower profile "
+        f"(cluster.compute_ms >= {slower:.0f}), or oversubscribe=true to run it "
+        "anyway (summary.json's `overrun` then counts the steps that ran long)"
+    )
 
 
 def _available_mb() -> int | None:

@@ -32,6 +32,10 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
     """The run's identity, as summary.json reports it (`num_workers`: the processes that
     compute, which the engine knows)."""
     barrier, update = (*cfg.parts, "", "")[:2]  # in a pipeline: the schedule, the optimizer
+    c = cfg.cluster
+    # a step time from the model on a device (`runtime.compute`): what it came to
+    compute = {"device": c.device, "precision": c.precision, "utilization": c.utilization,
+               "compute_ms": c.compute_ms} if c.device else None  # fmt: skip
     return {
         "algorithm": cfg.label,
         "barrier": barrier,
@@ -44,6 +48,7 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         "num_workers": num_workers,
         "seed": cfg.seed,
         "config_sha": config_sha(cfg),
+        **({"compute": compute} if compute else {}),
         "host": {
             "machine": platform.machine(),
             "cpus": os.cpu_count(),

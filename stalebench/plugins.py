@@ -11,6 +11,7 @@ read it too)."""
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -39,10 +40,18 @@ def load() -> None:
             _conf_dirs.append(conf)
 
 
+def user_conf() -> Path:
+    """The user's config folder (`$STALEBENCH_CONF`, or ~/.config/stalebench): profiles
+    written there (`stalebench calibrate`) compose like the built-in ones."""
+    return Path(os.environ.get("STALEBENCH_CONF") or Path.home() / ".config" / "stalebench")
+
+
 def conf_dirs() -> list[Path]:
-    """The loaded plugins' `conf/` folders, in entry-point order."""
+    """The loaded plugins' `conf/` folders, in entry-point order, then the user's own
+    (`user_conf`), if it exists."""
     load()
-    return list(_conf_dirs)
+    user = user_conf()
+    return [*_conf_dirs, *([user] if user.is_dir() else [])]
 
 
 def yaml_files(group: str) -> list:

@@ -36,11 +36,14 @@ from stalebench.runtime.quorum import mark_dead
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo, SharedMemory, Transport
-from stalebench.runtime.world import RealWorld, run_program
+from stalebench.runtime.world import OVERRUN_KEY, RealWorld, run_program
 
 log = logging.getLogger("stalebench")
 
 SHM = "/dev/shm"  # where same-host mailboxes live (Linux); elsewhere messages go over gloo
+# the fraction of a run's profiled steps that may run longer than drawn before the run says
+# it was not the cluster asked for (its result line; summary.json's `overrun`)
+OVERRUN_LIMIT = 0.05
 
 
 def run_rank(
@@ -224,7 +227,29 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
             shutil.rmtree(shared, ignore_errors=True)
         if status is not None:
             stop(run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy)
-    return read_summary(cfg, engine, error)
+    return add_overrun(read_summary(cfg, engine, error), store, world, run_dir)
+
+
+def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir: Path):
+    """summary.json's `overrun`: the steps the profile timed, on every rank, and how many of
+    them ran longer than drawn (this machine was not the cluster asked for: more than
+    `OVERRUN_LIMIT` of them and the run says so). Absent when no step was timed."""
+    steps = overran = 0
+    for r in range(world):
+        key = f"{OVERRUN_KEY}/{r}"
+        with contextlib.suppress(Exception):
+            if store.check([key]):
+                n, k = map(int, store.get(key).decode().split())
+                steps, overran = steps + n, overran + k
+    if steps:
+        summary["overrun"] = {
+            "steps": steps,
+            "overran": overran,
+            "fraction": round(overran / steps, 4),
+            "limit": OVERRUN_LIMIT,
+        }
+        write_json(run_dir / "summary.json", summary)
+    return summary
 
 
 def _shared_memory() -> Path | None:

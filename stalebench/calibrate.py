@@ -1,0 +1,187 @@
+"""`stalebench calibrate [overrides] [--name NAME]`: measure this machine for the configured run and
+write a cluster profile that a run composes (`cluster=calibrated`).
+
+What it measures, each the median of repeats after a warm-up:
+
+- a training step of the configured model at `dataset.batch_size`, with the run's threads
+  per process: forward, backward and an SGD step (`step_ms`);
+- how a step grows when k processes step at once on this machine's cores, k = 1, 2, 4, …
+  up to twice the cores (`contention`: k → the mean step, ms);
+- gloo on the loopback between two processes: the one-way latency of an 8-byte message
+  (half a round trip) and the bandwidth of a 16 MB one (`latency_ms`, `bandwidth_gbps`).
+
+The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's, the
+measurements kept in a comment. It is written to `<conf>/cluster/<name>.yaml`, `<conf>`
+being `$STALEBENCH_CONF` or `~/.config/stalebench` (`plugins.user_conf`), a folder on
+Hydra's search path.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+NAME = "calibrated"
+
+
+def _step_once(model, x, y, opt) -> None:
+    from stalebench.evaluation import objective
+
+    opt.zero_grad(set_to_none=True)
+    objective(model(x), y).backward()
+    opt.step()
+
+
+def _stepper(cfg, splits, steps: int):
+    """(model, x, y, opt) for `steps` training steps on a minibatch of the run's size."""
+    import torch
+
+    from stalebench.models import MODELS
+
+    torch.set_num_threads(cfg.num_threads)
+    model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    n = min(cfg.dataset.batch_size, len(splits.y_train))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    return model, splits.x_train[:n], splits.y_train[:n], opt
+
+
+def step_ms(cfg, splits, repeats: int = 20) -> float:
+    model, x, y, opt = _stepper(cfg, splits, repeats)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        _step_once(model, x, y, opt)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[1:])
+
+
+def _contended(cfg, splits, repeats, start_at, out) -> None:
+    model, x, y, opt = _stepper(cfg, splits, repeats)
+    _step_once(model, x, y, opt)  # warm-up, before the common start
+    while time.time() < start_at:
+        time.sleep(0.001)
+    t = time.perf_counter()
+    for _ in range(repeats):
+        _step_once(model, x, y, opt)
+    out.put((time.perf_counter() - t) / repeats)
+
+
+def contention(cfg, splits, cores: int, repeats: int = 20) -> dict[int, float]:
+    """k processes stepping at once, k = 1, 2, 4, … ≤ 2 × cores: the mean step (ms)."""
+    ctx = mp.get_context("fork")
+    out: dict[int, float] = {}
+    k = 1
+    while k <= 2 * cores:
+        queue = ctx.Queue()
+        start_at = time.time() + 0.5
+        procs = [ctx.Process(target=_contended, args=(cfg, splits, repeats, start_at, queue))
+                 for _ in range(k)]  # fmt: skip
+        for p in procs:
+            p.start()
+        means = [queue.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join()
+        out[k] = 1000 * statistics.fmean(means)
+        k *= 2
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pinger(rank: int, port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)  # fmt: skip
+    peer = 1 - rank
+
+    def round_trips(buf, n: int) -> float:
+        times = []
+        for _ in range(n + 1):
+            t = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    small = round_trips(torch.zeros(2), 200)
+    large = torch.zeros(4 * 2**20)  # 16 MB
+    big = round_trips(large, 5)
+    if rank == 0:
+        one_way = small / 2
+        out.put((one_way, large.numel() * 4 / max(big / 2 - one_way, 1e-9)))
+    dist.destroy_process_group()
+
+
+def loopback() -> tuple[float, float]:
+    """gloo between two local processes: (one-way latency s, bandwidth bytes/s)."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_pinger, args=(r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    result = queue.get(timeout=120)
+    for p in procs:
+        p.join(timeout=30)
+    return result
+
+
+def measure(cfg, splits, cores: int) -> dict[str, Any]:
+    latency_s, bytes_per_s = loopback()
+    return {
+        "step_ms": step_ms(cfg, splits),
+        "contention": contention(cfg, splits, cores),
+        "latency_ms": 1000 * latency_s,
+        "bandwidth_gbps": 8 * bytes_per_s / 1e9,
+    }
+
+
+def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
+    """The cluster profile of the measurements `m`."""
+    grows = ", ".join(f"{k}: {ms:.3f}" for k, ms in m["contention"].items())
+    return "\n".join([
+        f"# `stalebench calibrate` on {socket.gethostname()}, {cores} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}: model={cfg.model.name}, "
+        f"dataset={cfg.dataset.name}, batch {cfg.dataset.batch_size}, "
+        f"{cfg.num_threads} thread(s) per process",
+        f"# a step (forward, backward, SGD): {m['step_ms']:.3f} ms",
+        f"# k processes stepping at once, mean step (ms): {{{grows}}}",
+        f"# gloo on the loopback: {m['latency_ms']:.4f} ms one way, "
+        f"{m['bandwidth_gbps']:.2f} Gbit/s",
+        f"preset: {name}",
+        "compute: constant",
+        f"compute_ms: {m['step_ms']:.4f}",
+        f"push_latency_ms: {m['latency_ms']:.4f}",
+        f"pull_latency_ms: {m['latency_ms']:.4f}",
+        f"push_bandwidth_gbps: {m['bandwidth_gbps']:.3f}",
+        f"pull_bandwidth_gbps: {m['bandwidth_gbps']:.3f}",
+        "",
+    ])  # fmt: skip
+
+
+def run(cfg, name: str = NAME) -> Path:
+    """Measure this machine for `cfg` and write the profile `name`; its path."""
+    from stalebench.job import load_splits
+    from stalebench.plugins import user_conf
+    from stalebench.runtime.compute import cores
+
+    splits = load_splits(cfg)
+    have = cores()
+    m = measure(cfg, splits, have)
+    path = user_conf() / "cluster" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profile_yaml(cfg, m, have, name))
+    return path

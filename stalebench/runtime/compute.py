@@ -1,0 +1,52 @@
+"""The compute model: how long a worker's step takes, when it follows the run's own model on
+a named device instead of a hand-written `cluster.compute_ms`.
+
+A step is the model's forward and backward on one minibatch of `dataset.batch_size`. Its
+floating-point operations are counted by torch's FLOP counter
+(`torch.utils.flop_counter.FlopCounterMode`: matrix multiplications and convolutions,
+which dominate; element-wise work is not counted) on the meta device, so a model of any
+size is counted without memory. The step lasts
+
+    FLOPs / (peak FLOP/s of `cluster.device` at `cluster.precision` × `cluster.utilization`)
+
+and that mean becomes `cluster.compute_ms`: every step-time model (gamma, lognormal,
+slowdowns, stragglers, slow_compute faults) composes on top of it as on a hand-written one.
+
+The peaks are the vendors' dense (no sparsity) datasheet figures; `utilization` is an
+estimate (default 0.4: large convolutional and transformer training steps reach 30–50 % of
+a GPU's dense peak; small models far less). Both are estimates until measured on the
+machine in question (`stalebench calibrate`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from stalebench.cluster import DEVICES
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def step_flops(model, x, y) -> int:
+    """Floating-point operations of one forward and backward of `model` on the minibatch
+    (`x`, `y`), all moved to the meta device: nothing is computed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from stalebench.evaluation import objective
+
+    model, x, y = model.to("meta"), x.to("meta"), y.to("meta")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        objective(model(x), y).backward()
+    return int(counter.get_total_flops())
+
+
+def step_ms(flops: int, device: str, precision: str, utilization: float) -> float:
+    """A step's mean time (ms) on `device`: its FLOPs at `utilization` of the peak."""
+    return flops / (DEVICES[device].tflops[precision] * 1e12 * utilization) * 1000.0

@@ -1,0 +1,34 @@
+"""`stalebench calibrate` measures this machine for the configured run and writes a cluster
+profile that a run then composes (`cluster=calibrated`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalebench import calibrate
+from tests.conftest import compose
+
+
+@pytest.mark.timeout(120)
+def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
+    monkeypatch.setenv("STALEBENCH_CONF", str(tmp_path / "conf"))
+    small = ["dataset=synthetic", "model=mlp", "model.hidden=[16]"]
+    written = calibrate.run(compose(small), "here")
+    assert written == tmp_path / "conf" / "cluster" / "here.yaml" and written.is_file()
+    cfg = compose([*small, "cluster=here", "runtime=sim"])
+    c = cfg.cluster
+    assert c.preset == "here" and c.compute == "constant"
+    assert 0 < c.compute_ms < 1000  # a step of a 16-unit MLP, in ms
+    assert 0 < c.push_latency_ms == c.pull_latency_ms < 100  # the loopback, one way
+    assert c.push_bandwidth_gbps == c.pull_bandwidth_gbps > 0.01
+    # k processes at once: a step at every k up to twice the cores, in the comment
+    assert "processes stepping at once" in written.read_text()
+
+
+def test_a_bigger_model_calibrates_to_a_longer_step():
+    cfg = compose(["dataset=synthetic", "model=mlp", "model.hidden=[16]"])
+    big = compose(["dataset=synthetic", "model=mlp", "model.hidden=[2048,2048]"])
+    from stalebench.job import load_splits
+
+    splits = load_splits(cfg)
+    assert calibrate.step_ms(big, splits) > 4 * calibrate.step_ms(cfg, splits)

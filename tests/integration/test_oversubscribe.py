@@ -1,0 +1,73 @@
+"""The real runtime says when it is not the cluster it emulates: a run whose workers need
+more cores than the profile's step times leave is refused before any process starts, and
+a run's steps that ran longer than drawn are counted in summary.json (`overrun`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stalebench import experiment
+from stalebench.errors import ConfigError
+from stalebench.runtime import compute
+from tests.conftest import compose, fast_with, run_job
+
+
+def test_64_real_workers_on_2_cores_are_refused_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(compute, "cores", lambda: 2)
+    cfg = compose(["cluster.num_workers=64"])  # the README's default job, 64 workers
+    cfg.run_dir = str(tmp_path / "run")
+    with pytest.raises(ConfigError) as refused:
+        experiment.run(cfg)
+    message = str(refused.value)
+    assert "cluster.num_workers=64" in message and "2 cores" in message
+    assert "runtime=sim" in message and "oversubscribe=true" in message
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_the_default_job_fits_on_2_cores_and_oversubscribe_accepts_the_rest(monkeypatch):
+    monkeypatch.setattr(compute, "cores", lambda: 2)
+    experiment.prepare(compose([]))  # the README's default job: 4 workers
+    experiment.prepare(compose(["cluster.num_workers=64", "oversubscribe=true"]))
+
+
+def test_the_check_counts_each_worker_at_its_own_speed(monkeypatch):
+    monkeypatch.setattr(compute, "cores", lambda: 2)
+    cfg = compose(["cluster=homogeneous", "cluster.compute_ms=10", "cluster.num_workers=8"])
+    # 8 workers, a step of 3 ms of CPU every 10 ms: 2.4 cores
+    with pytest.raises(ConfigError, match="need 2.4 cores"):
+        experiment.check_cores(cfg, 8, None, None, step_s=0.003)
+    # half of them 3× slower: 4 × 0.3 + 4 × 0.1 = 1.6 cores
+    slow = compose(["cluster=homogeneous", "cluster.compute_ms=10", "cluster.num_workers=8",
+                    "cluster.slow_fraction=0.5", "cluster.slow_factor=3"])  # fmt: skip
+    experiment.check_cores(slow, 8, None, None, step_s=0.003)
+    # real compute only: no step time to keep
+    free = compose(["cluster=homogeneous", "cluster.compute_ms=0", "cluster.num_workers=64"])
+    experiment.check_cores(free, 64, None, None, step_s=0.003)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_counts_the_steps_that_ran_longer_than_drawn(tmp_path, capsys):
+    # 1 µs steps: no real step is that short (refused, unless asked for)
+    over = run_job(
+        tmp_path / "over",
+        ["cluster.compute_ms=0.001", "budget.max_updates=40", "oversubscribe=true"],
+    )
+    assert over.summary["status"] == "completed", over.summary["error"]
+    overrun = over.summary["overrun"]
+    assert overrun["steps"] >= 40 and overrun["fraction"] > 0.9
+    assert json.loads((over.dir / "summary.json").read_text())["overrun"] == overrun
+    from stalebench.cli import _overrun_line
+
+    assert "ran longer than the profile drew" in _overrun_line(overrun)
+    # real compute only: nothing is timed, nothing counted
+    free = run_job(tmp_path / "free", ["cluster.compute_ms=0", "budget.max_updates=20"])
+    assert "overrun" not in free.summary
+
+
+def test_a_generous_profile_is_kept(tmp_path):
+    cfg = compose(fast_with(["cluster.compute_ms=50", "budget.max_updates=12"]))
+    cfg.run_dir = str(tmp_path / "kept")
+    summary = experiment.run(cfg)
+    assert summary["overrun"]["fraction"] <= summary["overrun"]["limit"]
