@@ -138,7 +138,8 @@ def check_processes(cfg: RunConfig, world: int) -> None:
 def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 5) -> float:
     """One training step's CPU time on this machine: the model's forward and backward on a
     minibatch of dataset.batch_size, with the run's threads per process (the median of
-    `repeats`, after one to warm up)."""
+    `repeats`, after one to warm up). CPU time, not wall time: what the step needs of a
+    core, whatever else runs on the machine meanwhile."""
     import statistics
 
     import torch
@@ -152,10 +153,10 @@ def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 5) -> float:
     try:
         times = []
         for _ in range(repeats + 1):
-            start = time.perf_counter()
+            start = time.process_time()
             model.zero_grad(set_to_none=True)
             objective(model(x), y).backward()
-            times.append(time.perf_counter() - start)
+            times.append(time.process_time() - start)
     finally:
         torch.set_num_threads(threads)
     return statistics.median(times[1:])

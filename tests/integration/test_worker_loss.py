@@ -147,7 +147,9 @@ def test_a_barrier_reformed_over_the_survivors_goes_on(tmp_path, runtime, algori
         [f"algorithm={algorithm}", f"runtime={runtime}", "algorithm.barrier.on_loss=reform"]
         + ["cluster.num_workers=4", "budget.max_updates=20", "budget.max_wall_s=0"]
         + ["cluster=homogeneous", "cluster.compute_ms=2", "timeout_s=20"]
-        + ["cluster.faults=[{worker:1,at_step:3,action:die}]"],
+        + ["cluster.faults=[{worker:1,at_step:3,action:die}]"]
+        # 4 real workers at 2 ms a step need more than 2 cores: a loss, not step times
+        + ["oversubscribe=true"],
     )
     assert run.summary["status"] == "completed", run.summary["error"]
     assert run.summary["workers_lost"] == [1] and run.summary["updates"] == 20
