@@ -272,17 +272,30 @@ def _iso(t: float) -> str:
 
 
 def wall_time(run_dirs: list[Path]) -> dict[str, Any]:
-    """First run start to last run end: a run starts when Hydra writes its
-    .hydra/config.yaml (before the job runs) and ends when it writes summary.json (else
-    its last event). File times survive `cp -p`, `rsync -t` and tar, not a plain copy."""
-    starts = [_mtime(r / ".hydra" / "config.yaml", r) for r in run_dirs]
-    ends = [_mtime(r / "summary.json", r / "events.jsonl") for r in run_dirs]
-    starts = [t for t in starts if t is not None]
-    ends = [t for t in ends if t is not None]
-    if not starts or not ends:
-        return {"start": None, "end": None, "seconds": None}
-    start, end = min(starts), max(ends)
-    return {"start": _iso(start), "end": _iso(end), "seconds": round(end - start, 1)}
+    """When the sweep ran: its first run's start, its last run's end, and `seconds`, the
+    time at least one of its runs was running (the union of the runs' intervals: a sweep
+    resumed later, its earlier runs reused, does not count the time in between; `span`
+    does). A run starts when Hydra writes its .hydra/config.yaml (before the job runs) and
+    ends when it writes summary.json (else its last event). File times survive `cp -p`,
+    `rsync -t` and tar, not a plain copy."""
+    spans = []
+    for r in run_dirs:
+        start = _mtime(r / ".hydra" / "config.yaml", r)
+        end = _mtime(r / "summary.json", r / "events.jsonl")
+        if start is not None and end is not None:
+            spans.append((min(start, end), end))
+    if not spans:
+        return {"start": None, "end": None, "seconds": None, "span": None}
+    spans.sort()
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo = busy + hi - lo, a
+        hi = max(hi, b)
+    busy += hi - lo
+    start, end = spans[0][0], max(b for _, b in spans)
+    return {"start": _iso(start), "end": _iso(end), "seconds": round(busy, 1),
+            "span": round(end - start, 1)}  # fmt: skip
 
 
 def _summary(run: Path) -> dict[str, Any]:

@@ -152,7 +152,8 @@ def test_save_records_the_provenance_of_a_sweep(sweep_dir, checkout):
     assert prov["wall_time"] == {  # the tuning stage's first start to the last final run's end
         "start": "2027-01-15T08:00:00Z",
         "end": "2027-01-15T08:03:30Z",
-        "seconds": 210.0,
+        "seconds": 200.0,  # a run under way: the 10 s between the stages not counted
+        "span": 210.0,
     }
     assert prov["runs"] == {"total": 2, "by_status": {"completed": 1, "diverged": 1}}
     assert prov["tuning_runs"] == {"total": 4, "by_status": {"completed": 4}}
@@ -195,7 +196,7 @@ def test_render_writes_the_page_and_only_the_readme_block(sweep_dir, checkout):
     R.render(checkout)
     page = (checkout / "docs" / "results.md").read_text()
     assert "## toy" in page and "`stalebench -m +sweep=toy seed=0,1,2`" in page
-    assert "3 min 30 s" in page and "2027-01-15 08:00:00 UTC" in page
+    assert "3 min 20 s" in page and "2027-01-15 08:00:00 UTC" in page
     verdicts = json.loads((sweep_dir / "claims.json").read_text())["claims"]
     assert f"Verdicts: {C.tally(verdicts, 'toy')}." in page
     assert "1 holds, 1 does not hold" in page and "self-checks: 1 holds" in page
@@ -209,7 +210,7 @@ def test_render_writes_the_page_and_only_the_readme_block(sweep_dir, checkout):
     assert readme.startswith("# toy\n\nIntro.\n\n" + R.BEGIN)
     assert readme.endswith(R.END + "\n\nTail.\n") and "stale line" not in readme
     line = next(x for x in readme.splitlines() if "docs/results.md#toy" in x)
-    assert f"| 2 (+ 4 tuning) | 3 min 30 s | {C.tally(verdicts, 'toy')} |" in line
+    assert f"| 2 (+ 4 tuning) | 3 min 20 s | {C.tally(verdicts, 'toy')} |" in line
     assert R.check(checkout) is None
     assert R.render(checkout) == []  # rendering again changes nothing
 
@@ -562,6 +563,6 @@ def test_the_second_stages_runs_are_counted_apart(sweep_dir, checkout):
     prov = json.loads(path.read_text())["provenance"]
     assert prov["runs"] == {"total": 2, "by_status": {"completed": 1, "diverged": 1}}
     assert prov["look_runs"] == {"total": 2, "by_status": {"completed": 2}}
-    assert prov["wall_time"]["seconds"] == 240.0
+    assert prov["wall_time"]["seconds"] == 220.0  # 200, then 220 → 240 (idle 210 → 220)
     block = R.render_block(R.load(checkout))
     assert "2 (+ 2 in later looks, + 4 tuning)" in block
