@@ -1,0 +1,211 @@
+"""Prediction checked against reality: real runs with no emulation at all against the
+simulator, calibrated on the same machine.
+
+    python -m benchmarks.fidelity          # benchmarks/results/fidelity.json, docs/fidelity.md
+    python -m benchmarks.fidelity --quick  # ps ASP and BSP at 2 workers (a smoke run)
+
+Each configuration — ps ASP, SSP and BSP; allreduce BSP; DiLoCo; gossip SGP — at 2 and 4
+workers runs
+1. in real processes with no emulation: `cluster.compute_ms=0` (real compute, no padding),
+   no latency or bandwidth (real gloo, no sleeps);
+2. in the simulator, on a profile calibrated here first (`stalebench.calibrate`): a step
+   with as many processes stepping at once as the run has workers, gloo's loopback latency
+   and bandwidth.
+Compared: updates/s, time to a target loss (the real run's training loss halfway from its
+first evaluation to its last, read on both curves), and the mean lag. The targets: median
+|error| of time-to-target ≤ 10 %, none over 25 %, and each family's algorithms ranked the
+same by both (Kendall τ = 1). The machine's cores and load are recorded with every run:
+more processes than cores is a cluster the calibration must capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stalebench import calibrate, experiment  # noqa: E402
+from stalebench.job import load_splits  # noqa: E402
+from stalebench.metrics.events import read_events  # noqa: E402
+from stalebench.runtime.compute import cores  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+COMMON = [
+    "model=cnn",
+    "dataset=mnist1d",
+    "cluster=homogeneous",
+    "cluster.compute_ms=0",
+    "budget.max_updates=0",
+    "budget.max_wall_s=8",
+    "eval.every_s=0.5",
+    "logger=none",
+    "timeout_s=60",
+    "oversubscribe=true",  # what the machine does is the point here
+]
+FAMILIES = {
+    "ps": {"asp": ["algorithm=asp"], "ssp": ["algorithm=ssp"], "bsp": ["algorithm=bsp"]},
+    "allreduce": {"bsp": ["engine=allreduce", "algorithm=bsp"]},
+    "local": {"diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10"]},
+    "gossip": {"sgp": ["algorithm=sgp"]},
+}
+WORKERS = (2, 4)
+RESULTS = ROOT / "benchmarks" / "results" / "fidelity.json"
+DOCS = ROOT / "docs" / "fidelity.md"
+
+
+def run(overrides: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose(overrides)
+        cfg.run_dir = tmp
+        load = os.getloadavg()[0]
+        summary = experiment.run(cfg)
+        events = read_events(Path(tmp) / "events.jsonl")
+    assert summary["status"] == "completed", (overrides, summary["error"])
+    updates = [e for e in events if e["kind"] == "update"]
+    curve = [(e["t"], e["loss"]) for e in events if e["kind"] == "eval" and e["split"] == "train"]
+    return {
+        "updates": summary["updates"],
+        "wall_s": summary["wall_time_s"],
+        "updates_per_s": summary["updates"] / summary["wall_time_s"],
+        "mean_lag": statistics.fmean(e["lag"] for e in updates) if updates else 0.0,
+        "curve": curve,
+        "load_avg_1m_before": load,
+    }
+
+
+def time_to(curve: list[tuple[float, float]], loss: float) -> float | None:
+    """The first evaluation's time at or under `loss`, interpolated from the one before."""
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:], strict=False):
+        if l1 <= loss:
+            return t1 if l0 == l1 else t0 + (t1 - t0) * (l0 - loss) / (l0 - l1)
+    return None
+
+
+def calibrated(workers: int, probe: dict) -> list[str]:
+    """The simulator's profile from the machine's measurements: a step as `workers`
+    processes stepping at once take it (the nearest k measured), gloo's loopback."""
+    k = min(probe["contention"], key=lambda k: abs(k - workers))
+    return [
+        f"cluster.compute_ms={probe['contention'][k]:.4f}",
+        f"cluster.push_latency_ms={probe['latency_ms']:.4f}",
+        f"cluster.pull_latency_ms={probe['latency_ms']:.4f}",
+        f"cluster.push_bandwidth_gbps={probe['bandwidth_gbps']:.3f}",
+        f"cluster.pull_bandwidth_gbps={probe['bandwidth_gbps']:.3f}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    families = {"ps": {"asp": FAMILIES["ps"]["asp"], "bsp": FAMILIES["ps"]["bsp"]}}
+    families, workers = (families, (2,)) if args.quick else (FAMILIES, WORKERS)
+    cfg = compose(COMMON)
+    have = cores()
+    probe = calibrate.measure(cfg, load_splits(cfg), have)
+    rows = []
+    for family, arms in families.items():
+        for n in workers:
+            for name, arm in arms.items():
+                base = [*COMMON, *arm, f"cluster.num_workers={n}"]
+                real = run(base)
+                first, last = real["curve"][0][1], real["curve"][-1][1]
+                target = first - 0.5 * (first - last)
+                sim = run([*base, "runtime=sim", *calibrated(n, probe)])
+                t_real, t_sim = time_to(real["curve"], target), time_to(sim["curve"], target)
+                rows.append({
+                    "family": family, "algorithm": name, "workers": n,
+                    "oversubscribed": n + (family == "ps") > have,
+                    "target_loss": target,
+                    "real": real, "sim": sim,
+                    "time_to_target": {"real": t_real, "sim": t_sim},
+                    "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
+                    "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
+                })  # fmt: skip
+                print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
+    result = {
+        "machine": {"cores": have, "platform": platform.platform(), "torch": torch.__version__},
+        "probe": probe,
+        "common": COMMON,
+        "rows": rows,
+        "summary": summarize(rows),
+        "written": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1, default=str))
+    DOCS.write_text(render(result))
+    print(render(result))
+
+
+def summarize(rows: list[dict]) -> dict:
+    from scipy.stats import kendalltau
+
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    ranks = {}
+    for family in {r["family"] for r in rows}:
+        for n in {r["workers"] for r in rows}:
+            got = [r for r in rows if r["family"] == family and r["workers"] == n]
+            pairs = [(r["time_to_target"]["real"], r["time_to_target"]["sim"]) for r in got]
+            if len(pairs) >= 2 and all(a is not None and b is not None for a, b in pairs):
+                tau = kendalltau(*zip(*pairs, strict=True)).statistic
+                ranks[f"{family}/{n}"] = float(tau)
+    return {
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "max_abs_error": max(errors) if errors else None,
+        "unreached": sum(r["error"] is None for r in rows),
+        "kendall_tau": ranks,
+    }
+
+
+def render(result: dict) -> str:
+    """docs/fidelity.md: the table, generated from the results."""
+    s, m = result["summary"], result["machine"]
+    fmt = lambda x, p="{:+.0%}": "—" if x is None else p.format(x)  # noqa: E731
+    lines = [
+        "# Fidelity: the simulator against unemulated real runs",
+        "",
+        "Generated by `python -m benchmarks.fidelity` from "
+        "`benchmarks/results/fidelity.json`; do not edit. Real runs have no emulation "
+        "(real compute and gloo, no sleeps); the simulator runs on a profile calibrated on "
+        f"the same machine first ({m['cores']} cores, torch {m['torch']}, "
+        f"{result['written']}).",
+        "",
+        "| family | algorithm | workers | time to target: real | sim | error "
+        "| updates/s: real | sim | error | mean lag: real | sim |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        t = r["time_to_target"]
+        lines.append(
+            f"| {r['family']} | {r['algorithm']} | {r['workers']}"
+            f"{' (oversubscribed)' if r['oversubscribed'] else ''} "
+            f"| {fmt(t['real'], '{:.2f} s')} | {fmt(t['sim'], '{:.2f} s')} | {fmt(r['error'])} "
+            f"| {r['real']['updates_per_s']:.0f} | {r['sim']['updates_per_s']:.0f} "
+            f"| {fmt(r['updates_per_s_error'])} "
+            f"| {r['real']['mean_lag']:.2f} | {r['sim']['mean_lag']:.2f} |"
+        )
+    taus = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(s["kendall_tau"].items())) or "—"
+    lines += [
+        "",
+        f"Median |error| of time to target: {fmt(s['median_abs_error'], '{:.0%}')} "
+        f"(target ≤ 10 %); largest {fmt(s['max_abs_error'], '{:.0%}')} (target ≤ 25 %); "
+        f"runs that never reached the target: {s['unreached']}. Kendall τ of each "
+        f"family's ranking (target 1): {taus}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
