@@ -89,22 +89,9 @@ def fast_with(overrides: list[str]) -> list[str]:
 
 def compose(overrides: list[str]):
     """The validated RunConfig for CLI-style overrides (Hydra's global state restored)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    from stalebench.cli import compose_run
 
-    from stalebench.cli import to_run_config
-    from stalebench.config import register_configs
-    from stalebench.plugins import load as load_plugins
-
-    load_plugins()
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module("stalebench.conf", version_base=None):
-            return to_run_config(hydra_compose("config", overrides=overrides), overrides)
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_run(overrides)
 
 
 class Result(NamedTuple):
