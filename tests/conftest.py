@@ -12,6 +12,8 @@ from typing import NamedTuple
 import pytest
 
 os.environ.setdefault("STALEBENCH_CACHE", str(Path(__file__).parent / ".cache"))
+# no user profiles (`stalebench calibrate` writes them) on the config search path
+os.environ["STALEBENCH_CONF"] = str(Path(__file__).parent / ".no-user-conf")
 
 # summary.json's fields as docs/design.md's run-directory contract lists them
 SUMMARY_FIELDS = {
