@@ -36,31 +36,27 @@ def _step_once(model, x, y, opt) -> None:
     opt.step()
 
 
-def _stepper(cfg, splits, steps: int):
-    """(model, x, y, opt) for `steps` training steps on a minibatch of the run's size."""
+def _stepper(cfg, splits):
+    """(model, x, y, opt): the run's model, a minibatch of its size, an SGD optimizer."""
     import torch
 
     from stalebench.models import MODELS
+    from stalebench.runtime.compute import minibatch
 
     torch.set_num_threads(cfg.num_threads)
     model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
-    n = min(cfg.dataset.batch_size, len(splits.y_train))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    return model, splits.x_train[:n], splits.y_train[:n], opt
+    return model, *minibatch(cfg, splits), torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
 def step_ms(cfg, splits, repeats: int = 20) -> float:
-    model, x, y, opt = _stepper(cfg, splits, repeats)
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        _step_once(model, x, y, opt)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times[1:])
+    from stalebench.runtime.compute import time_step
+
+    model, x, y, opt = _stepper(cfg, splits)
+    return 1000 * time_step(model, x, y, repeats, opt=opt)
 
 
 def _contended(cfg, splits, repeats, start_at, out) -> None:
-    model, x, y, opt = _stepper(cfg, splits, repeats)
+    model, x, y, opt = _stepper(cfg, splits)
     _step_once(model, x, y, opt)  # warm-up, before the common start
     while time.time() < start_at:
         time.sleep(0.001)

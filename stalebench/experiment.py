@@ -86,13 +86,13 @@ def derive_compute(cfg: RunConfig, splits) -> None:
     from stalebench.cluster import DEVICES
 
     c = cfg.cluster
-    n = min(cfg.dataset.batch_size, len(splits.y_train))
+    x, y = compute.minibatch(cfg, splits)
     model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
-    flops = compute.step_flops(model, splits.x_train[:n], splits.y_train[:n])
+    flops = compute.step_flops(model, x, y)
     ms = compute.step_ms(flops, c.device, c.precision, c.utilization)
     log.info(
         "cluster.device=%s: %.4g GFLOPs a step (model=%s, batch %d) at %g %% of %g TFLOP/s "
-        "(%s): cluster.compute_ms=%.4g (was %g)", c.device, flops / 1e9, cfg.model.name, n,
+        "(%s): cluster.compute_ms=%.4g (was %g)", c.device, flops / 1e9, cfg.model.name, len(y),
         100 * c.utilization, DEVICES[c.device].tflops[c.precision], c.precision, ms,
         c.compute_ms,
     )  # fmt: skip
@@ -140,26 +140,15 @@ def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 5) -> float:
     minibatch of dataset.batch_size, with the run's threads per process (the median of
     `repeats`, after one to warm up). CPU time, not wall time: what the step needs of a
     core, whatever else runs on the machine meanwhile."""
-    import statistics
-
     import torch
 
-    from stalebench.evaluation import objective
-
-    n = min(cfg.dataset.batch_size, len(splits.y_train))
-    x, y = splits.x_train[:n], splits.y_train[:n]
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.num_threads)
     try:
-        times = []
-        for _ in range(repeats + 1):
-            start = time.process_time()
-            model.zero_grad(set_to_none=True)
-            objective(model(x), y).backward()
-            times.append(time.process_time() - start)
+        x, y = compute.minibatch(cfg, splits)
+        return compute.time_step(model, x, y, repeats, clock=time.process_time)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(times[1:])
 
 
 # CPU a real step costs beyond its gradient: the worker's receive and send, the server's

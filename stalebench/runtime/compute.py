@@ -21,6 +21,8 @@ machine in question (`stalebench calibrate`).
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 from stalebench.cluster import DEVICES
 
@@ -50,3 +52,26 @@ def step_flops(model, x, y) -> int:
 def step_ms(flops: int, device: str, precision: str, utilization: float) -> float:
     """A step's mean time (ms) on `device`: its FLOPs at `utilization` of the peak."""
     return flops / (DEVICES[device].tflops[precision] * 1e12 * utilization) * 1000.0
+
+
+def minibatch(cfg, splits):
+    """A step's minibatch: the first `dataset.batch_size` training examples (x, y)."""
+    n = min(cfg.dataset.batch_size, len(splits.y_train))
+    return splits.x_train[:n], splits.y_train[:n]
+
+
+def time_step(model, x, y, repeats: int, clock=time.perf_counter, opt=None) -> float:
+    """A training step of `model` on (x, y) as measured here by `clock` (seconds): forward
+    and backward, and `opt`'s step when given; the median of `repeats` after one to warm
+    up."""
+    from stalebench.evaluation import objective
+
+    times = []
+    for _ in range(repeats + 1):
+        start = clock()
+        (opt or model).zero_grad(set_to_none=True)
+        objective(model(x), y).backward()
+        if opt is not None:
+            opt.step()
+        times.append(clock() - start)
+    return statistics.median(times[1:])

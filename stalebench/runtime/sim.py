@@ -56,7 +56,6 @@ from stalebench.runtime.record import RunRecord
 from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
 Program = Callable[[Job, World], Op[Any]]
-size_of = nbytes  # (a collective's `nbytes` argument shadows it)
 
 
 def _no_pause(at: float, seconds: float) -> None:
@@ -160,11 +159,7 @@ class SimWorld(World):
             deferred.run()
         self.pending.clear()
 
-    def _slow_s(self) -> float:
-        return self.faults.slow_s if self.faults is not None else 0.0
-
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
-        at = self.clock
         if self.hub:  # it leaves once the hub's uplink is free (the hub goes on meanwhile);
             # its receiver pays the pull time from there
             at = self.up.leave(self.clock, self.network.pull_wire_s(nbytes(buf)))
@@ -213,19 +208,12 @@ class SimWorld(World):
         return listener
 
     def all_reduce(self, buf: torch.Tensor, seconds=None, wait: bool = True, nbytes=None):
-        seconds = self._priced(seconds, buf, nbytes, self.network.allreduce_s)
+        seconds = self._priced(seconds, nbytes, self.network.allreduce_s, buf)
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait))
 
     def all_reduce_live(self, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
-        seconds = self._priced(seconds, buf, nbytes, self.network.allreduce_s)
+        seconds = self._priced(seconds, nbytes, self.network.allreduce_s, buf)
         return (yield from self._collective(Collective.SUM, buf, None, seconds, wait, live=True))
-
-    def _priced(self, seconds: float | None, buf, size: int | None, price) -> float:
-        """A collective's `seconds`: as given, or the network's price of `size` bytes
-        (default: the buffer's)."""
-        if seconds is not None:
-            return seconds
-        return price(size_of(buf) if size is None else size, self._slow_s())
 
     def collectives_end(self) -> float:
         return self.linked
@@ -248,7 +236,7 @@ class SimWorld(World):
         self.sim.standby = []
 
     def all_gather(self, out, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
-        seconds = self._priced(seconds, buf, nbytes, self.network.allgather_s)
+        seconds = self._priced(seconds, nbytes, self.network.allgather_s, buf)
         return (yield from self._collective(Collective.GATHER, buf, out, seconds, wait))
 
     def _collective(

@@ -252,6 +252,20 @@ class World:
         network model has them (not waiting for the other ranks)."""
         raise NotImplementedError
 
+    def _slow_s(self) -> float:
+        """What the `slow` faults in force add to each message this rank sends."""
+        return self.faults.slow_s if self.faults is not None else 0.0
+
+    def _priced(self, seconds, size: int | None, price, buf=None) -> float | None:
+        """A collective's seconds: `seconds` as given, else the network's `price` of `size`
+        bytes on the wire (default: `buf`'s size) as slowed by this rank's faults; None
+        when neither is given (the transport prices its buffer itself)."""
+        if seconds is not None:
+            return seconds
+        if size is None and buf is not None:
+            size = nbytes(buf)
+        return None if size is None else price(size, self._slow_s())
+
     def all_reduce_live(
         self, buf: torch.Tensor, seconds: float | None = None, wait: bool = True,
         nbytes: int | None = None,
@@ -492,13 +506,6 @@ class RealWorld(World):
         seconds = self._priced(seconds, nbytes, self.network.allreduce_s)
         pending = self.net.all_reduce_start(buf, seconds)  # the network's time, or gloo's
         return self._complete(pending) if wait else pending
-
-    def _priced(self, seconds: float | None, size: int | None, price) -> float | None:
-        """A collective's `seconds`: as given, or the network's price of `size` bytes (None:
-        the transport prices the buffer itself)."""
-        if seconds is None and size is not None:
-            return price(size, self.net.slow_s)
-        return seconds
 
     def collectives_end(self) -> float:
         return self.net.clock.free_at - self.t0

@@ -13,9 +13,9 @@ silent past timeout_s) counts that peer lost, and from then on keeps at home the
 would send it (the share it sent it in that very iteration comes back too); the meetings
 go over the nodes left, which all learn who is lost there. A share kept at home is the
 mixing matrix's weight of the lost edge moved to its diagonal: D-PSGD's W stays symmetric
-and doubly stochastic over the nodes left, and
-PushSum keeps its mass. A node that only sends to a lost peer (a directed exponential
-graph) loses those shares until the next meeting.
+and doubly stochastic over the nodes left, and PushSum keeps its mass. A node that only
+sends to a lost peer (a directed exponential graph) loses those shares until the next
+meeting.
 """
 
 from __future__ import annotations
