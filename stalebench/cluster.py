@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -123,6 +124,18 @@ class ClusterConfig(ComponentConfig):
     pull_latency_ms: float = 0.0  # server -> worker
     push_bandwidth_gbps: float = 0.0
     pull_bandwidth_gbps: float = 0.0
+    # topology (stalebench.runtime.network.Topology): rank r sits on host r; hosts fill
+    # racks of `rack_size` in rank order, racks fill regions of `region_size`. A message
+    # between racks also crosses its sender's rack uplink and its receiver's rack downlink
+    # (shared by every host of the rack: an oversubscribed uplink is one slower than the
+    # sum of its hosts' NICs) and pays `rack_latency_ms`; between regions it also crosses
+    # the WAN link of the region pair (`wan_bandwidth_gbps[a][b]`, `wan_latency_ms[a][b]`)
+    rack_size: int = 0  # hosts per rack; 0 = one switch, no racks
+    rack_bandwidth_gbps: float = 0.0  # each rack's uplink, each direction (0 = unlimited)
+    rack_latency_ms: float = 0.0  # what crossing from one rack to another adds
+    region_size: int = 0  # racks per region; 0 = one region
+    wan_bandwidth_gbps: list[Any] = dataclasses.field(default_factory=list)  # G × G
+    wan_latency_ms: list[Any] = dataclasses.field(default_factory=list)  # G × G or empty
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
@@ -147,6 +160,7 @@ class ClusterConfig(ComponentConfig):
         if not 0 <= self.min_replicas <= self.num_workers:
             raise bad("min_replicas", self.min_replicas, f"in [0, num_workers={self.num_workers}]")
         check_device(self.device, self.precision, self.utilization)
+        _check_topology(self, bad)
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         for key in (
@@ -203,6 +217,48 @@ class ClusterConfig(ComponentConfig):
                     f,
                     "factor 1 and duration_steps 0 unless action is slow_compute",
                 )
+
+
+def _check_topology(c: ClusterConfig, bad) -> None:
+    """The topology's keys, by themselves (how many regions the ranks fill is checked once
+    the engine says how many ranks there are: `check_regions`)."""
+    if c.rack_size < 0:
+        raise bad("rack_size", c.rack_size, ">= 0 (0: one switch)")
+    if c.region_size < 0 or (c.region_size and not c.rack_size):
+        raise bad("region_size", c.region_size, ">= 0, and 0 unless cluster.rack_size > 0")
+    for key in ("rack_bandwidth_gbps", "rack_latency_ms"):
+        if getattr(c, key) < 0:
+            raise bad(key, getattr(c, key), ">= 0")
+    for key in ("wan_bandwidth_gbps", "wan_latency_ms"):
+        square = "a square matrix (region a's row, region b's column) of numbers >= 0"
+        try:
+            m = [[float(v) for v in row] for row in getattr(c, key)]
+        except (TypeError, ValueError):
+            raise bad(key, getattr(c, key), square) from None
+        if any(len(row) != len(m) for row in m) or any(not v >= 0 for row in m for v in row):
+            raise bad(key, m, square)
+        if m and not c.region_size:
+            raise bad(key, m, "empty unless cluster.region_size > 0")
+        setattr(c, key, m)
+    if c.region_size and not c.wan_bandwidth_gbps:
+        raise bad("wan_bandwidth_gbps", [], "a G × G matrix with cluster.region_size > 0")
+    if c.wan_latency_ms and len(c.wan_latency_ms) != len(c.wan_bandwidth_gbps):
+        raise bad("wan_latency_ms", c.wan_latency_ms, "empty or as large as wan_bandwidth_gbps")
+
+
+def check_regions(c: ClusterConfig, ranks: int) -> None:
+    """The run's `ranks` fill no more regions than the WAN matrices have rows."""
+    if not c.region_size:
+        return
+    racks = math.ceil(ranks / c.rack_size)
+    regions = math.ceil(racks / c.region_size)
+    if regions > len(c.wan_bandwidth_gbps):
+        raise ConfigError(
+            f"cluster.wan_bandwidth_gbps has {len(c.wan_bandwidth_gbps)} regions, but the run's "
+            f"{ranks} ranks fill {racks} racks of cluster.rack_size={c.rack_size}, {regions} "
+            f"regions of cluster.region_size={c.region_size}: give a {regions} × {regions} "
+            "matrix, or larger racks or regions"
+        )
 
 
 def _fault(raw: object, i: int) -> FaultConfig:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stalebench import plugins
-from stalebench.cluster import Profile
+from stalebench.cluster import Profile, check_regions
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
@@ -68,6 +68,7 @@ def prepare(cfg: RunConfig) -> Engine:
     if cfg.cluster.device:
         derive_compute(cfg, splits)
     engine.validate(splits)
+    check_regions(cfg.cluster, engine.world_size())
     # a model that cannot take the dataset's inputs fails here, not inside every process
     model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
     check_pair(cfg, model, splits)

@@ -41,7 +41,11 @@ if TYPE_CHECKING:
 __all__ = ["ENGINES", "NETWORK", "Engine", "EngineConfig"]
 
 # the cluster profile's network: an engine without messages between its processes ignores it
-NETWORK = ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps", "pull_bandwidth_gbps")
+# the network's settings, a topology's among them
+NETWORK = (
+    "push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps", "pull_bandwidth_gbps",
+    "rack_size", "region_size",
+)  # fmt: skip
 
 
 class Engine:

@@ -133,8 +133,10 @@ class Shaped(Transport):
     worker's `faults` in force (set it once they are known). `wire_s` adds up the seconds
     its messages and collectives took on the wire, as modelled."""
 
-    def __init__(self, inner: Transport, network: Network, faults: Faults | None = None):
-        self.inner, self.network, self.faults = inner, network, faults
+    def __init__(
+        self, inner: Transport, network: Network, faults: Faults | None = None, rank: int = 0
+    ):
+        self.inner, self.network, self.faults, self.rank = inner, network, faults, rank
         self.clock = LinkClock(network)  # its collectives, one after another
         self.wire_s = 0.0
 
@@ -150,12 +152,20 @@ class Shaped(Transport):
         return self.inner.bytes_sent
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
-        self._pay(self.network.push_s(_size(buf), self.slow_s))
+        self._depart(buf, dst)
         self.inner.send(buf, dst)
 
     def isend(self, buf: torch.Tensor, dst: int):
-        self._pay(self.network.push_s(_size(buf), self.slow_s))
+        self._depart(buf, dst)
         return self.inner.isend(buf, dst)
+
+    def _depart(self, buf: torch.Tensor, dst: int) -> None:
+        """Held while the message leaves its NIC, then while it crosses the topology's
+        shared links (`Network.cross`)."""
+        size = _size(buf)
+        self._pay(self.network.push_s(size, self.slow_s))
+        wire = self.network.push_wire_s(size)
+        self._pay(self.network.cross(self.rank, dst, size, time.perf_counter(), wire))
 
     def _pay(self, seconds: float) -> None:
         self.wire_s += seconds

@@ -1,13 +1,13 @@
 """The network model, one for both runtimes: what a message or a collective costs, and the
 links that messages share.
 
-The cluster is one switch (a star): every rank sits on a host of its own, whose NIC has an
-uplink and a downlink. A message from a worker is the push direction (`cluster.push_*`), a
-message to a worker the pull direction (`cluster.pull_*`); each costs its direction's
-latency plus its bytes ÷ its bandwidth (`push_s`, `pull_s`; bandwidth 0 = unlimited). A
-hub (a parameter server, engine=local's asynchronous server) has one NIC for all its peers,
-the same as a worker's seen from the other end: its downlink carries every push at the push
-bandwidth, its uplink every reply at the pull bandwidth.
+Without a topology the cluster is one switch (a star): every rank sits on a host of its
+own, whose NIC has an uplink and a downlink. A message from a worker is the push direction
+(`cluster.push_*`), a message to a worker the pull direction (`cluster.pull_*`); each costs
+its direction's latency plus its bytes ÷ its bandwidth (`push_s`, `pull_s`; bandwidth 0 =
+unlimited). A hub (a parameter server, engine=local's asynchronous server) has one NIC for
+all its peers, the same as a worker's seen from the other end: its downlink carries every
+push at the push bandwidth, its uplink every reply at the pull bandwidth.
 
 Who pays what, in both runtimes (`World` implements it; no engine prices a message):
 
@@ -35,13 +35,36 @@ says: such a run's events are what they were before links were shared.
 Collectives are costed on the same parameters: a ring all-reduce or all-gather over the N
 workers (`allreduce_s`, `allgather_s`), one collective at a time per rank (its links carry
 one ring step at a time).
+
+A topology (`Topology`, from `cluster.rack_size`, `region_size` and their links) puts the
+hosts in racks and the racks in regions. A message between racks also crosses its sender's
+rack uplink, the WAN link of the two regions if they differ, and its receiver's rack
+downlink, paying each level's latency; each of those links is shared by every message that
+crosses it (`Calendars`: a message holds a link for its bytes at the link's bandwidth, in
+the first free interval from when its first byte gets there, so a link never carries more
+than its bandwidth, whatever order the runtime books its messages in). Its bytes stream
+through (cut-through): a free link as fast as the NIC costs only its latency, a slower one
+the difference. Who waits: a worker's send is held until its message is across (as its
+send is held for its own NIC: the sender's TCP stream cannot run ahead of the bottleneck);
+a hub's message reaches its receiver that much later, the hub going on. A collective over
+a topology is hierarchical: a ring within each rack, then among the racks of a region
+through their uplinks, then among the regions over the WAN, each level's ring costed at
+its latency and bandwidth (`allreduce_s`). No levels (one rack) costs what it did before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
+import os
+from pathlib import Path
+
+import numpy as np
 
 from stalebench.cluster import ClusterConfig
+
+SLOTS = 64  # bookings a shared link remembers, beside 4 per rank (the oldest forgotten)
 
 
 class Link:
@@ -66,12 +89,138 @@ class Link:
         return start
 
 
+class Calendars:
+    """The bookings of a topology's shared links (rack uplinks and downlinks, WAN links):
+    `slots[link]` holds the intervals (start, end) each link is busy, on one clock. In the
+    simulator an array of the process; in real processes a file in the machine's shared
+    memory that every rank maps, each booking under the file's lock (`shared`)."""
+
+    def __init__(self, slots: np.ndarray, lock_fd: int | None = None):
+        self.slots, self.lock_fd = slots, lock_fd
+
+    @classmethod
+    def local(cls, links: int, size: int) -> Calendars:
+        return cls(np.zeros((links, SLOTS + 4 * size, 2)))
+
+    @classmethod
+    def shared(cls, path: Path, links: int, size: int) -> Calendars:
+        """Every rank maps the same file (the same size; zeros are no booking)."""
+        shape = (links, SLOTS + 4 * size, 2)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, int(np.prod(shape)) * 8)
+        return cls(np.memmap(path, dtype=np.float64, mode="r+", shape=shape), fd)
+
+    def book(self, link: int, ready: float, seconds: float) -> float:
+        """The start of the first interval of `seconds` from `ready` on that the link has
+        free; it is then booked."""
+        if seconds <= 0:
+            return ready
+        lock = self._locked() if self.lock_fd is not None else contextlib.nullcontext()
+        with lock:
+            slots = self.slots[link]
+            busy = slots[slots[:, 1] > ready]
+            start = ready
+            for begin, end in busy[np.argsort(busy[:, 0])]:
+                if begin >= start + seconds:
+                    break
+                start = max(start, float(end))
+            slots[int(np.argmin(slots[:, 1]))] = (start, start + seconds)
+            return start
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+
+class Topology:
+    """Where the `size` ranks sit: rank r on host r, hosts in racks of `cluster.rack_size`
+    in rank order, racks in regions of `cluster.region_size`; the shared links between them
+    (`links`: each rack's uplink 2k and downlink 2k + 1, then region a's WAN link to region
+    b) and their bookings (`calendars`, set by the runtime: `Calendars`)."""
+
+    def __init__(self, cfg: ClusterConfig, size: int):
+        self.cfg, self.size = cfg, size
+        self.racks = math.ceil(size / cfg.rack_size) if cfg.rack_size else 1
+        self.regions = math.ceil(self.racks / cfg.region_size) if cfg.region_size else 1
+        self.links = 2 * self.racks + self.regions**2
+        self.calendars: Calendars | None = None
+
+    @property
+    def flat(self) -> bool:
+        """One rack: no message crosses a shared link."""
+        return self.racks == 1
+
+    def rack(self, rank: int) -> int:
+        return rank // self.cfg.rack_size if self.cfg.rack_size else 0
+
+    def region(self, rank: int) -> int:
+        return self.rack(rank) // self.cfg.region_size if self.cfg.region_size else 0
+
+    def hops(self, src: int, dst: int) -> list[tuple[int, float, float]]:
+        """(link, latency s, bandwidth Gbit/s) of each shared link a message from rank `src`
+        to rank `dst` crosses, in order; none within a rack."""
+        c, a, b = self.cfg, self.rack(src), self.rack(dst)
+        if a == b:
+            return []
+        hops = [(2 * a, c.rack_latency_ms / 1000, c.rack_bandwidth_gbps)]
+        g, h = self.region(src), self.region(dst)
+        if g != h:
+            latency = c.wan_latency_ms[g][h] / 1000 if c.wan_latency_ms else 0.0
+            hops.append(
+                (2 * self.racks + g * self.regions + h, latency, c.wan_bandwidth_gbps[g][h])
+            )
+        return [*hops, (2 * b + 1, 0.0, c.rack_bandwidth_gbps)]
+
+    def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
+        """The seconds a message of `nbytes` from `src` to `dst` whose last byte left its
+        sender's NIC at `last` (its bytes took `nic_s` there) takes beyond that to be across
+        every shared link on its way (each booked in `calendars`): their latencies, the
+        queue behind other messages, and what a link slower than the NIC adds."""
+        first, end = last - nic_s, last
+        for link, latency, gbps in self.hops(src, dst):
+            seconds = _delay(0.0, gbps, nbytes)
+            first = self.calendars.book(link, first + latency, seconds)
+            end = max(end + latency, first + seconds)
+        return end - last
+
+    def ring(self, n: int) -> list[tuple[int, float, float]]:
+        """The levels above the hosts of a collective over ranks 0..n−1: (members, latency
+        s, bandwidth Gbit/s) of the ring among a region's racks, then among the regions
+        (the WAN's slowest link between two of them, its longest latency); members 1 = no
+        such level."""
+        c = self.cfg
+        if not c.rack_size or n <= c.rack_size:
+            return []
+        racks = math.ceil(n / c.rack_size)
+        per_region = min(c.region_size, racks) if c.region_size else racks
+        levels = [(per_region, c.rack_latency_ms / 1000, c.rack_bandwidth_gbps)]
+        regions = math.ceil(racks / c.region_size) if c.region_size else 1
+        if regions > 1:
+            pairs = [(g, h) for g in range(regions) for h in range(regions) if g != h]
+            limited = [c.wan_bandwidth_gbps[g][h] for g, h in pairs if c.wan_bandwidth_gbps[g][h]]
+            slowest = min(limited, default=0.0)  # 0: every pair unlimited
+            latency = max(c.wan_latency_ms[g][h] for g, h in pairs) if c.wan_latency_ms else 0
+            levels.append((regions, latency / 1000, slowest))
+        return levels
+
+
 class Network:
     """The prices of the cluster's messages and collectives (seconds), from
-    `cluster.push_*`/`pull_*` and the number of workers."""
+    `cluster.push_*`/`pull_*`, the number of workers and the topology (none: one switch)."""
 
-    def __init__(self, cfg: ClusterConfig):
+    def __init__(self, cfg: ClusterConfig, topology: Topology | None = None):
         self.cfg = cfg
+        self.topology = topology if topology is not None and not topology.flat else None
+
+    def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
+        """What the topology's shared links add to a message (`Topology.cross`); 0 without."""
+        if self.topology is None:
+            return 0.0
+        return self.topology.cross(src, dst, nbytes, last, nic_s)
 
     def push_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of one message from a worker; `slow_s` is what a slow fault adds to each
@@ -100,17 +249,38 @@ class Network:
         direction's); the step lasts as long as the slower of the two, because the next step
         forwards the chunk just received. A worker whose sends a slow fault delays by `slow_s`
         makes every step that much longer: the next step waits for its chunk.
+
+        Over a topology (`Topology.ring`): the ring above within each rack of k hosts
+        (2(k − 1) steps of nbytes/k), and at each level above it 2(m − 1) steps among its m
+        groups, all of a group's hosts at once through the group's one link, nbytes/m of
+        them per step: 2(m − 1)·(α + nbytes/(m·β)) at the level's latency and bandwidth.
         """
         n = self.cfg.num_workers
+        levels = self.topology.ring(n) if self.topology is not None else []
+        if levels:  # hierarchical: a ring within each rack, then one per level above it
+            n = self.cfg.rack_size
         chunk = nbytes / n
         step = max(self.push_s(chunk), self.pull_s(chunk))
-        return 2 * (n - 1) * (step + slow_s)
+        return 2 * (n - 1) * (step + slow_s) + sum(
+            2 * (m - 1) * (latency + _delay(0.0, gbps, nbytes / m)) for m, latency, gbps in levels
+        )
 
     def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
-        N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`)."""
+        N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`).
+        Over a topology, from the top level down: each host swaps what it holds with its
+        counterparts in the other groups of a level (a group's link carries its hosts'
+        share), then the racks' rings forward the blocks gathered above."""
         n = self.cfg.num_workers
-        return (n - 1) * (max(self.push_s(nbytes), self.pull_s(nbytes)) + slow_s)
+        levels = self.topology.ring(n) if self.topology is not None else []
+        if levels:  # each level gathers blocks of what the levels above it gathered
+            n = self.cfg.rack_size
+        blocks = math.prod(m for m, _, _ in levels)
+        piece = nbytes * blocks
+        seconds = (n - 1) * (max(self.push_s(piece), self.pull_s(piece)) + slow_s)
+        return seconds + sum(
+            (m - 1) * (latency + _delay(0.0, gbps, n * piece / m)) for m, latency, gbps in levels
+        )
 
     def priority_order(self, sizes: list[int], ready: list[float]) -> list[int]:
         """The order in which pieces of `sizes` bytes, made at `ready` seconds, go over a

@@ -51,7 +51,7 @@ from stalebench.metrics.summary import stop
 from stalebench.runtime import checkpoint
 from stalebench.runtime.batching import Batcher, Deferred
 from stalebench.runtime.faults import WorkerLost
-from stalebench.runtime.network import Link, Network
+from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
@@ -92,7 +92,7 @@ class SimWorld(World):
     def __init__(self, sim: Simulator, rank: int, record: RunRecord | None):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
-        self.network = Network(self.profile.cfg)
+        self.network = Network(self.profile.cfg, sim.topology)
         self.up, self.down = Link(), Link()  # a hub's NIC
         self.wire_s = 0.0
         self.clock = 0.0
@@ -160,11 +160,15 @@ class SimWorld(World):
         self.pending.clear()
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
+        size, network = nbytes(buf), self.network
         if self.hub:  # it leaves once the hub's uplink is free (the hub goes on meanwhile);
-            # its receiver pays the pull time from there
-            at = self.up.leave(self.clock, self.network.pull_wire_s(nbytes(buf)))
-        else:
-            self._pay(self.network.push_s(nbytes(buf), self._slow_s()))
+            # its receiver pays the pull time from there, and the topology's links before
+            wire = network.pull_wire_s(size)
+            at = self.up.leave(self.clock, wire)
+            at += network.cross(self.rank, dst, size, at + wire, wire)
+        else:  # held until it is out of its NIC, then across the topology's links
+            self._pay(network.push_s(size, self._slow_s()))
+            self._pay(network.cross(self.rank, dst, size, self.clock, network.push_wire_s(size)))
             at = self.clock
         if self.pending:  # the lazy steps that write this message, and any still unrun
             self.pending = [d for d in self.pending if d.step is not None]
@@ -399,6 +403,8 @@ class Simulator:
         resume = checkpoint.load(run_dir, job.meta["config_sha"]) if job.cfg.resume else None
         self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume)
         self.record.virtual_time = True
+        self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
+        self.topology.calendars = Calendars.local(self.topology.links, size)
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
         for world in self.worlds:
             world.every_s = checkpoint.every_s(job.cfg)

@@ -51,7 +51,7 @@ from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults, Shaped, pad_to
-from stalebench.runtime.network import Link, Network
+from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.runtime.quorum import Live, Quorum, Rounds
 from stalebench.runtime.receiver import Inbox
 from stalebench.runtime.transport import Transport
@@ -352,14 +352,15 @@ class RealWorld(World):
         store: Any = None,
         spares: int = 0,
         every_s: float = 0.0,
+        links_dir: Path | None = None,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
         self.transport, self.timeout_s = transport, timeout_s
         active = size - spares
-        self.network = Network(profile.cfg)
-        self.net = Shaped(transport, self.network)
+        self.network = Network(profile.cfg, _topology(profile.cfg, size, links_dir))
+        self.net = Shaped(transport, self.network, rank=rank)
         self.up, self.down = Link(), Link()  # a hub's NIC, on perf_counter's clock
-        self.departures: Departures | None = None  # a hub's sends that wait for its uplink
+        self.departures: dict[int, Departures] = {}  # a hub's sends that wait for its uplink
         self.quorum, self.rounds = None, None  # the ranks left; the live collectives
         if store is not None:
             self.quorum = Quorum(store, rank, size, timeout_s, active)
@@ -380,8 +381,8 @@ class RealWorld(World):
         """Close what this rank opened (its own events.jsonl handle), once a hub's sends
         still waiting for its uplink have left."""
         self.tell_overrun()
-        if self.departures is not None:
-            self.departures.close()
+        for departures in self.departures.values():
+            departures.close()
         if self._events is not None and self.record is None:
             self._events.close()
 
@@ -413,14 +414,19 @@ class RealWorld(World):
 
     def _leave(self, buf: torch.Tensor, dst: int) -> Any:
         """A hub's send leaves once its uplink is free of the sends before it: at once, or
-        from its NIC's thread (`Departures`) while the hub goes on."""
-        now = time.perf_counter()
-        at = self.up.leave(now, self.network.pull_wire_s(nbytes(buf)))
-        if at <= now and (self.departures is None or self.departures.idle()):
+        from its NIC's thread (`Departures`) while the hub goes on; over a topology, once it
+        would be across the shared links (a thread per receiver: one far away holds back
+        no other)."""
+        now, size = time.perf_counter(), nbytes(buf)
+        wire = self.network.pull_wire_s(size)
+        at = self.up.leave(now, wire)
+        at += self.network.cross(self.rank, dst, size, at + wire, wire)
+        key = dst if self.network.topology is not None else 0
+        if at <= now and (key not in self.departures or self.departures[key].idle()):
             return self.transport.isend(buf, dst)
-        if self.departures is None:
-            self.departures = Departures(self.transport)
-        self.departures.put(at, buf, dst)
+        if key not in self.departures:
+            self.departures[key] = Departures(self.transport)
+        self.departures[key].put(at, buf, dst)
         return None
 
     def _deliver(self, size: int) -> None:
@@ -659,6 +665,21 @@ class RealListener(Listener):
 
     def replace(self, peer: int, rank: int) -> None:
         self.inbox.replace(peer, rank)
+
+
+LINKS_FILE = "links"  # the topology's shared links' bookings, beside the mailboxes
+
+
+def _topology(cfg, size: int, links_dir: Path | None) -> Topology:
+    """The run's topology, its shared links' bookings in the machine's shared memory
+    (`links_dir`, every rank of the run maps it), or this process's own without one."""
+    topology = Topology(cfg, size)
+    if not topology.flat:
+        if links_dir is not None:
+            topology.calendars = Calendars.shared(links_dir / LINKS_FILE, topology.links, size)
+        else:
+            topology.calendars = Calendars.local(topology.links, size)
+    return topology
 
 
 def rng_state() -> dict[str, Any]:

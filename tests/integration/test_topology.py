@@ -1,0 +1,59 @@
+"""A topology's shared links in both runtimes (stalebench.runtime.network.Topology): the
+workers in other racks than the server's reach it through its rack's one downlink and
+hear from it through its one uplink, whatever their own NICs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import run_job
+
+# ASP over 4 workers, a 287k-parameter MLP (1.15 MB a message), racks of 2 hosts with
+# 100 Mbit/s uplinks and unlimited NICs: rack 0 holds the server and worker 0, rack 1
+# workers 1 and 2, rack 2 worker 3. One message holds a rack link 92 ms, so the three
+# workers outside the server's rack, whose pushes all come down rack 0's downlink and
+# whose replies all go up its uplink, make at most ~10.9 updates a second together;
+# worker 0, in the server's rack, crosses no shared link: a 10 ms step each
+RACKS = [
+    "algorithm=asp",
+    "model=mlp",
+    "model.hidden=[512,512]",
+    "dataset=mnist1d",
+    "cluster=homogeneous",
+    "cluster.num_workers=4",
+    "cluster.compute_ms=10",
+    "cluster.rack_size=2",
+    "cluster.rack_bandwidth_gbps=0.1",
+    "cluster.rack_latency_ms=1",
+    "budget.max_updates=0",
+    "budget.max_wall_s=3",
+    "eval.every_s=1.5",
+    "eval.every_updates=0",
+]
+PARAMS = 40 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+LIMIT = 0.1e9 / 8 / (4 * PARAMS)  # messages a second through one 100 Mbit/s rack link
+
+
+def rates(run) -> tuple[float, float]:
+    """Updates a second of worker 0 (the server's rack) and of the others together."""
+    seconds = run.summary["wall_time_s"]
+    updates = [e for e in run.events if e["kind"] == "update"]
+    near = sum(e["worker"] == 0 for e in updates)
+    return near / seconds, (len(updates) - near) / seconds
+
+
+def check(run, low: float) -> None:
+    assert run.summary["status"] == "completed", run.summary["error"]
+    near, far = rates(run)
+    assert low * LIMIT <= far <= 1.05 * LIMIT  # the rack link's limit sets their pace
+    assert near > 3 * far  # in the server's rack: no shared link on its way
+
+
+@pytest.mark.timeout(60)
+def test_sim_workers_beyond_the_servers_rack_share_its_rack_link(tmp_path):
+    check(run_job(tmp_path / "sim", ["runtime=sim", *RACKS]), 0.85)
+
+
+@pytest.mark.timeout(90)
+def test_real_workers_beyond_the_servers_rack_share_its_rack_link(tmp_path):
+    check(run_job(tmp_path / "real", RACKS), 0.7)
