@@ -250,37 +250,45 @@ class Network:
         forwards the chunk just received. A worker whose sends a slow fault delays by `slow_s`
         makes every step that much longer: the next step waits for its chunk.
 
-        Over a topology (`Topology.ring`): the ring above within each rack of k hosts
-        (2(k − 1) steps of nbytes/k), and at each level above it 2(m − 1) steps among its m
-        groups, all of a group's hosts at once through the group's one link, nbytes/m of
-        them per step: 2(m − 1)·(α + nbytes/(m·β)) at the level's latency and bandwidth.
+        Over a topology (`Topology.ring`), hierarchical: the ring above within each rack of
+        k hosts (2(k − 1) steps of nbytes/k), then at each level above it 2(m − 1) steps
+        among its m groups of h hosts, every host a chunk of nbytes/(m·h) through its NIC,
+        all of a group's at once through the group's one link (nbytes/m a step): a step
+        lasts the level's latency plus the slower of the NIC's and the link's time.
         """
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
-        if levels:  # hierarchical: a ring within each rack, then one per level above it
-            n = self.cfg.rack_size
-        chunk = nbytes / n
-        step = max(self.push_s(chunk), self.pull_s(chunk))
-        return 2 * (n - 1) * (step + slow_s) + sum(
-            2 * (m - 1) * (latency + _delay(0.0, gbps, nbytes / m)) for m, latency, gbps in levels
-        )
+        k = self.cfg.rack_size if levels else n
+        seconds = 2 * (k - 1) * (self._nic_s(nbytes / k) + slow_s)
+        hosts = k  # under one group of the level
+        for m, latency, gbps in levels:
+            step = max(self._nic_s(nbytes / (m * hosts)), _delay(0.0, gbps, nbytes / m))
+            seconds += 2 * (m - 1) * (latency + step + slow_s)
+            hosts *= m
+        return seconds
 
     def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
         N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`).
         Over a topology, from the top level down: each host swaps what it holds with its
-        counterparts in the other groups of a level (a group's link carries its hosts'
-        share), then the racks' rings forward the blocks gathered above."""
+        counterparts in the other groups of a level (the group's link carries its hosts'
+        share at once), then each rack's ring forwards the blocks gathered above."""
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
-        if levels:  # each level gathers blocks of what the levels above it gathered
-            n = self.cfg.rack_size
-        blocks = math.prod(m for m, _, _ in levels)
-        piece = nbytes * blocks
-        seconds = (n - 1) * (max(self.push_s(piece), self.pull_s(piece)) + slow_s)
-        return seconds + sum(
-            (m - 1) * (latency + _delay(0.0, gbps, n * piece / m)) for m, latency, gbps in levels
-        )
+        k = self.cfg.rack_size if levels else n
+        hosts = [k]  # under one group of each level
+        for m, _, _ in levels:
+            hosts.append(hosts[-1] * m)
+        seconds, held = 0.0, nbytes  # what each host holds, from the top level down
+        for (m, latency, gbps), h in reversed(list(zip(levels, hosts, strict=False))):
+            step = max(self._nic_s(held), _delay(0.0, gbps, h * held))
+            seconds += (m - 1) * (latency + step + slow_s)
+            held *= m
+        return seconds + (k - 1) * (self._nic_s(held) + slow_s)
+
+    def _nic_s(self, nbytes: float) -> float:
+        """A ring step's time on the NICs: the slower direction."""
+        return max(self.push_s(nbytes), self.pull_s(nbytes))
 
     def priority_order(self, sizes: list[int], ready: list[float]) -> list[int]:
         """The order in which pieces of `sizes` bytes, made at `ready` seconds, go over a

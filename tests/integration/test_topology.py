@@ -57,3 +57,29 @@ def test_sim_workers_beyond_the_servers_rack_share_its_rack_link(tmp_path):
 @pytest.mark.timeout(90)
 def test_real_workers_beyond_the_servers_rack_share_its_rack_link(tmp_path):
     check(run_job(tmp_path / "real", RACKS), 0.7)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        ["algorithm=asp"],
+        ["algorithm=bsp", "engine=allreduce"],
+        ["algorithm=bsp", "engine=allreduce", "engine.bucket_mb=0.001"],
+        ["algorithm=diloco", "algorithm.outer.inner_steps=4"],
+        ["algorithm=sgp"],
+    ],
+    ids=["ps", "allreduce", "ddp", "local", "gossip"],
+)
+def test_racks_whose_links_cost_nothing_are_the_one_switch_network(tmp_path, algorithm):
+    # every host a rack of its own, every message and collective through the racks' links
+    # and the hierarchy's levels, at no latency and unlimited bandwidth: the same events,
+    # byte for byte, as one switch on the same costed NICs (a rack latency of 1 µs: not)
+    base = ["runtime=sim", *algorithm, "cluster=slow_network", "budget.max_updates=40"]
+    flat = run_job(tmp_path / "flat", base)
+    assert flat.summary["status"] == "completed", flat.summary["error"]
+    for name, extra in (("racks", []), ("costed", ["cluster.rack_latency_ms=0.001"])):
+        run_job(tmp_path / name, [*base, "cluster.rack_size=1", *extra])
+    events = {d: (tmp_path / d / "events.jsonl").read_bytes() for d in ("flat", "racks", "costed")}
+    assert events["racks"] == events["flat"]
+    assert events["costed"] != events["flat"]
