@@ -8,9 +8,11 @@ Each configuration — ps ASP, SSP and BSP; allreduce BSP; DiLoCo; gossip SGP �
 workers runs
 1. in real processes with no emulation: `cluster.compute_ms=0` (real compute, no padding),
    no latency or bandwidth (real gloo, no sleeps);
-2. in the simulator, on a profile calibrated here first (`stalebench.calibrate`): a step
-   with as many processes stepping at once as the run has workers, gloo's loopback latency
-   and bandwidth.
+2. in the simulator, on a profile calibrated here first (`stalebench.calibrate`): a step,
+   gloo's loopback latency and bandwidth, and the host — this machine's cores, which the
+   simulator shares among the run's busy ranks, and, from a short real probe of the
+   family's first algorithm on the fewest workers its engine takes, the hub's handling of
+   a message and each step's cost beyond what the simulator prices.
 Compared: updates/s, time to a target loss (the real run's training loss halfway from its
 first evaluation to its last, read on both curves), and the mean lag. The targets: median
 |error| of time-to-target ≤ 10 %, none over 25 %, and each family's algorithms ranked the
@@ -92,16 +94,18 @@ def time_to(curve: list[tuple[float, float]], loss: float) -> float | None:
     return None
 
 
-def calibrated(workers: int, probe: dict) -> list[str]:
-    """The simulator's profile from the machine's measurements: a step as `workers`
-    processes stepping at once take it (the nearest k measured), gloo's loopback."""
-    k = min(probe["contention"], key=lambda k: abs(k - workers))
+def calibrated(probe: dict, host: dict, cores: int) -> list[str]:
+    """The simulator's profile from the machine's measurements: a step alone, gloo's
+    loopback, the cores the ranks share, and the family's host probe."""
     return [
-        f"cluster.compute_ms={probe['contention'][k]:.4f}",
+        f"cluster.compute_ms={probe['step_ms']:.4f}",
         f"cluster.push_latency_ms={probe['latency_ms']:.4f}",
         f"cluster.pull_latency_ms={probe['latency_ms']:.4f}",
         f"cluster.push_bandwidth_gbps={probe['bandwidth_gbps']:.3f}",
         f"cluster.pull_bandwidth_gbps={probe['bandwidth_gbps']:.3f}",
+        f"cluster.host_cores={cores}",
+        f"cluster.overhead_ms={host['overhead_ms']:.4f}",
+        f"cluster.hub_ms={host['hub_ms']:.4f}",
     ]
 
 
@@ -118,15 +122,18 @@ def main() -> None:
     cfg = compose(COMMON)
     have = cores()
     probe = calibrate.measure(cfg, load_splits(cfg), have)
-    rows = []
+    rows, hosts = [], {}
     for family, arms in families.items():
+        first = next(iter(arms.values()))
+        hosts[family] = calibrate.probe(compose([*COMMON, *first]), probe, have)
+        print(family, "host", hosts[family])
         for n in workers:
             for name, arm in arms.items():
                 base = [*COMMON, *arm, f"cluster.num_workers={n}"]
                 real = run(base)
                 first, last = real["curve"][0][1], real["curve"][-1][1]
                 target = first - 0.5 * (first - last)
-                sim = run([*base, "runtime=sim", *calibrated(n, probe)])
+                sim = run([*base, "runtime=sim", *calibrated(probe, hosts[family], have)])
                 t_real, t_sim = time_to(real["curve"], target), time_to(sim["curve"], target)
                 rows.append({
                     "family": family, "algorithm": name, "workers": n,
@@ -141,6 +148,7 @@ def main() -> None:
     result = {
         "machine": {"cores": have, "platform": platform.platform(), "torch": torch.__version__},
         "probe": probe,
+        "hosts": hosts,
         "common": COMMON,
         "rows": rows,
         "summary": summarize(rows),

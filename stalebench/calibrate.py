@@ -8,10 +8,17 @@ What it measures, each the median of repeats after a warm-up:
 - how a step grows when k processes step at once on this machine's cores, k = 1, 2, 4, …
   up to twice the cores (`contention`: k → the mean step, ms);
 - gloo on the loopback between two processes: the one-way latency of an 8-byte message
-  (half a round trip) and the bandwidth of a 16 MB one (`latency_ms`, `bandwidth_gbps`).
+  (half a round trip) and the bandwidth of a 16 MB one (`latency_ms`, `bandwidth_gbps`);
+- the host (`probe`): one short real run of the configured job with nothing emulated, on
+  the fewest workers its engine takes, then the simulator on the profile measured so far:
+  a hub's handling of a message as the real run timed it (`hub_ms`: the server's apply and
+  bookkeeping), and what each step cost beyond what the simulator priced (`overhead_ms`:
+  the loop around the step, its messages' handling).
 
-The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's, the
-measurements kept in a comment. It is written to `<conf>/cluster/<name>.yaml`, `<conf>`
+The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's,
+`host_cores` this machine's cores (the ranks of a run share them: the simulator stretches
+their work when more are busy than cores), `hub_ms` and `overhead_ms`; the measurements
+kept in a comment. It is written to `<conf>/cluster/<name>.yaml`, `<conf>`
 being `$STALEBENCH_CONF` or `~/.config/stalebench` (`plugins.user_conf`), a folder on
 Hydra's search path.
 """
@@ -55,26 +62,29 @@ def step_ms(cfg, splits, repeats: int = 20) -> float:
     return 1000 * time_step(model, x, y, repeats, opt=opt)
 
 
-def _contended(cfg, splits, repeats, start_at, out) -> None:
+def _contended(cfg, splits, window: float, start_at, out) -> None:
     model, x, y, opt = _stepper(cfg, splits)
     _step_once(model, x, y, opt)  # warm-up, before the common start
     while time.time() < start_at:
         time.sleep(0.001)
-    t = time.perf_counter()
-    for _ in range(repeats):
+    steps, end = 0, time.perf_counter() + window
+    while time.perf_counter() < end:
         _step_once(model, x, y, opt)
-    out.put((time.perf_counter() - t) / repeats)
+        steps += 1
+    out.put(window / max(steps, 1))
 
 
-def contention(cfg, splits, cores: int, repeats: int = 20) -> dict[int, float]:
-    """k processes stepping at once, k = 1, 2, 4, … ≤ 2 × cores: the mean step (ms)."""
+def contention(cfg, splits, cores: int, window: float = 0.5) -> dict[int, float]:
+    """k processes stepping at once, k = 1, 2, 4, … ≤ 2 × cores: the mean step (ms), each
+    process stepping for the same `window` of seconds (every process busy all through it,
+    so that the k share the cores all the time they are measured)."""
     ctx = mp.get_context("fork")
     out: dict[int, float] = {}
     k = 1
     while k <= 2 * cores:
         queue = ctx.Queue()
         start_at = time.time() + 0.5
-        procs = [ctx.Process(target=_contended, args=(cfg, splits, repeats, start_at, queue))
+        procs = [ctx.Process(target=_contended, args=(cfg, splits, window, start_at, queue))
                  for _ in range(k)]  # fmt: skip
         for p in procs:
             p.start()
@@ -137,12 +147,77 @@ def loopback() -> tuple[float, float]:
 
 def measure(cfg, splits, cores: int) -> dict[str, Any]:
     latency_s, bytes_per_s = loopback()
-    return {
+    m = {
         "step_ms": step_ms(cfg, splits),
         "contention": contention(cfg, splits, cores),
         "latency_ms": 1000 * latency_s,
         "bandwidth_gbps": 8 * bytes_per_s / 1e9,
     }
+    return {**m, **probe(cfg, m, cores)}
+
+
+PROBE_S = 2.0  # the probe's run, seconds
+
+
+def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True):
+    """`cfg` on the measured profile: `workers` equal workers, nothing else emulated (no
+    topology, faults or slow workers); `host`: with the host's measurements too."""
+    import copy
+
+    from stalebench.cluster import ClusterConfig
+
+    run = copy.deepcopy(cfg)
+    run.cluster = ClusterConfig(
+        preset="calibrated", num_workers=workers, compute_ms=m["step_ms"],
+        push_latency_ms=m["latency_ms"], pull_latency_ms=m["latency_ms"],
+        push_bandwidth_gbps=m["bandwidth_gbps"], pull_bandwidth_gbps=m["bandwidth_gbps"],
+        host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0) if host else 0.0,
+        hub_ms=m.get("hub_ms", 0.0) if host else 0.0,
+    )  # fmt: skip
+    return run
+
+
+def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
+    """The host: a real run of `cfg` for PROBE_S seconds with nothing emulated (real
+    compute, real gloo), on the fewest workers its engine takes (1, else 2), and the
+    simulator on the profile measured so far with its hub's handling as the real run
+    timed it: `hub_ms` (0 without a hub), and `overhead_ms`, what a step of the real run
+    took beyond the simulator's (0 when the simulator is the slower)."""
+    import tempfile
+
+    from stalebench import experiment
+    from stalebench.config import LoggerConfig
+    from stalebench.errors import ConfigError
+
+    def run(cfg, runtime: str) -> dict[str, Any]:
+        cfg.runtime, cfg.logger, cfg.oversubscribe = runtime, LoggerConfig(name="none"), True
+        cfg.budget.max_updates, cfg.budget.max_wall_s = 0, PROBE_S
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg.run_dir = tmp
+            summary = experiment.run(cfg)
+        if summary["status"] != "completed":
+            raise RuntimeError(f"calibrate's probe ({runtime}) ended {summary['status']}: "
+                               f"{summary.get('error')}")  # fmt: skip
+        return summary
+
+    for workers in (1, 2):
+        real = profiled(cfg, m, cores, workers)
+        real.cluster.compute_ms = 0.0  # nothing emulated
+        for key in ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps",
+                    "pull_bandwidth_gbps"):  # fmt: skip
+            setattr(real.cluster, key, 0.0)
+        try:
+            got = run(real, "real")
+        except ConfigError:  # the engine takes more workers
+            continue
+        hub_ms = (got.get("hub") or {}).get("handling_ms", 0.0)
+        sim = run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
+        per_step = {k: s["wall_time_s"] / max(s["gradients"], 1) for k, s in
+                    (("real", got), ("sim", sim))}  # fmt: skip
+        overhead = max(0.0, (per_step["real"] - per_step["sim"]) * workers)
+        return {"probe_workers": workers, "hub_ms": hub_ms, "overhead_ms": 1000 * overhead,
+                "probe_step_ms": {k: 1000 * v for k, v in per_step.items()}}  # fmt: skip
+    raise RuntimeError(f"calibrate's probe: engine={cfg.engine.name} takes neither 1 nor 2 workers")
 
 
 def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
@@ -157,6 +232,10 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"# k processes stepping at once, mean step (ms): {{{grows}}}",
         f"# gloo on the loopback: {m['latency_ms']:.4f} ms one way, "
         f"{m['bandwidth_gbps']:.2f} Gbit/s",
+        f"# the probe (a real run of the job, {m['probe_workers']} worker(s), nothing "
+        f"emulated): a step every {m['probe_step_ms']['real']:.3f} ms a worker, the "
+        f"simulator {m['probe_step_ms']['sim']:.3f} ms before overhead_ms; the hub's "
+        f"handling {m['hub_ms']:.3f} ms a message",
         f"preset: {name}",
         "compute: constant",
         f"compute_ms: {m['step_ms']:.4f}",
@@ -164,6 +243,9 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"pull_latency_ms: {m['latency_ms']:.4f}",
         f"push_bandwidth_gbps: {m['bandwidth_gbps']:.3f}",
         f"pull_bandwidth_gbps: {m['bandwidth_gbps']:.3f}",
+        f"host_cores: {cores}",
+        f"overhead_ms: {m['overhead_ms']:.4f}",
+        f"hub_ms: {m['hub_ms']:.4f}",
         "",
     ])  # fmt: skip
 

@@ -136,6 +136,12 @@ class ClusterConfig(ComponentConfig):
     region_size: int = 0  # racks per region; 0 = one region
     wan_bandwidth_gbps: list[Any] = dataclasses.field(default_factory=list)  # G × G
     wan_latency_ms: list[Any] = dataclasses.field(default_factory=list)  # G × G or empty
+    # the host: what processes on one machine pay beyond the profile's steps and messages,
+    # priced by the simulator (real processes pay it for real; `stalebench calibrate`
+    # measures it; all 0 = an ideal host, the default)
+    host_cores: int = 0  # the cores the run's ranks share (0: a core per rank, no sharing)
+    overhead_ms: float = 0.0  # a rank's CPU per step beyond the step (its loop around it)
+    hub_ms: float = 0.0  # a hub's CPU per message it takes (the server's apply, bookkeeping)
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
@@ -163,8 +169,12 @@ class ClusterConfig(ComponentConfig):
         _check_topology(self, bad)
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
+        if self.host_cores < 0:
+            raise bad("host_cores", self.host_cores, ">= 0 (0: a core per rank)")
         for key in (
             "compute_ms",
+            "overhead_ms",
+            "hub_ms",
             "push_latency_ms",
             "pull_latency_ms",
             "push_bandwidth_gbps",

@@ -27,6 +27,26 @@ import time
 from stalebench.cluster import DEVICES
 
 
+class Host:
+    """The simulator's host model: the run's `size` ranks share `cores` cores (0: a core
+    each, nothing shared). A rank's CPU work of `seconds` starting at `start` (a step, a
+    hub's handling of a message) is stretched by the ranks busy then, itself included, over
+    the cores, when they outnumber them: processor sharing, with the share fixed when the
+    work starts (a rank that starts later does not slow it after the fact)."""
+
+    def __init__(self, cores: int, size: int):
+        self.cores = cores
+        self.busy = [(0.0, 0.0)] * size  # each rank's latest CPU work: (start, end)
+
+    def run(self, rank: int, start: float, seconds: float) -> float:
+        if not self.cores:
+            return seconds
+        busy = 1 + sum(a <= start < b for r, (a, b) in enumerate(self.busy) if r != rank)
+        seconds *= max(1.0, busy / self.cores)
+        self.busy[rank] = (start, start + seconds)
+        return seconds
+
+
 def cores() -> int:
     """The cores this process may run on."""
     try:

@@ -233,14 +233,19 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
 def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir: Path):
     """summary.json's `overrun`: the steps the profile timed, on every rank, and how many of
     them ran longer than drawn (this machine was not the cluster asked for: more than
-    `OVERRUN_LIMIT` of them and the run says so). Absent when no step was timed."""
-    steps = overran = 0
+    `OVERRUN_LIMIT` of them and the run says so), absent when no step was timed; and its
+    `hub`: a hub's handling of a message as measured (from taking it to asking for the
+    next: the server's apply and bookkeeping, what `cluster.hub_ms` prices in the
+    simulator), absent without a hub."""
+    steps = overran = handled = 0
+    handling_s = 0.0
     for r in range(world):
         key = f"{OVERRUN_KEY}/{r}"
         with contextlib.suppress(Exception):
             if store.check([key]):
-                n, k = map(int, store.get(key).decode().split())
-                steps, overran = steps + n, overran + k
+                n, k, h, s = store.get(key).decode().split()
+                steps, overran = steps + int(n), overran + int(k)
+                handled, handling_s = handled + int(h), handling_s + float(s)
     if steps:
         summary["overrun"] = {
             "steps": steps,
@@ -248,6 +253,9 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
             "fraction": round(overran / steps, 4),
             "limit": OVERRUN_LIMIT,
         }
+    if handled:
+        summary["hub"] = {"messages": handled, "handling_ms": round(1000 * handling_s / handled, 4)}
+    if steps or handled:
         write_json(run_dir / "summary.json", summary)
     return summary
 

@@ -50,6 +50,7 @@ from stalebench.job import Job
 from stalebench.metrics.summary import stop
 from stalebench.runtime import checkpoint
 from stalebench.runtime.batching import Batcher, Deferred
+from stalebench.runtime.compute import Host
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.runtime.record import RunRecord
@@ -93,6 +94,8 @@ class SimWorld(World):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
         self.network = Network(self.profile.cfg, sim.topology)
+        self.overhead_s = self.profile.cfg.overhead_ms / 1000
+        self.hub_s = self.profile.cfg.hub_ms / 1000
         self.up, self.down = Link(), Link()  # a hub's NIC
         self.wire_s = 0.0
         self.clock = 0.0
@@ -130,6 +133,8 @@ class SimWorld(World):
         return paused
 
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
+        # the host's share: the rank's loop around its step, the cores it shares
+        step_s = self.sim.host.run(self.rank, self.clock, step_s + self.overhead_s)
         self.clock += step_s
         if lazy:
             self._defer(step)
@@ -198,9 +203,16 @@ class SimWorld(World):
             arrival = self.down.take(arrival, self.network.push_wire_s(nbytes(buf)))
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
-        if not self.hub:
+        if self.hub:
+            self.clock += self.handle()
+        else:
             self._pay(self.network.pull_s(nbytes(buf)))
         return waited
+
+    def handle(self) -> float:
+        """What a hub's handling of the message it took costs (`cluster.hub_ms`, on the
+        cores it shares)."""
+        return self.sim.host.run(self.rank, self.clock, self.hub_s) if self.hub_s else 0.0
 
     def _pay(self, seconds: float) -> None:
         self.clock += seconds
@@ -382,6 +394,8 @@ class SimListener(Listener):
             if world.hub and not isinstance(message, BaseException):  # its downlink's queue
                 at = max(at, world.down.take(arrival, world.network.push_wire_s(nbytes(message))))
             world.clock, peer = at, self.peer_of[src]
+            if world.hub and not isinstance(message, BaseException):
+                world.clock += world.handle()
             for step in deferred if read else ():
                 step.run()
             if isinstance(message, BaseException):
@@ -405,6 +419,7 @@ class Simulator:
         self.record.virtual_time = True
         self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
         self.topology.calendars = Calendars.local(self.topology.links, size)
+        self.host = Host(job.profile.cfg.host_cores, size)  # the ranks' shared cores
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
         for world in self.worlds:
             world.every_s = checkpoint.every_s(job.cfg)

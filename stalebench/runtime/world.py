@@ -366,6 +366,8 @@ class RealWorld(World):
             self.quorum = Quorum(store, rank, size, timeout_s, active)
             self.rounds = Rounds(self.quorum, transport, self.net.all_reduce_start)
         self.store, self.steps, self.overran, self.told_at = store, 0, 0, 0.0
+        # a hub's handling of the messages it took: from taking one to asking for the next
+        self.handled, self.handling_s, self.took_at = 0, 0.0, None
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
@@ -481,9 +483,10 @@ class RealWorld(World):
         """This rank's profiled steps and those that ran longer than drawn, to the run's
         store, where the launcher adds them up into summary.json (`overrun`)."""
         self.told_at = time.perf_counter()
-        if self.store is not None and self.steps:
+        if self.store is not None and (self.steps or self.handled):
+            told = f"{self.steps} {self.overran} {self.handled} {self.handling_s!r}"
             with contextlib.suppress(Exception):  # the store gone: the run is ending
-                self.store.set(f"{OVERRUN_KEY}/{self.rank}", f"{self.steps} {self.overran}")
+                self.store.set(f"{OVERRUN_KEY}/{self.rank}", told)
 
     @blocking
     def isend(self, buf: torch.Tensor, dst: int) -> Any:
@@ -497,15 +500,26 @@ class RealWorld(World):
     @blocking
     def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> float:
         pull_s = 0.0 if self.hub else self.network.pull_s(nbytes(buf))
+        self.asking()
         start = time.perf_counter()
         self.link.recv(buf, src, PATIENT if patient else None)  # then sleeps the pull delay
         if self.hub:
             self._deliver(nbytes(buf))
+            self.took()
         return max(time.perf_counter() - start - pull_s, 0.0)
+
+    def asking(self) -> None:
+        """A hub asks for its next message: its handling of the last one is over."""
+        if self.took_at is not None:
+            self.handling_s += time.perf_counter() - self.took_at
+            self.took_at = None
+
+    def took(self) -> None:
+        self.handled, self.took_at = self.handled + 1, time.perf_counter()
 
     def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
         inbox = Inbox(self.transport, peers, make, self.now, self.timeout_s)
-        return RealListener(inbox, self._deliver if self.hub else None)
+        return RealListener(inbox, self if self.hub else None)
 
     @blocking
     def all_reduce(self, buf: torch.Tensor, seconds=None, wait: bool = True, nbytes=None):
@@ -644,17 +658,21 @@ class Listener:
 
 class RealListener(Listener):
     """A thread per peer, each waiting on its messages (`Inbox`); a hub's messages then
-    pass its downlink (`deliver(size)`), in the order it takes them."""
+    pass its downlink (`RealWorld._deliver`), in the order it takes them, and its handling
+    of each is timed."""
 
-    def __init__(self, inbox: Inbox, deliver: Callable[[int], None] | None = None):
-        self.inbox, self.deliver = inbox, deliver
+    def __init__(self, inbox: Inbox, hub: RealWorld | None = None):
+        self.inbox, self.hub = inbox, hub
         inbox.start()
 
     @blocking
     def next(self, active: set[int], until: float = 0.0, read: bool = True):
+        if self.hub is not None:
+            self.hub.asking()
         got = self.inbox.next(active, until)
-        if got is not None and self.deliver is not None:
-            self.deliver(sum(nbytes(b) for b in got[1]))
+        if got is not None and self.hub is not None:
+            self.hub._deliver(sum(nbytes(b) for b in got[1]))
+            self.hub.took()
         return got
 
     def arm(self, peer: int) -> None:

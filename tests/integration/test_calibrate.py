@@ -23,6 +23,13 @@ def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
     assert c.push_bandwidth_gbps == c.pull_bandwidth_gbps > 0.01
     # k processes at once: a step at every k up to twice the cores, in the comment
     assert "processes stepping at once" in written.read_text()
+    # the host: this machine's cores; the probe's real run had a server (the default job is
+    # ps ASP), whose handling of a message it timed; what the simulator's step lacked
+    from stalebench.runtime.compute import cores
+
+    assert c.host_cores == cores()
+    assert 0 < c.hub_ms < 1000 and c.overhead_ms >= 0
+    assert "the probe (a real run of the job, 1 worker(s)" in written.read_text()
 
 
 def test_a_bigger_model_calibrates_to_a_longer_step():

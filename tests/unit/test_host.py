@@ -1,0 +1,78 @@
+"""The simulator's host model (stalebench.runtime.compute.Host, cluster.host_cores,
+overhead_ms, hub_ms): what processes on one machine pay beyond the profile's steps and
+messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalebench.runtime.compute import Host
+from tests.conftest import run_job
+
+
+def test_no_cores_given_shares_nothing():
+    host = Host(0, 4)
+    assert [host.run(r, 0.0, 0.01) for r in range(4)] == [0.01] * 4
+
+
+def test_ranks_busy_beyond_the_cores_share_them():
+    host = Host(2, 4)
+    # two at once on two cores: each its own; a third and a fourth while they run: 3/2, 4/2
+    assert host.run(0, 0.0, 1.0) == 1.0
+    assert host.run(1, 0.0, 1.0) == 1.0
+    assert host.run(2, 0.5, 1.0) == pytest.approx(1.5)
+    assert host.run(3, 0.5, 1.0) == pytest.approx(2.0)
+    # later, rank 0 again: ranks 2 and 3 still busy (until 2.0 and 2.5), rank 1 done at 1.0
+    assert host.run(0, 1.5, 1.0) == pytest.approx(1.5)
+    # a rank idle between its works counts for nothing then
+    assert host.run(1, 3.0, 1.0) == 1.0
+
+
+SERVER = [
+    "runtime=sim",
+    "algorithm=asp",
+    "cluster=homogeneous",
+    "cluster.num_workers=4",
+    "cluster.compute_ms=10",
+    "budget.max_updates=0",
+    "budget.max_wall_s=2",
+]
+
+
+def rate(run) -> float:
+    assert run.summary["status"] == "completed", run.summary["error"]
+    return run.summary["updates"] / run.summary["wall_time_s"]
+
+
+@pytest.mark.timeout(60)
+def test_a_hubs_handling_bounds_its_updates(tmp_path):
+    # four workers stepping every 10 ms offer 400 updates a second; a server that handles
+    # a message in 5 ms takes at most 200 of them
+    free = rate(run_job(tmp_path / "free", SERVER))
+    busy = rate(run_job(tmp_path / "busy", [*SERVER, "cluster.hub_ms=5"]))
+    assert free == pytest.approx(400, rel=0.02)
+    assert busy == pytest.approx(200, rel=0.02)
+
+
+@pytest.mark.timeout(60)
+def test_ranks_sharing_cores_and_a_steps_overhead_slow_the_steps(tmp_path):
+    base = [*SERVER, "algorithm=bsp", "engine=allreduce"]
+    alone = rate(run_job(tmp_path / "alone", base))
+    shared = rate(run_job(tmp_path / "shared", [*base, "cluster.host_cores=2"]))
+    loop = rate(run_job(tmp_path / "loop", [*base, "cluster.overhead_ms=5"]))
+    # four replicas stepping at once on two cores: a round twice as long (the last of them
+    # to start shares the cores with all four); a loop of 5 ms around each 10 ms step: 1.5
+    # times as long
+    assert shared == pytest.approx(alone / 2, rel=0.05)
+    assert loop == pytest.approx(alone / 1.5, rel=0.05)
+
+
+@pytest.mark.timeout(90)
+def test_a_real_server_times_its_handling_of_a_message(tmp_path):
+    real = ["algorithm=asp", "cluster.num_workers=1", "budget.max_updates=30"]
+    run = run_job(tmp_path / "ps", real)
+    hub = run.summary["hub"]
+    assert hub["messages"] >= 30 and 0 < hub["handling_ms"] < 1000
+    allreduce = run_job(tmp_path / "ar", ["algorithm=bsp", "engine=allreduce",
+                                          "budget.max_updates=10"])  # fmt: skip
+    assert "hub" not in allreduce.summary  # no hub
