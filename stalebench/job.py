@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stalebench.cluster import Profile
 from stalebench.config import RunConfig
 from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
+from stalebench.git import code_state
 from stalebench.models import MODELS
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "load_avg": list(os.getloadavg()),
             **environment(),
+            "git": code_state(),  # the code that ran it
         },
     }
 

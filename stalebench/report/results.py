@@ -1,8 +1,9 @@
 """``stalebench-results``: a paper sweep's verdicts as a committed artifact.
 
 - ``stalebench-results save SWEEP_DIR...`` copies ``<sweep_dir>/claims.json`` to
-  ``results/<sweep>/claims.json`` in the checkout with its provenance (the git commit and
-  whether the tree was dirty, the command that ran the sweep, the machine, the
+  ``results/<sweep>/claims.json`` in the checkout with its provenance (the git commit of
+  the code the runs recorded, else the saving checkout's, and whether the tree was dirty,
+  the command that ran the sweep, the machine, the
   environment the runs recorded (CPU model and SIMD flags, torch's BLAS, CPU capability and
   threads, Python and package versions), the date, the sweep's wall time, its runs by
   status, and ``<sweep_dir>/tuning.json`` when there is one), then renders.
@@ -45,6 +46,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from stalebench.git import git_state
 from stalebench.metrics.summary import write_json
 from stalebench.report import claims as claims_mod
 from stalebench.report.collect import find_run_dirs
@@ -200,25 +202,25 @@ def read_claims(
 # -- save ------------------------------------------------------------------------------
 
 
-def git_state(root: Path) -> dict[str, Any]:
-    """The checkout's commit and whether its tree differs from it (tracked changes or
-    untracked files git does not ignore); commit None outside a git checkout."""
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None, "dirty_paths": []}
-    status = git("status", "--porcelain") or ""
-    paths = [line[3:] for line in status.splitlines() if line.strip()]
-    return {"commit": commit.strip(), "dirty": bool(paths), "dirty_paths": paths[:50]}
+def code_git(summaries: list[dict[str, Any]], root: Path) -> dict[str, Any]:
+    """The code that produced the runs: the commit every run's summary records (`host.git`,
+    `of: runs`), or, for runs older than that record, the saving checkout's (`of: save`);
+    `saved_from` is the saving checkout's commit either way. Runs of several commits: no
+    single commit, `commits` lists them."""
+    saved = git_state(root)
+    states = [(s.get("host") or {}).get("git") for s in summaries]
+    if not states or not all(isinstance(g, dict) and g.get("commit") for g in states):
+        return {**saved, "of": "save", "saved_from": saved["commit"]}
+    commits = sorted({g["commit"] for g in states})
+    paths = sorted({p for g in states for p in g.get("dirty_paths") or []})
+    return {
+        "commit": commits[0] if len(commits) == 1 else None,
+        **({"commits": commits} if len(commits) > 1 else {}),
+        "dirty": any(g.get("dirty") for g in states),
+        "dirty_paths": paths[:50],
+        "of": "runs",
+        "saved_from": saved["commit"],
+    }
 
 
 def _yaml(path: Path) -> Any:
@@ -394,7 +396,7 @@ def provenance(sweep_dir: Path, root: Path, command: str | None = None) -> dict[
     runs = [r for r in found if r not in later]
     summaries = {r: _summary(r) for r in [*found, *tuning_runs]}
     return {
-        "git": git_state(root),
+        "git": code_git(list(summaries.values()), root),
         "command": command or sweep_command(sweep_dir, runs),
         "machine": machine(list(summaries.values())),
         "environment": environment(list(summaries.values())),
@@ -483,12 +485,18 @@ def _first(verdicts: list[dict[str, Any]], key: str) -> str:
 
 
 def _commit(git: dict[str, Any]) -> str:
+    if git.get("commits"):
+        return "runs of several commits: " + ", ".join(f"`{c[:12]}`" for c in git["commits"])
     if not git.get("commit"):
         return "— (not saved from a git checkout)"
     dirty = git.get("dirty")
     state = {True: "with uncommitted changes", False: "clean tree"}.get(dirty, "tree unknown")
     n = len(git.get("dirty_paths") or [])
-    return f"`{git['commit'][:12]}` ({state}{f': {n} paths' if dirty and n else ''})"
+    where = {"runs": "the runs' code", "save": "the saving checkout's"}.get(git.get("of"))
+    saved = git.get("saved_from")
+    also = f"; saved from `{saved[:12]}`" if saved and saved != git["commit"] else ""
+    return (f"`{git['commit'][:12]}` ({state}{f': {n} paths' if dirty and n else ''}"
+            f"{f', {where}' if where else ''}{also})")  # fmt: skip
 
 
 def _machine(m: dict[str, Any]) -> str:

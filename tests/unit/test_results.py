@@ -179,6 +179,32 @@ def test_the_dirty_tree_is_recorded(sweep_dir, checkout):
     assert git["dirty"] is True and git["dirty_paths"] == ["README.md"]
 
 
+def with_code(sweep_dir, commits):
+    """Every run's summary records the code that ran it (`host.git`), in turn from `commits`."""
+    summaries = sorted(sweep_dir.rglob("summary.json"))
+    for i, path in enumerate(summaries):
+        summary = json.loads(path.read_text())
+        summary["host"]["git"] = {"commit": commits[i % len(commits)], "dirty": False}
+        path.write_text(json.dumps(summary))
+
+
+def test_the_commit_is_the_code_that_ran_the_runs_not_the_saving_tree(sweep_dir, checkout):
+    ran = "a" * 40
+    with_code(sweep_dir, [ran])
+    path, page, _ = saved_and_rendered(sweep_dir, checkout)
+    git = json.loads(path.read_text())["provenance"]["git"]
+    assert git["commit"] == ran and git["of"] == "runs"
+    assert git["saved_from"] != ran  # the checkout's own commit (None outside git)
+    assert f"`{ran[:12]}` (clean tree, the runs' code" in page
+
+
+def test_runs_of_several_commits_name_no_single_commit(sweep_dir, checkout):
+    with_code(sweep_dir, ["a" * 40, "b" * 40])
+    (path,) = R.save(sweep_dir, checkout)
+    git = json.loads(path.read_text())["provenance"]["git"]
+    assert git["commit"] is None and git["commits"] == ["a" * 40, "b" * 40]
+
+
 def test_without_multirun_yaml_the_command_merges_the_runs_overrides(sweep_dir, checkout):
     (sweep_dir / "multirun.yaml").unlink()
     (path,) = R.save(sweep_dir, checkout)
