@@ -7,31 +7,22 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import run_job
+from tests.integration.test_network_links import SERVER_LINK, limit_per_s
 
-# ASP over 4 workers, a 287k-parameter MLP (1.15 MB a message), racks of 2 hosts with
-# 100 Mbit/s uplinks and unlimited NICs: rack 0 holds the server and worker 0, rack 1
+# The server-link job of test_network_links (ASP over 4 workers, a 287k-parameter MLP,
+# 1.15 MB a message) with its NICs unlimited and racks of 2 hosts behind 100 Mbit/s
+# uplinks: rack 0 holds the server and worker 0, rack 1
 # workers 1 and 2, rack 2 worker 3. One message holds a rack link 92 ms, so the three
 # workers outside the server's rack, whose pushes all come down rack 0's downlink and
 # whose replies all go up its uplink, make at most ~10.9 updates a second together;
 # worker 0, in the server's rack, crosses no shared link: a 10 ms step each
 RACKS = [
-    "algorithm=asp",
-    "model=mlp",
-    "model.hidden=[512,512]",
-    "dataset=mnist1d",
-    "cluster=homogeneous",
-    "cluster.num_workers=4",
-    "cluster.compute_ms=10",
+    *(o for o in SERVER_LINK if not o.startswith(("cluster.push_", "cluster.pull_"))),
     "cluster.rack_size=2",
     "cluster.rack_bandwidth_gbps=0.1",
     "cluster.rack_latency_ms=1",
-    "budget.max_updates=0",
-    "budget.max_wall_s=3",
-    "eval.every_s=1.5",
-    "eval.every_updates=0",
 ]
-PARAMS = 40 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
-LIMIT = 0.1e9 / 8 / (4 * PARAMS)  # messages a second through one 100 Mbit/s rack link
+LIMIT = limit_per_s(None)  # messages a second through one 100 Mbit/s link
 
 
 def rates(run) -> tuple[float, float]:
