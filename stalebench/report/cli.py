@@ -86,6 +86,7 @@ def build_report(
         lines.append(
             f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: **{row.status}** — {error}"
         )
+    lines += overrun_section(runs)
     if damaged:  # kept above with what could be read: say what is missing
         lines += ["", "## Damaged event logs", ""]
         lines += [f"- `{run_dir}`: {what}" for run_dir, what in damaged]
@@ -93,6 +94,25 @@ def build_report(
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def overrun_section(runs: pd.DataFrame) -> list[str]:
+    """The real runs this machine could not run as the profile asked: more of their timed
+    steps ran longer than drawn than summary.json's `overrun.limit` allows (none: no
+    section)."""
+    if "overrun_limit" not in runs:
+        return []
+    over = runs[runs["overrun_fraction"] > runs["overrun_limit"]]
+    if over.empty:
+        return []
+    return ["", "## Runs that were not the cluster asked for", "",
+            "This machine could not keep these real runs to their profile: their times are "
+            "this machine's, not the cluster's (runtime=sim, fewer workers or a slower "
+            "profile).", "",
+            *(f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: "
+              f"{100 * row.overrun_fraction:.0f} % of its {row.overrun_steps:.0f} timed steps "
+              f"ran longer than drawn (limit {100 * row.overrun_limit:.0f} %)"
+              for row in over.itertuples())]  # fmt: skip
 
 
 def per_run_display(runs: pd.DataFrame, settings: dict[str, str]) -> pd.DataFrame:

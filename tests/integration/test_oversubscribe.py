@@ -64,6 +64,12 @@ def test_a_run_counts_the_steps_that_ran_longer_than_drawn(tmp_path, capsys):
     # real compute only: nothing is timed, nothing counted
     free = run_job(tmp_path / "free", ["cluster.compute_ms=0", "budget.max_updates=20"])
     assert "overrun" not in free.summary
+    # the report names the run that overran, and only it
+    from stalebench.report.cli import build_report
+
+    report = build_report([str(over.dir), str(free.dir)], tmp_path / "report").read_text()
+    section = report.split("## Runs that were not the cluster asked for")[1]
+    assert str(over.dir) in section and str(free.dir) not in section
 
 
 def test_a_generous_profile_is_kept(tmp_path):
