@@ -10,10 +10,11 @@ What it measures, each the median of repeats after a warm-up:
 - gloo on the loopback between two processes: the one-way latency of an 8-byte message
   (half a round trip) and the bandwidth of a 16 MB one (`latency_ms`, `bandwidth_gbps`);
 - the host (`probe`): one short real run of the configured job with nothing emulated, on
-  the fewest workers its engine takes, then the simulator on the profile measured so far:
-  a hub's handling of a message as the real run timed it (`hub_ms`: the server's apply and
-  bookkeeping), and what each step cost beyond what the simulator priced (`overhead_ms`:
-  the loop around the step, its messages' handling).
+  the fewest workers whose ranks exchange messages (one with a server, else two), then
+  the simulator on the profile measured so far: a hub's handling of a message as the real
+  run timed it (`hub_ms`: the server's apply and bookkeeping), and what each step cost
+  beyond what the simulator priced (`overhead_ms`: the loop around the step, its messages'
+  handling).
 
 The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's,
 `host_cores` this machine's cores (the ranks of a run share them: the simulator stretches
@@ -179,7 +180,8 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True
 
 def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
     """The host: a real run of `cfg` for PROBE_S seconds with nothing emulated (real
-    compute, real gloo), on the fewest workers its engine takes (1, else 2), and the
+    compute, real gloo), on the fewest workers whose ranks exchange messages (1 with a hub,
+    else 2), and the
     simulator on the profile measured so far with its hub's handling as the real run
     timed it: `hub_ms` (0 without a hub), and `overhead_ms`, what a step of the real run
     took beyond the simulator's (0 when the simulator is the slower)."""
@@ -210,6 +212,8 @@ def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
             got = run(real, "real")
         except ConfigError:  # the engine takes more workers
             continue
+        if workers == 1 and "hub" not in got:
+            continue  # one worker alone sends nothing: its messages' cost is not in it
         hub_ms = (got.get("hub") or {}).get("handling_ms", 0.0)
         sim = run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
         per_step = {k: s["wall_time_s"] / max(s["gradients"], 1) for k, s in
