@@ -12,7 +12,7 @@ workers runs
    gloo's loopback latency and bandwidth, and the host — this machine's cores, which the
    simulator shares among the run's busy ranks, and, from a short real probe of the
    family's first algorithm on the fewest workers whose ranks exchange messages, the hub's
-   handling of a message and each step's cost beyond what the simulator prices.
+   CPU per message and each step's cost beyond what the simulator prices.
 Compared: updates/s, time to a target loss (the real run's training loss halfway from its
 first evaluation to its last, read on both curves), and the mean lag. The targets: median
 |error| of time-to-target ≤ 10 %, none over 25 %, and each family's algorithms ranked the
@@ -235,7 +235,7 @@ def render(result: dict) -> str:
         f"host: {m['cores']} cores shared by the run's busy ranks, and per family, from a "
         "2-second real probe of its first algorithm on the fewest workers whose ranks exchange "
         "messages (one with a server, else two), "
-        f"a hub's handling of a message and each step's cost beyond the simulator's ({hosts}).",
+        f"a hub's CPU per message and each step's cost beyond the simulator's ({hosts}).",
         "",
         "Where it misses: the median |error| is "
         f"{fmt(med[False], '{:.0%}')} where the machine has a core for every process of the "
@@ -245,8 +245,10 @@ def render(result: dict) -> str:
         "wait for the scheduler each time a message wakes them (a reply, a ring all-reduce "
         "step), a latency the model does not have. Measured by hand on this machine (ps "
         "ASP, 3 s, nothing emulated): from 1 worker to 2 (2 processes to 3 on 2 cores) the "
-        "server's handling of a message went from 0.19 ms to 0.50 ms and a worker's wait for "
-        "its reply from 0.39 ms to 1.29 ms, while two steps at once take what one takes "
+        "server's handling of a message went from 0.21 ms to 0.66 ms (its process's CPU a "
+        "message from 0.37 to 0.56 ms, while the three processes kept about 1.2 of the 2 "
+        "cores busy) and a worker's wait for its reply from 0.44 ms to 1.60 ms, while two "
+        "steps at once take what one takes "
         f"(above: {alone:.2f} and {two:.2f} ms). Pricing that "
         "wake-up is the host model's next step.",
         "",

@@ -11,10 +11,10 @@ What it measures, each the median of repeats after a warm-up:
   (half a round trip) and the bandwidth of a 16 MB one (`latency_ms`, `bandwidth_gbps`);
 - the host (`probe`): one short real run of the configured job with nothing emulated, on
   the fewest workers whose ranks exchange messages (one with a server, else two), then
-  the simulator on the profile measured so far: a hub's handling of a message as the real
-  run timed it (`hub_ms`: the server's apply and bookkeeping), and what each step cost
-  beyond what the simulator priced (`overhead_ms`: the loop around the step, its messages'
-  handling).
+  the simulator on the profile measured so far: a hub's CPU per message as the real run
+  measured it (`hub_ms`: receiving, the server's apply and bookkeeping, replying), and what
+  each step cost beyond what the simulator priced (`overhead_ms`: the loop around the
+  step, its messages' handling).
 
 The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's,
 `host_cores` this machine's cores (the ranks of a run share them: the simulator stretches
@@ -26,6 +26,7 @@ Hydra's search path.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import socket
 import statistics
@@ -158,12 +159,12 @@ def measure(cfg, splits, cores: int) -> dict[str, Any]:
 
 
 PROBE_S = 2.0  # the probe's run, seconds
+PROBE_REPEATS = 3  # its real runs, the median taken
 
 
 def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True):
     """`cfg` on the measured profile: `workers` equal workers, nothing else emulated (no
     topology, faults or slow workers); `host`: with the host's measurements too."""
-    import copy
 
     from stalebench.cluster import ClusterConfig
 
@@ -178,13 +179,14 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True
     return run
 
 
-def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
-    """The host: a real run of `cfg` for PROBE_S seconds with nothing emulated (real
-    compute, real gloo), on the fewest workers whose ranks exchange messages (1 with a hub,
-    else 2), and the
-    simulator on the profile measured so far with its hub's handling as the real run
-    timed it: `hub_ms` (0 without a hub), and `overhead_ms`, what a step of the real run
-    took beyond the simulator's (0 when the simulator is the slower)."""
+def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> dict[str, Any]:
+    """The host: `repeats` real runs of `cfg` for PROBE_S seconds each with nothing
+    emulated (real compute, real gloo), on the fewest workers whose ranks exchange messages
+    (1 with a hub, else 2), the median run taken (one run is at the mercy of whatever else
+    the machine did in its 2 seconds), and the simulator on the profile measured so far
+    with that run's hub CPU per message: `hub_ms` (0 without a hub), and `overhead_ms`,
+    what a step of the real run took beyond the simulator's (0 when the simulator is the
+    slower)."""
     import tempfile
 
     from stalebench import experiment
@@ -202,6 +204,9 @@ def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
                                f"{summary.get('error')}")  # fmt: skip
         return summary
 
+    def step_s(summary: dict[str, Any]) -> float:
+        return summary["wall_time_s"] / max(summary["gradients"], 1)
+
     for workers in (1, 2):
         real = profiled(cfg, m, cores, workers)
         real.cluster.compute_ms = 0.0  # nothing emulated
@@ -209,18 +214,19 @@ def probe(cfg, m: dict[str, Any], cores: int) -> dict[str, Any]:
                     "pull_bandwidth_gbps"):  # fmt: skip
             setattr(real.cluster, key, 0.0)
         try:
-            got = run(real, "real")
+            runs = [run(copy.deepcopy(real), "real") for _ in range(repeats)]
         except ConfigError:  # the engine takes more workers
             continue
-        if workers == 1 and "hub" not in got:
+        if workers == 1 and "hub" not in runs[0]:
             continue  # one worker alone sends nothing: its messages' cost is not in it
-        hub_ms = (got.get("hub") or {}).get("handling_ms", 0.0)
+        got = sorted(runs, key=step_s)[len(runs) // 2]
+        hub_ms = (got.get("hub") or {}).get("cpu_ms", 0.0)
         sim = run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
-        per_step = {k: s["wall_time_s"] / max(s["gradients"], 1) for k, s in
-                    (("real", got), ("sim", sim))}  # fmt: skip
+        per_step = {"real": step_s(got), "sim": step_s(sim)}
         overhead = max(0.0, (per_step["real"] - per_step["sim"]) * workers)
         return {"probe_workers": workers, "hub_ms": hub_ms, "overhead_ms": 1000 * overhead,
-                "probe_step_ms": {k: 1000 * v for k, v in per_step.items()}}  # fmt: skip
+                "probe_step_ms": {k: 1000 * v for k, v in per_step.items()},
+                "probe_real_step_ms": [round(1000 * step_s(r), 4) for r in runs]}  # fmt: skip
     raise RuntimeError(f"calibrate's probe: engine={cfg.engine.name} takes neither 1 nor 2 workers")
 
 
@@ -239,7 +245,7 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"# the probe (a real run of the job, {m['probe_workers']} worker(s), nothing "
         f"emulated): a step every {m['probe_step_ms']['real']:.3f} ms a worker, the "
         f"simulator {m['probe_step_ms']['sim']:.3f} ms before overhead_ms; the hub's "
-        f"handling {m['hub_ms']:.3f} ms a message",
+        f"CPU {m['hub_ms']:.3f} ms a message",
         f"preset: {name}",
         "compute: constant",
         f"compute_ms: {m['step_ms']:.4f}",

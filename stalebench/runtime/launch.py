@@ -235,17 +235,19 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
     them ran longer than drawn (this machine was not the cluster asked for: more than
     `OVERRUN_LIMIT` of them and the run says so), absent when no step was timed; and its
     `hub`: a hub's handling of a message as measured (from taking it to asking for the
-    next: the server's apply and bookkeeping, what `cluster.hub_ms` prices in the
-    simulator), absent without a hub."""
+    next: the server's apply and bookkeeping) and its process's CPU per message (every
+    thread: receiving, handling, replying; what `cluster.hub_ms` prices in the simulator),
+    absent without a hub."""
     steps = overran = handled = 0
-    handling_s = 0.0
+    handling_s = cpu_s = 0.0
     for r in range(world):
         key = f"{OVERRUN_KEY}/{r}"
         with contextlib.suppress(Exception):
             if store.check([key]):
-                n, k, h, s = store.get(key).decode().split()
+                n, k, h, s, c = store.get(key).decode().split()
                 steps, overran = steps + int(n), overran + int(k)
                 handled, handling_s = handled + int(h), handling_s + float(s)
+                cpu_s = max(cpu_s, float(c))  # the hub's (one hub a run)
     if steps:
         summary["overrun"] = {
             "steps": steps,
@@ -254,7 +256,11 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
             "limit": OVERRUN_LIMIT,
         }
     if handled:
-        summary["hub"] = {"messages": handled, "handling_ms": round(1000 * handling_s / handled, 4)}
+        summary["hub"] = {
+            "messages": handled,
+            "handling_ms": round(1000 * handling_s / handled, 4),
+            "cpu_ms": round(1000 * cpu_s, 4),
+        }
     if steps or handled:
         write_json(run_dir / "summary.json", summary)
     return summary

@@ -368,6 +368,10 @@ class RealWorld(World):
         self.store, self.steps, self.overran, self.told_at = store, 0, 0, 0.0
         # a hub's handling of the messages it took: from taking one to asking for the next
         self.handled, self.handling_s, self.took_at = 0, 0.0, None
+        # and the CPU its process spent (every thread: receiving, handling, replying) from
+        # its first message taken to its last: (process_time, messages) at each end
+        self.cpu_first: tuple[float, int] | None = None
+        self.cpu_last: tuple[float, int] | None = None
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
@@ -484,7 +488,8 @@ class RealWorld(World):
         store, where the launcher adds them up into summary.json (`overrun`)."""
         self.told_at = time.perf_counter()
         if self.store is not None and (self.steps or self.handled):
-            told = f"{self.steps} {self.overran} {self.handled} {self.handling_s!r}"
+            told = (f"{self.steps} {self.overran} {self.handled} {self.handling_s!r} "
+                    f"{self.cpu_per_message_s()!r}")  # fmt: skip
             with contextlib.suppress(Exception):  # the store gone: the run is ending
                 self.store.set(f"{OVERRUN_KEY}/{self.rank}", told)
 
@@ -516,6 +521,15 @@ class RealWorld(World):
 
     def took(self) -> None:
         self.handled, self.took_at = self.handled + 1, time.perf_counter()
+        self.cpu_last = (time.process_time(), self.handled)
+        if self.cpu_first is None:
+            self.cpu_first = self.cpu_last
+
+    def cpu_per_message_s(self) -> float:
+        """The hub process's CPU seconds per message between its first and last taken."""
+        if self.cpu_first is None or self.cpu_last[1] == self.cpu_first[1]:
+            return 0.0
+        return (self.cpu_last[0] - self.cpu_first[0]) / (self.cpu_last[1] - self.cpu_first[1])
 
     def listen(self, peers: dict[int, int], make: Callable[[int], list[torch.Tensor]]):
         inbox = Inbox(self.transport, peers, make, self.now, self.timeout_s)

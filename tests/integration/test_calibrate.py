@@ -12,6 +12,7 @@ from tests.conftest import compose
 @pytest.mark.timeout(120)
 def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
     monkeypatch.setenv("STALEBENCH_CONF", str(tmp_path / "conf"))
+    monkeypatch.setattr(calibrate, "PROBE_S", 0.5)  # the wiring, not the precision
     small = ["dataset=synthetic", "model=mlp", "model.hidden=[16]"]
     written = calibrate.run(compose(small), "here")
     assert written == tmp_path / "conf" / "cluster" / "here.yaml" and written.is_file()

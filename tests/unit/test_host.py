@@ -73,6 +73,7 @@ def test_a_real_server_times_its_handling_of_a_message(tmp_path):
     run = run_job(tmp_path / "ps", real)
     hub = run.summary["hub"]
     assert hub["messages"] >= 30 and 0 < hub["handling_ms"] < 1000
+    assert 0 < hub["cpu_ms"] < 1000  # its process's CPU a message, every thread
     allreduce = run_job(tmp_path / "ar", ["algorithm=bsp", "engine=allreduce",
                                           "budget.max_updates=10"])  # fmt: skip
     assert "hub" not in allreduce.summary  # no hub
