@@ -10,9 +10,10 @@ workers runs
    no latency or bandwidth (real gloo, no sleeps);
 2. in the simulator, on a profile calibrated here first (`stalebench.calibrate`): a step,
    gloo's loopback latency and bandwidth, and the host — this machine's cores, which the
-   simulator shares among the run's busy ranks, and, from a short real probe of the
-   family's first algorithm on the fewest workers whose ranks exchange messages, the hub's
-   CPU per message and each step's cost beyond what the simulator prices.
+   simulator shares among the run's busy ranks, and, from short real probes (the median of
+   three) of the family's first algorithm on the fewest workers whose ranks exchange
+   messages, the hub's CPU per message and each step's cost beyond what the simulator
+   prices.
 Compared: updates/s, time to a target loss (the real run's training loss halfway from its
 first evaluation to its last, read on both curves), and the mean lag. The targets: median
 |error| of time-to-target ≤ 10 %, none over 25 %, and each family's algorithms ranked the
@@ -232,9 +233,9 @@ def render(result: dict) -> str:
         "What the simulator is given: the calibrated step alone "
         f"({p['step_ms']:.2f} ms here; with k processes stepping at once {steps}), gloo's "
         f"loopback ({p['latency_ms']:.3f} ms, {p['bandwidth_gbps']:.1f} Gbit/s), and the "
-        f"host: {m['cores']} cores shared by the run's busy ranks, and per family, from a "
-        "2-second real probe of its first algorithm on the fewest workers whose ranks exchange "
-        "messages (one with a server, else two), "
+        f"host: {m['cores']} cores shared by the run's busy ranks, and per family, from "
+        "the median of three 2-second real probes of its first algorithm on the fewest "
+        "workers whose ranks exchange messages (one with a server, else two), "
         f"a hub's CPU per message and each step's cost beyond the simulator's ({hosts}).",
         "",
         "Where it misses: the median |error| is "
