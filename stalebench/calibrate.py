@@ -162,10 +162,9 @@ PROBE_S = 2.0  # the probe's run, seconds
 PROBE_REPEATS = 3  # its real runs, the median taken
 
 
-def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True):
-    """`cfg` on the measured profile: `workers` equal workers, nothing else emulated (no
-    topology, faults or slow workers); `host`: with the host's measurements too."""
-
+def profiled(cfg, m: dict[str, Any], cores: int, workers: int):
+    """`cfg` on the measured profile `m` (the host's measurements where it has them):
+    `workers` equal workers, nothing else emulated (no topology, faults or slow workers)."""
     from stalebench.cluster import ClusterConfig
 
     run = copy.deepcopy(cfg)
@@ -173,8 +172,7 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int, host: bool = True
         preset="calibrated", num_workers=workers, compute_ms=m["step_ms"],
         push_latency_ms=m["latency_ms"], pull_latency_ms=m["latency_ms"],
         push_bandwidth_gbps=m["bandwidth_gbps"], pull_bandwidth_gbps=m["bandwidth_gbps"],
-        host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0) if host else 0.0,
-        hub_ms=m.get("hub_ms", 0.0) if host else 0.0,
+        host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0), hub_ms=m.get("hub_ms", 0.0),
     )  # fmt: skip
     return run
 
