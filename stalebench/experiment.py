@@ -136,18 +136,20 @@ def check_processes(cfg: RunConfig, world: int) -> None:
         )
 
 
-def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 5) -> float:
+def step_cpu_s(cfg: RunConfig, model, splits, repeats: int = 9) -> float:
     """One training step's CPU time on this machine: the model's forward and backward on a
-    minibatch of dataset.batch_size, with the run's threads per process (the median of
+    minibatch of dataset.batch_size, with the run's threads per process (the least of
     `repeats`, after one to warm up). CPU time, not wall time: what the step needs of a
-    core, whatever else runs on the machine meanwhile."""
+    core; the least, since whatever else runs on the machine meanwhile only adds to it
+    (caches, the other hyperthread: 0.44 ms median, 0.37 least, 0.77 with both cores
+    loaded, for the tests' MLP here)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.num_threads)
     try:
         x, y = compute.minibatch(cfg, splits)
-        return compute.time_step(model, x, y, repeats, clock=time.process_time)
+        return compute.time_step(model, x, y, repeats, clock=time.process_time, stat=min)
     finally:
         torch.set_num_threads(threads)
 

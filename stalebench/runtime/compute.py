@@ -80,10 +80,12 @@ def minibatch(cfg, splits):
     return splits.x_train[:n], splits.y_train[:n]
 
 
-def time_step(model, x, y, repeats: int, clock=time.perf_counter, opt=None) -> float:
+def time_step(
+    model, x, y, repeats: int, clock=time.perf_counter, opt=None, stat=statistics.median
+) -> float:
     """A training step of `model` on (x, y) as measured here by `clock` (seconds): forward
-    and backward, and `opt`'s step when given; the median of `repeats` after one to warm
-    up."""
+    and backward, and `opt`'s step when given; `stat` (the median) of `repeats` after one
+    to warm up."""
     from stalebench.evaluation import objective
 
     times = []
@@ -94,4 +96,4 @@ def time_step(model, x, y, repeats: int, clock=time.perf_counter, opt=None) -> f
         if opt is not None:
             opt.step()
         times.append(clock() - start)
-    return statistics.median(times[1:])
+    return stat(times[1:])
