@@ -32,18 +32,29 @@ def build(overrides: list[str], workers: int) -> Job:
 
 
 def plain_loop(overrides: list[str], steps: int) -> float:
-    """Steps/s of forward, backward and `torch.optim.SGD` in one process."""
+    """Steps/s of forward, backward and `torch.optim.SGD` in one process, on the run's
+    device (`Job.device`: the GPU when `device` allows one and there is one), so that a GPU
+    run's rate is compared with a plain loop on the same GPU, never with the CPU."""
     job = build(overrides, 1)
-    model, batches = job.model(), job.batches(0)
+    device = job.device(0)
+    model, batches = job.model().to(device), job.batches(0)
     opt = torch.optim.SGD(model.parameters(), lr=job.cfg.algorithm.update.lr)
     for k in range(WARMUP + steps):
         if k == WARMUP:
+            sync(device)
             start = time.perf_counter()
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
         opt.step()
+    sync(device)
     return steps / (time.perf_counter() - start)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a GPU runs asynchronously to the host)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def spawn(target, world: int, *args) -> float:

@@ -126,16 +126,19 @@ def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) 
 
 
 def eval_seconds(sweep: str, cell: dict, extra: list[str]) -> float:
-    """One evaluation of θ₀ on the sweep's held-out split, as the run's evaluator does it."""
+    """One evaluation of θ₀ on the sweep's held-out split, as the run's evaluator does it:
+    on the run's device (`Job.device`: the GPU where there is one)."""
     from stalebench.evaluation import evaluate
 
     cfg = compose([f"+sweep={sweep}", *cell_overrides(cell), *extra, "runtime=sim"])
     job = Job.build(cfg)
-    model = job.model()
+    device = job.device(0)
+    model = job.model().to(device)
     params = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     s = job.splits
+    evaluate(model, params, s.x_test[:1000], s.y_test[:1000], 1000)  # warm-up (kernels)
     start = time.perf_counter()
-    evaluate(model, params, s.x_test, s.y_test, 1000)
+    evaluate(model, params, s.x_test, s.y_test, 1000)  # its result read back: synchronised
     return time.perf_counter() - start
 
 

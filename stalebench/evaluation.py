@@ -137,27 +137,31 @@ def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> to
 def evaluate(
     model: nn.Module, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> tuple[float, float | None]:
-    """Mean `objective` and accuracy of `model` with flat parameters `params` on (x, y).
-    A sequence model's (B, T, classes) outputs count every position: per-token loss and
-    next-token accuracy. Regression (float targets) has no accuracy: None."""
+    """Mean `objective` and accuracy of `model` with flat parameters `params` on (x, y),
+    computed where `model` is (each minibatch of (x, y) moved there; the sums stay there
+    until the end, so a GPU is not stopped at every minibatch). A sequence model's
+    (B, T, classes) outputs count every position: per-token loss and next-token accuracy.
+    Regression (float targets) has no accuracy: None."""
     import torch
     from torch.nn.utils import vector_to_parameters
 
-    vector_to_parameters(params, model.parameters())
+    device = next(model.parameters()).device
+    vector_to_parameters(params.to(device), model.parameters())
     regression = y.is_floating_point()
-    total_loss, correct, count = 0.0, 0, 0
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct, count = torch.zeros((), dtype=torch.int64, device=device), 0
     model.eval()
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
-            out = model(x[start : start + batch_size])
-            target = y[start : start + batch_size]
-            total_loss += objective(out, target, reduction="sum").item()
+            out = model(x[start : start + batch_size].to(device))
+            target = y[start : start + batch_size].to(device)
+            total_loss += objective(out, target, reduction="sum").double()
             if not regression:
                 predicted = out.reshape(target.numel(), -1).argmax(1)
-                correct += (predicted == target.reshape(-1)).sum().item()
+                correct += (predicted == target.reshape(-1)).sum()
             count += target.numel()
     model.train()
-    return total_loss / count, None if regression else correct / count
+    return float(total_loss) / count, None if regression else int(correct) / count
 
 
 def recalibrate_batch_norm(
@@ -171,23 +175,36 @@ def recalibrate_batch_norm(
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return
-    vector_to_parameters(params, model.parameters())
+    device = next(model.parameters()).device
+    vector_to_parameters(params.to(device), model.parameters())
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # cumulative average over the passes below
     model.train()
     with torch.no_grad():
         for start in range(0, len(x), batch_size):
-            model(x[start : start + batch_size])
+            model(x[start : start + batch_size].to(device))
 
 
 def evaluate_snapshots(
-    snapshots: list[Snapshot], model: nn.Module, splits: Splits, cfg: EvalConfig, seed: int, emit
+    snapshots: list[Snapshot],
+    model: nn.Module,
+    splits: Splits,
+    cfg: EvalConfig,
+    seed: int,
+    emit,
+    device: torch.device | None = None,
 ) -> None:
     """Emit the held-out split's (and a fixed training subset's) loss and accuracy of every
     snapshot (accuracy None for regression): the test split, or the validation split when
-    the splits hold one out (eval.split=val), never both."""
+    the splits hold one out (eval.split=val), never both. On `device` (the run's: a GPU
+    run is evaluated on its GPU, on a copy of `model`); where `model` is when None."""
+    import copy
+
     import torch
+
+    if device is not None and next(model.parameters()).device != device:
+        model = copy.deepcopy(model).to(device)
 
     sets = [splits.held_out]
     if cfg.train_samples:

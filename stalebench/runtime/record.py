@@ -80,7 +80,10 @@ class RunRecord:
                 held_out.append(fields.get("loss"))
             self.events.emit(kind, t, **fields)
 
-        evaluate_snapshots(self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, emit)
+        evaluate_snapshots(
+            self.snapshots.taken, model, self.job.splits, cfg.eval, cfg.seed, emit,
+            self.job.device(0),
+        )  # fmt: skip
         if status == "completed" and (why := blown_up(held_out, cfg.budget.diverge_factor)):
             status, error = "diverged", why
         self._end(t_end, version, status, error, **end_fields)

@@ -242,3 +242,43 @@ def test_perplexity_is_reported_for_token_sequences_only(model, x, y, perplexity
     assert ("perplexity" in test) == perplexity
     if perplexity:  # uniform over 2 tokens: loss ln 2, perplexity 2
         assert test["perplexity"] == pytest.approx(2.0)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU here"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_snapshots_are_evaluated_on_the_runs_device_with_the_same_results(device):
+    # a CPU model, CPU snapshots and data: evaluated on `device` (a copy of the model moved
+    # there, each minibatch moved as it is read), the model left where it was
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    n = sum(p.numel() for p in model.parameters())
+    snaps = [Snapshot(0.0, 0, torch.randn(n)), Snapshot(1.0, 1, torch.randn(n))]
+    x, y = torch.randn(50, 5), torch.randint(0, 3, (50,))
+    splits = Splits(x, y, x[:20], y[:20])
+    cfg = EvalConfig(train_samples=10, batch_size=7)
+
+    def run(on):
+        out = []
+
+        def emit(kind, t, **f):
+            out.append((t, f["split"], f["loss"], f["accuracy"]))
+
+        evaluate_snapshots(snaps, model, splits, cfg, 0, emit, on)
+        return out
+
+    here, there = run(None), run(torch.device(device))
+    assert [r[:2] for r in there] == [r[:2] for r in here] and len(here) == 4
+    for (_, _, loss, acc), (_, _, loss_d, acc_d) in zip(here, there, strict=True):
+        assert loss_d == pytest.approx(loss, rel=1e-5) and acc_d == acc
+    assert next(model.parameters()).device.type == "cpu"
+    # by hand, θ of the last snapshot on the test split
+    torch.nn.utils.vector_to_parameters(snaps[1].params, model.parameters())
+    with torch.no_grad():
+        out = model(x[:20])
+    loss = torch.nn.functional.cross_entropy(out, y[:20]).item()
+    acc = (out.argmax(1) == y[:20]).float().mean().item()
+    test = [r for r in there if r[0] == 1.0 and r[1] == "test"][0]
+    assert test[2] == pytest.approx(loss, rel=1e-5) and test[3] == pytest.approx(acc)
