@@ -8,8 +8,11 @@ import torch
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
-SEQUENCE = ["transformer"]  # token sequences in, logits per position out
-IMAGES = ["resnet20"]  # (C, H, W) inputs and BatchNorm buffers: tests/unit/test_cifar_resnet.py
+# token sequences in, logits per position out (sockeye_rnn: tests/unit/test_paper_models.py)
+SEQUENCE = ["transformer", "sockeye_rnn"]
+# (C, H, W) inputs and BatchNorm buffers: tests/unit/test_cifar_resnet.py, and the papers'
+# image models in tests/unit/test_paper_models.py
+IMAGES = ["resnet20", "resnet50", "vgg19", "vgg11", "overfeat_fast"]
 # classifiers of flat or 1-D/2-D real-valued inputs
 NAMES = [n for n in MODELS.names() if n not in SEQUENCE + IMAGES]
 TWO_D = ["cnn", "logreg", "mlp"]
