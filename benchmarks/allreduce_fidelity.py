@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stalebench import experiment  # noqa: E402
-from stalebench.engines.allreduce import round_bytes  # noqa: E402
+from stalebench.engines.rounds import round_bytes  # noqa: E402
 from stalebench.job import Job  # noqa: E402
 from stalebench.metrics.events import read_events  # noqa: E402
 from stalebench.runtime.network import Network  # noqa: E402

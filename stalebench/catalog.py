@@ -4,6 +4,7 @@ included (the registries after `plugins.load`, and the YAML presets and sweeps).
 from __future__ import annotations
 
 from stalebench import plugins
+from stalebench.errors import ConfigError
 from stalebench.registry import REGISTRIES, Registry
 
 
@@ -56,9 +57,25 @@ def sections() -> list[tuple[str, list[tuple[str, str]]]]:
     ]
 
 
-def render() -> str:
+def groups() -> list[str]:
+    """The groups `stalebench list <group>` takes, as each section's title names it."""
+    return [title.rpartition("(")[2].strip("+=)") for title, _ in sections()]
+
+
+def render(group: str | None = None) -> str:
+    """Every section, or only `group`'s (a ConfigError naming the groups when it is none)."""
+    chosen = sections()
+    if group is not None:
+        chosen = [(t, rows) for t, rows in chosen if t.rpartition("(")[2].strip("+=)") == group]
+        if not chosen:
+            import difflib
+
+            names = groups()
+            close = difflib.get_close_matches(group, names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"list: no group {group!r}; {hint}groups: {', '.join(names)}")
     out = []
-    for title, rows in sections():
+    for title, rows in chosen:
         out.append(title)
         width = max((len(n) for n, _ in rows), default=0)
         out += [f"  {name:<{width}}  {text}".rstrip() for name, text in rows]

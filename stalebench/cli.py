@@ -4,6 +4,7 @@ naming the config key and value, before any process starts."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -18,11 +19,41 @@ from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError
+from stalebench.keys import check_keys
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.metrics.summary import EXIT_CODES, write_json
 from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
 from stalebench.runtime.signals import Interrupted, deferred
+
+HELP = """usage: stalebench [KEY=VALUE ...]             one run (defaults: a real 4-worker SSP job)
+       stalebench -m [KEY=V1,V2 ...]             a Hydra multirun: one run per combination
+       stalebench -m +sweep=NAME [KEY=VALUE ...] a paper sweep (tuned, judged: report.md)
+       stalebench list [GROUP]                   what a run can name: engines, models...
+       stalebench calibrate [KEY=VALUE ...]      measure this machine: a cluster profile
+
+KEY=VALUE sets a config key (budget.max_wall_s=30) or chooses in a group (algorithm=asp,
+model=cnn, cluster=stragglers, runtime=sim); an unknown key or name is refused in one line
+with the nearest valid ones (exit 2). Examples:
+  stalebench algorithm=asp cluster.num_workers=8 budget.max_wall_s=30
+  stalebench runtime=sim algorithm=ssp algorithm.barrier.staleness=3 cluster=stragglers
+  stalebench -m algorithm=asp,ssp,bsp seed=0,1,2
+
+Docs: docs/usage.md (every key), docs/algorithms.md, docs/plugins.md. Hydra's own options
+(--cfg job, --info, --multirun): stalebench --hydra-help"""
+
+LIST_HELP = """usage: stalebench list [GROUP]
+
+Every component a run can name, with one line each (plugins included): engines, the
+algorithm's parts (algorithm/barrier, algorithm/update, ...), algorithm presets, models,
+datasets, cluster profiles and sweeps. GROUP shows one of them: stalebench list model"""
+
+CALIBRATE_HELP = """usage: stalebench calibrate [--name NAME] [KEY=VALUE ...]
+
+Measures this machine for the configured model and batch (a step's forward, backward and
+optimizer step; gloo's loopback latency and bandwidth; how steps slow when ranks share the
+cores; short real probes of the hub and a step's overhead) and writes a cluster profile
+NAME (default: calibrated) that a run composes with cluster=NAME (docs/usage.md)."""
 
 
 def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
@@ -224,7 +255,11 @@ def check_choices(argv: list[str]) -> None:
         known = options(group)
         for name in (v.strip().strip("'\"") for v in value.split(",")):
             if name and name not in known:
-                raise ConfigError(f"{group}: unknown {name!r}; known: {', '.join(sorted(known))}")
+                close = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.6)
+                hint = f"did you mean {' or '.join(close)}? " if close else ""
+                raise ConfigError(
+                    f"{group}: unknown {name!r}; {hint}known: {', '.join(sorted(known))}"
+                )
 
 
 def compose_run(overrides: list[str]) -> RunConfig:
@@ -255,14 +290,30 @@ def main() -> None:
     logging.raiseExceptions = False
     load_plugins()
     register_configs()
-    if sys.argv[1:] == ["list"]:
+    args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        return
+    if args[:1] == ["list"]:
         from stalebench.catalog import render
 
-        print(render())
+        if set(args[1:]) & {"-h", "--help"}:
+            print(LIST_HELP)
+            return
+        try:
+            if len(args) > 2:
+                raise ConfigError(f"list takes at most one group, got {' '.join(args[1:])}")
+            print(render(args[1] if len(args) == 2 else None))
+        except ConfigError as exc:
+            print(f"stalebench: error: {exc}", file=sys.stderr)
+            sys.exit(2)
         return
     if sys.argv[1:2] == ["calibrate"]:
         from stalebench import calibrate
 
+        if set(sys.argv[2:]) & {"-h", "--help"}:
+            print(CALIBRATE_HELP)
+            return
         argv, name = sys.argv[2:], calibrate.NAME
         if "--name" in argv:
             i = argv.index("--name")
@@ -276,6 +327,7 @@ def main() -> None:
         return
     try:
         check_choices(sys.argv[1:])
+        check_keys(sys.argv[1:], groups())
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -363,7 +363,7 @@ def test_a_run_failing_in_a_round_logs_every_replica_lost(tmp_path):
 def test_a_joining_replica_computes_at_the_theta_it_is_sent():
     # the state a spare (or a resumed replica) gets is its θ: its net's parameters become
     # views of it, and it is not overwritten by the θ₀ its net was built with
-    from stalebench.engines.allreduce import join
+    from stalebench.engines.allreduce.replica import join
     from stalebench.engines.overlap import build_replica
     from stalebench.job import Job
 

@@ -12,8 +12,10 @@ import dataclasses
 
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
-from stalebench.engines.local.round import WIRES
 from stalebench.errors import ConfigError
+
+# how a round's Δ travels (round.WIRES: float32, float16, int8 with a scale per tensor)
+QUANTIZE = ("none", "fp16", "int8")
 
 MODES = ("sync", "streaming", "overlap", "async")
 
@@ -40,9 +42,9 @@ class LocalConfig(EngineConfig):
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"engine.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.quantize not in WIRES:
+        if self.quantize not in QUANTIZE:
             raise ConfigError(
-                f"engine.quantize must be one of {', '.join(WIRES)}, got {self.quantize!r}"
+                f"engine.quantize must be one of {', '.join(QUANTIZE)}, got {self.quantize!r}"
             )
         if self.fragments < 1:
             raise ConfigError(f"engine.fragments must be >= 1, got {self.fragments}")

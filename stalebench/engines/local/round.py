@@ -26,13 +26,14 @@ import torch
 
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
 from stalebench.engines.common import GradientStep, Net
+from stalebench.engines.local import QUANTIZE
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.registry import stored
 from stalebench.runtime.faults import Faults
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error; then its end
-WIRES = {"none": torch.float32, "fp16": torch.float16, "int8": torch.int8}
+WIRES = dict(zip(QUANTIZE, (torch.float32, torch.float16, torch.int8), strict=True))
 
 
 class Replica:

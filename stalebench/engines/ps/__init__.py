@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from stalebench.algorithms.base import BARRIERS
 from stalebench.engines.base import ENGINES, EngineConfig
-from stalebench.engines.common import DataParallel
+from stalebench.engines.parallel import DataParallel
 from stalebench.engines.ps.state import ParameterServer, Push, Reply
 from stalebench.errors import ConfigError
 

@@ -1,32 +1,13 @@
-"""engine=allreduce: BSP the way DDP does it. Every rank holds a replica, averages the
-round's gradients with one all-reduce, and takes the same local optimizer step (the
-configured update rule with the mean gradient, worker −1, lag 0). Rank 0 writes the run
-directory.
-
-A replica is one program (`replica`) in both runtimes: one all-reduce per round carries
-the gradient and, in a tail of 3·N + 1 slots, each rank's compute time, loss and seconds
-paused and rank 0's stop flag, so all replicas stop on the same round. The cluster
-profile's network is paid by the world (a ring all-reduce of that whole message per
-round), its faults and step times by the compute step.
-
-`engine.bucket_mb > 0` sends the round in pieces that overlap backward, and with
-`engine.schedule=p3` the next forward pass too (`Rounds`, stalebench.engines.overlap): in
-real processes backward hooks post each piece as it is made (`World.pieces`); in the
-simulator the round's all-reduce lasts what the buckets take behind the modelled backward
-(fifo only, not P3). Under P3 a round is applied by layer in the next round's forward
-pass, and closed (reported, its stop decided) after that step.
-"""
+"""engine=allreduce's replica, one program for both runtimes (the engine, its config and
+checks: `stalebench.engines.allreduce`, which imports no torch)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from stalebench.algorithms.base import BARRIERS, UPDATES
-from stalebench.engines.base import ENGINES, EngineConfig
-from stalebench.engines.common import DataParallel, GradientStep, Net, catch_up
+from stalebench.engines.common import GradientStep, Net, catch_up
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import (
     close_round,
@@ -36,116 +17,14 @@ from stalebench.engines.rounds import (
     round_slots,
     take_in_spares,
 )
-from stalebench.errors import ConfigError
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World
 
-SCHEDULES = ("fifo", "p3")
 # rank 0's word in a round's last slot: this round is not applied; a checkpoint after it
 STOP, SAVE = 1.0, 2.0
-
-
-@dataclasses.dataclass
-class AllReduceConfig(EngineConfig):
-    # 0: a round is one all-reduce once backward is done; > 0: pieces of about this many MB
-    # all-reduced while backward makes the rest (fifo: buckets of whole tensors, as DDP's
-    # bucket_cap_mb; p3: every tensor cut into slices of at most this size)
-    bucket_mb: float = 0.0
-    # fifo: the pieces go as backward makes them, the update once all are in; p3: the made
-    # piece nearest the input goes first, and each layer's pieces are applied just before
-    # the next forward pass reaches it (needs an element-wise algorithm.update)
-    schedule: str = "fifo"
-
-    def __post_init__(self) -> None:
-        if self.bucket_mb < 0:
-            raise ConfigError(f"engine.bucket_mb must be >= 0, got {self.bucket_mb}")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"engine.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
-            )
-        if self.schedule == "p3" and not self.bucket_mb:
-            raise ConfigError(
-                "engine.schedule=p3 sends θ in slices of engine.bucket_mb: set it > 0 "
-                "(P3's slices are a few hundred kB)"
-            )
-
-
-@ENGINES.register("allreduce", AllReduceConfig)
-class AllReduceEngine(DataParallel):
-    """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
-
-    takes_quorum = True
-    takes_spares = True  # with cluster.min_replicas: a spare takes a lost replica's place
-    checkpoints = ("real", "sim")  # every replica's part at a round's end
-
-    def why_no_checkpoints(self) -> str | None:
-        if self.cfg.bucket_mb and self.run.runtime == "real":
-            return f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces keep none"
-        return super().why_no_checkpoints()
-
-    def survives_loss_of(self, rank: int) -> bool:
-        """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
-        0 writes the run directory: losing it ends the run)."""
-        return rank > 0 and self.run.cluster.min_replicas > 0
-
-    def validate(self, splits) -> None:
-        super().validate(splits)
-        if self.cfg.schedule == "p3":
-            if self.run.runtime == "sim":
-                raise ConfigError(
-                    "engine.schedule=p3 runs in runtime=real only: the simulator models "
-                    "engine.schedule=fifo's buckets, not a forward pass waiting for each layer"
-                )
-            update = self.run.algorithm.update.name
-            if not UPDATES.get(update)[0].elementwise:
-                elementwise = UPDATES.names_with("elementwise")
-                raise ConfigError(
-                    f"engine.schedule=p3 applies each slice as it arrives, which needs an "
-                    f"element-wise rule: algorithm.update={update} is not (use one of "
-                    f"{', '.join(elementwise)})"
-                )
-        barrier = self.run.algorithm.barrier.name
-        if not BARRIERS.get(barrier)[0].synchronous:
-            sync = BARRIERS.names_with("synchronous")
-            raise ConfigError(
-                f"engine=allreduce is synchronous: algorithm.barrier must be one of "
-                f"{', '.join(sync)}, got {barrier!r}"
-            )
-        if getattr(self.run.algorithm.barrier, "backups", 0):
-            raise ConfigError(
-                f"algorithm.barrier.backups={self.run.algorithm.barrier.backups}: an "
-                "all-reduce needs every rank's gradient, so it cannot drop the last b; backup "
-                "workers run on engine=ps"
-            )
-        if getattr(self.run.algorithm.barrier, "rebalance_every", 0):
-            raise ConfigError(
-                f"algorithm.barrier.rebalance_every={self.run.algorithm.barrier.rebalance_every}"
-                ": re-assigned batch sizes run on engine=ps (its server weighs each gradient by "
-                "its minibatch)"
-            )
-        if self.run.cluster.min_replicas and self.cfg.bucket_mb and self.run.runtime == "real":
-            raise ConfigError(
-                f"cluster.min_replicas={self.run.cluster.min_replicas}: engine.bucket_mb="
-                f"{self.cfg.bucket_mb} sends a round in pieces, which cannot go on over the "
-                "replicas left (set engine.bucket_mb=0, or runtime=sim)"
-            )
-        if self.run.cluster.spares and not self.run.cluster.min_replicas:
-            raise ConfigError(
-                f"cluster.spares={self.run.cluster.spares}: engine=allreduce hands a lost "
-                "replica's place to a spare in rounds that go on over the replicas left: set "
-                "cluster.min_replicas too"
-            )
-        if self.run.algorithm.barrier.on_loss == "reform":
-            raise ConfigError(
-                "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "
-                "shrink; use engine=ps to re-form the barrier over the survivors"
-            )
-
-    def program(self, job, world):
-        return replica(job, world)
 
 
 def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
