@@ -49,6 +49,7 @@ from stalebench.sweep import (
     TARGET_KEYS,
     ClaimConfig,
     SequentialConfig,
+    TargetConfig,
     claim_from_dict,
     sequential_from,
 )
@@ -153,15 +154,37 @@ class Value:
     censored: bool = False  # time to target never reached: x is the run's end, a lower bound
 
 
-def time_to_target(curve: pd.DataFrame, claim: ClaimConfig, end: float) -> Value:
-    t = claim.target
+def claim_targets(runs: pd.DataFrame) -> list[TargetConfig]:
+    """The distinct targets of the time-to-target claims of the sweeps found in the runs,
+    in the order the claims name them."""
+    found: list[TargetConfig] = []
+    for sweep in claim_rows(runs)[1].values():
+        for claim in sweep["claims"]:
+            if claim.target is not None and claim.target not in found:
+                found.append(claim.target)
+    return found
+
+
+def target_label(t: TargetConfig) -> str:
+    """`time to test loss <= 0.01`: a target as the report's columns name it."""
+    sign = "<=" if TARGET_KEYS[t.key] == "lower" else ">="
+    return f"time to {t.split} {t.key} {sign} {t.value:g}"
+
+
+def first_reached(curve: pd.DataFrame | None, t: TargetConfig) -> float | None:
+    """The first evaluation time at which `t` is reached on `curve` (None: never)."""
+    if curve is None or curve.empty:
+        return None
     points = curve[curve["split"] == t.split].sort_values("t")
     values = pd.to_numeric(points[t.key], errors="coerce")
     reached = values <= t.value if TARGET_KEYS[t.key] == "lower" else values >= t.value
     hit = points.loc[reached.fillna(False), "t"]
-    if len(hit):
-        return Value(float(hit.iloc[0]))
-    return Value(float(end), censored=True)
+    return float(hit.iloc[0]) if len(hit) else None
+
+
+def time_to_target(curve: pd.DataFrame, claim: ClaimConfig, end: float) -> Value:
+    hit = first_reached(curve, claim.target)
+    return Value(float(end), censored=True) if hit is None else Value(hit)
 
 
 def blown_up(row: dict, curve: pd.DataFrame) -> str | None:
@@ -433,12 +456,14 @@ class Test:
         t = float(stats.t.ppf(1.0 - alpha, self.df) + stats.t.ppf(POWER, self.df))
         return self.against + t * self.se
 
-    def shown(self, names: str) -> str:
+    def shown(self, names: str, unit: str = "") -> str:
+        """The verdict line: the statistic of the named sides, the advantage with its 95 %
+        interval against the margin, in the metric's unit (`unit`, e.g. " s")."""
         lo, hi = self.ci
         return (
-            f"{names} = {self.estimate:.4g}; advantage {self.mean:.3g} "
-            f"[95% CI {lo:.3g}, {hi:.3g}] vs {self.against:.3g}, p = {self.p:.2g} "
-            f"({self.test}, n = {self.n})"
+            f"{names} = {self.estimate:.4g}{unit}; advantage {self.mean:.3g}{unit} "
+            f"[95% CI {lo:.3g}, {hi:.3g}] vs margin {self.against:.3g}{unit}, "
+            f"p = {self.p:.2g} ({self.test}, n = {self.n})"
         )
 
 
@@ -859,10 +884,42 @@ def _finite(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
+def _side(selector: dict[str, Any]) -> str:
+    """A side as its selector names it: the value of its one key (SSP(3)), else k=v, ..."""
+    if len(selector) == 1:
+        return str(next(iter(selector.values())))
+    return ", ".join(f"{k}={v}" for k, v in selector.items()) or "?"
+
+
+def _named(claim: ClaimConfig) -> str:
+    """The claim's statistic with its sides named: SSP(3) − BSP, SSP(3) / BSP, ..."""
+    a, b, c = (_side(s) for s in (claim.a, claim.b, claim.c))
+    return {"ordering": f"{a} − {b}", "ratio": f"{a} / {b}", "threshold": a}.get(
+        claim.kind, f"({a} − {b}) / ({c} − {b})"
+    )
+
+
+def _unit(claim: ClaimConfig) -> str:
+    """The unit of the claim's statistic, as shown after a number: seconds for a time, none
+    for a ratio, a fraction of a gap, an accuracy or a loss."""
+    if claim.kind in ("ratio", "gap_closed"):
+        return ""
+    m = claim.metric
+    if m.endswith("_per_s"):
+        return " /s"
+    if m == "time_to_target" or m.endswith("_s"):
+        return " s"
+    return " B" if m.startswith("bytes") else ""
+
+
 def _shown(claim: ClaimConfig, tests: list[Test]) -> str:
+    """The claim's verdict line(s), prefixed by its metric."""
+    unit = _unit(claim)
     if len(tests) == 1 and not (claim.per or claim.kind == "trend"):
-        return tests[0].shown(_names(claim))
-    return "; ".join(f"{t.label}: {t.shown(_names(claim) if claim.per else 'Δ')}" for t in tests)
+        return f"{claim.metric}: {tests[0].shown(_named(claim), unit)}"
+    return f"{claim.metric}: " + "; ".join(
+        f"{t.label}: {t.shown(_named(claim) if claim.per else 'Δ', unit)}" for t in tests
+    )
 
 
 def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:

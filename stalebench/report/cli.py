@@ -7,12 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from stalebench.metrics.summary import write_json
 from stalebench.report import claims as claims_mod
 from stalebench.report.collect import collect
 from stalebench.report.groups import assign, load_configs
+from stalebench.report.groups import display as groups_display
 from stalebench.report.tables import (
     BASELINE,
     format_summary,
@@ -47,8 +49,10 @@ def build_report(
     summary = summary_table(runs, baseline, configs)
     summary_md = write_table("summary", summary, format_summary(summary, baseline), out)
     write_table("runs", labelled, per_run_display(labelled, settings), out)
-    figures = all_figures(labelled, curves, updates, out)
+    claimed = claims_mod.claim_targets(runs)
+    figures = all_figures(labelled, curves, updates, out, claimed)
     verdicts = claims_mod.evaluate(runs, curves)
+    targets = target_section(labelled, settings, curves, claimed)
 
     n_done = int((runs["status"] == "completed").sum())
     lines = [
@@ -70,6 +74,7 @@ def build_report(
         summary_md,
         "Tables: `tables/summary.csv`, `tables/summary.tex`, per run `tables/runs.csv`, "
         "`tables/runs.tex`.",
+        *targets,
         "",
         "## Figures",
         "",
@@ -90,10 +95,98 @@ def build_report(
     if damaged:  # kept above with what could be read: say what is missing
         lines += ["", "## Damaged event logs", ""]
         lines += [f"- `{run_dir}`: {what}" for run_dir, what in damaged]
-    lines += claim_section(verdicts, out)
+    lines += tuning_section(dirs)
+    lines += claim_section(verdicts, out, figures)
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def target_section(
+    labelled: pd.DataFrame, settings: dict[str, str], curves: pd.DataFrame, targets: list
+) -> list[str]:
+    """The summary's times to target read at the targets the sweep's claims use (a test
+    loss for a regression sweep, which `budget.target_accuracy` never reaches), per group:
+    the mean ± std over the completed runs that reached it, and how many did; the times as
+    the claims read them (the first evaluation at or past the target)."""
+    if not targets or labelled.empty:
+        return []
+    by_run = {d: c for d, c in curves.groupby("run_dir")} if not curves.empty else {}
+    rows = []
+    for _, group in labelled.groupby("group_index", sort=True):
+        first = group.iloc[0]
+        done = group[group["status"] == "completed"]
+        row = {"algorithm": first["algorithm"], "cluster": first["profile"],
+               "num_workers": first["num_workers"],
+               **{name: groups_display(first[key]) for key, name in settings.items()}}  # fmt: skip
+        for target in targets:
+            times = [claims_mod.first_reached(by_run.get(d), target) for d in done["run_dir"]]
+            hit = [t for t in times if t is not None]
+            spread = np.std(hit, ddof=1) if len(hit) > 1 else 0.0
+            mean = f"{np.mean(hit):.3g} ± {spread:.2g}" if hit else "—"
+            row[claims_mod.target_label(target)] = f"{mean} ({len(hit)}/{len(done)})"
+        rows.append(row)
+    return ["", "Time to each target the claims use (s; mean ± std of the runs that reached "
+            "it, and how many of the completed runs did):", "",
+            to_markdown(pd.DataFrame(rows))]  # fmt: skip
+
+
+def tuning_section(dirs: list[str]) -> list[str]:
+    """The tuning stage of each sweep directory among `dirs` (its tuning.json): what it
+    selected on, and per cell every candidate tried — its values, its score (the mean of
+    the selection metric over the tuning seeds), its standing and its runs' statuses —
+    the selection (★), the points the extension added beyond the grid and why it stopped,
+    and the cells whose selection is still at an edge of what was tried."""
+    lines: list[str] = []
+    for d in dirs:
+        path = Path(d) / "tuning.json"
+        if not path.is_file():
+            continue
+        t = json.loads(path.read_text())
+        sel = t.get("select") or {}
+        target = sel.get("target") or {}
+        on = sel.get("metric", "?") + (
+            f" ({target.get('split')} {target.get('key')} to {target.get('value')})"
+            if target
+            else ""
+        )
+        lines += ["", f"## Tuning ({path})", "",
+                  f"Each cell's candidates ran on the validation split with seeds "
+                  f"{', '.join(map(str, t.get('seeds', [])))}; selected on {on}, "
+                  f"{sel.get('better', '?')} is better; a grid whose best point is at its edge "
+                  f"is extended by its own ratio (at most {t.get('max_extensions', '?')} "
+                  f"points) until the best is inside or the next point fails. Points tried per "
+                  f"arm: {', '.join(f'{a} {p}' for a, p in (t.get('points') or {}).items())}.",
+                  ""]  # fmt: skip
+        rows = []
+        for cell in t.get("cells", []):
+            ext = cell.get("extension") or {}
+            added = {a["candidate"] for a in ext.get("added", [])}
+            for c in cell.get("candidates", []):
+                statuses = [r.get("status", "?") for r in c.get("runs", [])]
+                score = c.get("score")
+                rows.append({
+                    "cell": f"{cell.get('cell')} {cell.get('arm') or ''}".strip(),
+                    "values": ", ".join(f"{k.rpartition('.')[2]}={v:g}" if isinstance(v, float)
+                                        else f"{k.rpartition('.')[2]}={v}"
+                                        for k, v in c.get("values", {}).items()),
+                    "score": "—" if score is None else f"{score:.4g}",
+                    "standing": c.get("standing", ""),
+                    "runs": ", ".join(f"{s}×{statuses.count(s)}" for s in dict.fromkeys(statuses)),
+                    "": " ★" if c.get("candidate") == cell.get("selected_candidate") else "",
+                    "note": ("added beyond the grid" if c.get("candidate") in added else ""),
+                })  # fmt: skip
+            edge = ext.get("at_edge") or []
+            stopped = ext.get("stopped")
+            if edge or stopped:
+                rows[-1]["note"] = "; ".join(filter(None, [
+                    rows[-1]["note"],
+                    f"extension stopped: {stopped}" if stopped else "",
+                    f"selection at an edge of {', '.join(map(str, edge))}" if edge else "",
+                ]))  # fmt: skip
+        if rows:
+            lines.append(to_markdown(pd.DataFrame(rows)))
+    return lines
 
 
 def overrun_section(runs: pd.DataFrame) -> list[str]:
@@ -134,8 +227,28 @@ def per_run_display(runs: pd.DataFrame, settings: dict[str, str]) -> pd.DataFram
     return shown.astype(object).where(shown.notna(), "—")
 
 
-def claim_section(verdicts: list[dict], out: Path) -> list[str]:
-    """The papers' claims with their verdicts (also written to out/claims.json)."""
+# the figure that shows a claim's mechanism, by the start of its metric
+FIGURE_OF = {
+    "time_to_target": "test_loss_vs_time",
+    "final_loss": "test_loss_vs_time",
+    "final_accuracy": "test_accuracy_vs_time",
+    "lag": "lag_histogram",
+    "compute_fraction": "worker_time",
+    "wait": "worker_time",
+}
+
+
+def figure_links(metric: str, figures: list[Path]) -> str:
+    """Markdown links to the report's figures of a claim's metric (— when none shows it)."""
+    stem = next((f for m, f in FIGURE_OF.items() if metric.startswith(m)), None)
+    found = [p for p in figures if stem and p.stem.startswith(stem)]
+    return ", ".join(f"[{p.stem.removeprefix(stem).strip('_') or stem}](figures/{p.name})"
+                     for p in found) or "—"  # fmt: skip
+
+
+def claim_section(verdicts: list[dict], out: Path, figures: list[Path] = ()) -> list[str]:
+    """The papers' claims with their verdicts (also written to out/claims.json), each with
+    links to the figures that show its metric."""
     if not verdicts:
         (out / "claims.json").unlink(missing_ok=True)  # no stale verdicts from an earlier report
         return []
@@ -156,7 +269,15 @@ def claim_section(verdicts: list[dict], out: Path) -> list[str]:
             "",
             f"Verdicts: {claims_mod.tally(verdicts, sweep)}.",
             "",
-            to_markdown(claims_mod.table(verdicts, sweep)),
+            to_markdown(
+                claims_mod.table(verdicts, sweep).assign(
+                    figure=[
+                        figure_links(v["metric"], list(figures))
+                        for v in verdicts
+                        if v["sweep"] == sweep
+                    ]  # fmt: skip
+                )
+            ),
         ]
     return lines
 

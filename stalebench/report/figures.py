@@ -1,4 +1,8 @@
-"""Figures: convergence vs wall time, lag histograms, per-worker compute/wait/comm."""
+"""Figures: convergence vs time, lag histograms, per-worker compute/wait/comm. Each is
+written as PNG (embedded in report.md) and PDF (vector, for a paper) beside it; a figure
+says what its band is, orders its arms as the summary table does (SSP(1), SSP(3),
+SSP(10)), labels simulated time as such, draws the claims' targets, and puts a loss that
+spans more than a decade on a log scale."""
 
 from __future__ import annotations
 
@@ -51,11 +55,27 @@ def label_runs(runs: pd.DataFrame, *tables: pd.DataFrame) -> list[pd.DataFrame]:
 
 
 def _save(fig, path: Path) -> Path:
+    """`path` (PNG, 120 dpi) and the same figure as PDF beside it; returns the PNG's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".pdf"))
     plt.close(fig)
     return path
+
+
+def time_label(runs: pd.DataFrame, run_dirs) -> str:
+    """The time axis's name: simulated (virtual) time for simulator runs, wall time for
+    real ones, plain time when a figure holds both."""
+    kinds = set(runs.loc[runs["run_dir"].isin(set(run_dirs)), "runtime"].dropna()) if (
+        "runtime" in runs) else set()  # fmt: skip
+    if kinds == {"sim"}:
+        return "simulated time (s)"
+    return "wall time (s)" if kinds == {"real"} else "time (s)"
+
+
+# a loss whose plotted means span more than this factor is drawn on a log scale
+LOG_SPAN = 10.0
 
 
 def band(curves: pd.DataFrame, metric: str, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,9 +100,13 @@ def band(curves: pd.DataFrame, metric: str, grid: np.ndarray) -> tuple[np.ndarra
     return mean, np.where(counts > 1, np.sqrt(var), 0.0)
 
 
-def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str) -> list[Path]:
-    """Test ``metric`` (accuracy or loss) vs wall time of completed runs; a line per group
-    (algorithm and settings), the band is ± std over seeds."""
+def convergence(
+    curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str, targets=()
+) -> list[Path]:
+    """Test ``metric`` (accuracy or loss) vs time of completed runs; a line per group
+    (algorithm and settings), the band ± one sample std over its seeds (n in the legend);
+    `targets` (the claims' (split, key, value)) on the test split of this metric drawn as
+    dashed lines."""
     done = set(runs.loc[runs["status"] == "completed", "run_dir"])
     test = curves[(curves["split"] == "test") & curves["run_dir"].isin(done)].dropna(
         subset=[metric, "t"]
@@ -92,14 +116,25 @@ def convergence(curves: pd.DataFrame, runs: pd.DataFrame, out: Path, metric: str
         grid = np.linspace(0.0, float(sub["t"].max()), GRID_POINTS)
         fig, ax = plt.subplots(figsize=(6, 4))
         arms = _arms(sub)
+        lows, highs = [], []
         for color, arm in zip(sns.color_palette(n_colors=len(arms)), arms, strict=True):
             runs_of = sub[sub["arm"].astype(str) == arm]
             mean, std = band(runs_of, metric, grid)
             n = runs_of["run_dir"].nunique()
             ax.plot(grid, mean, color=color, label=f"{arm} (n={n})")
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-        ax.set(xlabel="wall time (s)", ylabel=f"test {metric}", title=title)
-        ax.legend()
+            finite = mean[np.isfinite(mean) & (mean > 0)]
+            if finite.size:
+                lows.append(finite.min())
+                highs.append(finite.max())
+        for t in targets:
+            if t.split == "test" and t.key == metric:
+                ax.axhline(t.value, color="0.3", linestyle="--", linewidth=1,
+                           label=f"target {t.value:g}")  # fmt: skip
+        if metric == "loss" and lows and max(highs) / min(lows) > LOG_SPAN:
+            ax.set_yscale("log")
+        ax.set(xlabel=time_label(runs, sub["run_dir"]), ylabel=f"test {metric}", title=title)
+        ax.legend(title="band: ± 1 std over seeds", title_fontsize="small", fontsize="small")
         paths.append(_save(fig, out / "figures" / f"test_{metric}_vs_time_{suffix}.png"))
     return paths
 
@@ -125,60 +160,60 @@ def lag_histograms(updates: pd.DataFrame, out: Path) -> list[Path]:
     return paths
 
 
+# the worker-time figure's height at most (inches; 1,200 px at 120 dpi)
+MAX_HEIGHT = 10.0
+
+
 def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Path]:
-    """Per worker, total compute / wait / comm time in one run per group (the completed run
-    with the lowest seed): a horizontal stacked bar per worker."""
+    """Per worker, its compute / wait / comm time per run, the mean over the group's
+    completed runs (seeds): a horizontal stacked bar per worker, the figure no taller than
+    MAX_HEIGHT (bars thinner as workers grow)."""
     parts = ["compute_s", "wait_s", "comm_s"]
     colors = sns.color_palette(n_colors=3)
-    ordered = runs.assign(_done=runs["status"] != "completed").sort_values(["_done", "seed"])
+    done = set(runs.loc[runs["status"] == "completed", "run_dir"])
     paths = []
     for title, suffix, sub in _settings(updates):
         arms = _arms(sub)
         workers = sub["worker"].nunique()
         fig, axes = plt.subplots(
-            len(arms),
-            1,
-            squeeze=False,
-            sharex=True,
-            figsize=(7, min(2 + len(arms) * (0.6 + 0.25 * min(workers, 32)), 30)),
-        )
+            len(arms), 1, squeeze=False, sharex=True,
+            figsize=(7, min(2 + len(arms) * (0.6 + 0.25 * min(workers, 32)), MAX_HEIGHT)),
+        )  # fmt: skip
         for ax, arm in zip(axes[:, 0], arms, strict=True):
-            candidates = ordered[
-                ordered["run_dir"].isin(sub.loc[sub["arm"].astype(str) == arm, "run_dir"])
-            ]
-            run_dir = candidates["run_dir"].iloc[0]
-            seed = candidates["seed"].iloc[0]
-            per_worker = sub[sub["run_dir"] == run_dir].groupby("worker")[parts].sum().sort_index()
+            mine = sub[sub["arm"].astype(str) == arm]
+            pooled = mine[mine["run_dir"].isin(done)] if mine["run_dir"].isin(done).any() else mine
+            n = pooled["run_dir"].nunique()
+            per_run = pooled.groupby(["run_dir", "worker"])[parts].sum()
+            per_worker = per_run.groupby("worker").mean().sort_index()
             left = np.zeros(len(per_worker))
             for part, color in zip(parts, colors, strict=True):
                 values = per_worker[part].fillna(0).to_numpy(float)
-                ax.barh(
-                    np.arange(len(per_worker)),
-                    values,
-                    left=left,
-                    color=color,
-                    label=part.removesuffix("_s"),
-                )
+                ax.barh(np.arange(len(per_worker)), values, left=left, color=color,
+                        label=part.removesuffix("_s"))  # fmt: skip
                 left += values
-            ax.set_yticks(np.arange(len(per_worker)), [str(w) for w in per_worker.index])
-            ax.set(ylabel="worker", title=f"{arm} (seed {seed})")
+            ticks = np.arange(len(per_worker))
+            step = max(1, len(ticks) // 16)  # at most ~16 labels
+            ax.set_yticks(ticks[::step], [str(w) for w in per_worker.index[::step]])
+            ax.set(ylabel="worker", title=f"{arm} (mean of {n} seed{'s' if n > 1 else ''})")
             ax.invert_yaxis()
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes[-1, 0].set_xlabel("time (s)")
+        axes[-1, 0].set_xlabel(
+            time_label(runs, sub["run_dir"]).replace("time (s)", "time per run (s)")
+        )
         fig.suptitle(f"Time per worker: {title}")
         paths.append(_save(fig, out / "figures" / f"worker_time_{suffix}.png"))
     return paths
 
 
 def all_figures(
-    runs: pd.DataFrame, curves: pd.DataFrame, updates: pd.DataFrame, out: Path
+    runs: pd.DataFrame, curves: pd.DataFrame, updates: pd.DataFrame, out: Path, targets=()
 ) -> list[Path]:
     out = Path(out)
     sns.set_theme(style="whitegrid")
     curves, updates = label_runs(runs, curves, updates)
     return [
-        *convergence(curves, runs, out, "accuracy"),
-        *convergence(curves, runs, out, "loss"),
+        *convergence(curves, runs, out, "accuracy", targets),
+        *convergence(curves, runs, out, "loss", targets),
         *lag_histograms(updates, out),
         *worker_time(updates, runs, out),
     ]

@@ -19,6 +19,7 @@ Each group is labelled `algorithm / profile / N workers / key=value ...`:
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -165,11 +166,14 @@ def short_names(keys: list[str]) -> dict[str, str]:
 
 
 def _order(value: Any) -> tuple:
+    """Numbers first, by value; then text in natural order (SSP(1), SSP(3), SSP(10): the
+    digits in a label compare as numbers); missing last."""
     if _missing(value):
-        return (2, 0.0, "")
+        return (2, 0.0, ())
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return (0, float(value), "")
-    return (1, 0.0, str(value))
+        return (0, float(value), ())
+    chunks = re.findall(r"\d+|\D+", str(value))
+    return (1, 0.0, tuple((0, int(c), "") if c.isdigit() else (1, 0, c) for c in chunks))
 
 
 def _profiles(
