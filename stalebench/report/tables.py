@@ -117,9 +117,26 @@ def _pm(mean: float, std: float, digits: int) -> str:
 
 
 def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """The summary table as display strings (mean ± std, "—" when missing)."""
+    """The summary table as display strings (mean ± std, "—" when missing). Runs with no
+    accuracy at all (regression) and none at the accuracy target show no accuracy columns:
+    no final accuracy, and no time to the accuracy target (budget.target_accuracy), which
+    they can never reach."""
     speedup = f"speedup_vs_{baseline}"
     settings = list(table.columns[3 : table.columns.get_loc("runs")])
+    shown = _format_summary(table, baseline, speedup, settings)
+    if (
+        len(table)
+        and table["final_accuracy_mean"].isna().all()
+        and not table["reached_target"].any()
+    ):
+        shown = shown.drop(columns=["final test accuracy", "time to target (s)", "reached",
+                                    f"speedup vs {baseline}"])  # fmt: skip
+    return shown
+
+
+def _format_summary(
+    table: pd.DataFrame, baseline: str, speedup: str, settings: list[str]
+) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "algorithm": table["algorithm"].astype(str),

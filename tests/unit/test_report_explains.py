@@ -160,3 +160,15 @@ def test_a_claim_links_the_figure_of_its_metric(tmp_path):
     assert link == "[homogeneous_w8](figures/test_loss_vs_time_homogeneous_w8.png)"
     assert "worker_time" in figure_links("compute_fraction", figs)
     assert figure_links("throughput_updates_per_s", figs) == "—"
+
+
+def test_a_summary_of_runs_without_accuracy_shows_no_accuracy_target(runs_dir):
+    from stalebench.report.tables import format_summary, summary_table
+
+    runs, _, _ = collect([runs_dir])
+    with_accuracy = format_summary(summary_table(runs))
+    assert "time to target (s)" in with_accuracy and "final test accuracy" in with_accuracy
+    regression = runs.assign(final_accuracy=np.nan, time_to_target_s=np.nan)
+    shown = format_summary(summary_table(regression))
+    assert "time to target (s)" not in shown and "final test accuracy" not in shown
+    assert "final test loss" in shown and "reached" not in shown
