@@ -77,6 +77,7 @@ def prepare(cfg: RunConfig) -> Engine:
         check_processes(cfg, engine.world_size())
         if not nodes.under_torchrun():  # torchrun's ranks are on other machines' cores
             check_cores(cfg, engine.num_workers, model, splits, engine.one_stream)
+    engine.load_programs()  # before any checkpoint is read (resume=true)
     return engine
 
 

@@ -6,9 +6,10 @@ composes anything, and before torch is imported.
 A key is known when some schema has it: `budget.max_wall_s`, `model.hidden` (the mlp's; a
 key of another choice than the one selected is left to Hydra, which names it), or anything
 under a free-form mapping (`sweep.params.*`). Group choices (`model=cnn`, `+sweep/arms/...`)
-and `hydra.*` are not keys here (`cli.check_choices` checks names). Hydra's `+key=value`
-appends a key: for a key no schema has, that is the same mistake (the run would ignore
-it), refused the same way."""
+and `hydra.*` are not keys here (`cli.check_choices` checks names), nor is `+name=value`
+without a dot (a group from another search path, `hydra.searchpath`). Hydra's
+`+key.sub=value` appends a key: for a key no schema has, that is the same mistake (the run
+would ignore it), refused the same way."""
 
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ def check_keys(argv: list[str], groups: set[str]) -> None:
         key, appends = found
         if key in groups or key in known:
             continue
+        if appends and "." not in key:
+            continue  # `+group=option`: a group of a search path's (hydra.searchpath)
         parent = key.rpartition(".")[0]
         if any(key.startswith(p + ".") for p in open_):
             continue

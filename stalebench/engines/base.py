@@ -64,6 +64,10 @@ class Engine:
     # from the last one)
     checkpoints: tuple[str, ...] = ()
     one_stream = False
+    # the modules of its programs, imported (`load_programs`) before a checkpoint is read:
+    # they mark the classes its state holds (registry.stored); registering an engine does
+    # not import them (nor torch)
+    program_modules: tuple[str, ...] = ()
 
     def __init__(self, cfg: EngineConfig, run: RunConfig):
         self.cfg, self.run = cfg, run
@@ -75,6 +79,14 @@ class Engine:
     @property
     def num_workers(self) -> int:
         return self.run.cluster.num_workers
+
+    @classmethod
+    def load_programs(cls) -> None:
+        """Import its programs' modules (`program_modules`)."""
+        import importlib
+
+        for name in cls.program_modules:
+            importlib.import_module(name)
 
     def world_size(self) -> int:
         """Its processes: by default the N workers, then the spares if it takes them."""

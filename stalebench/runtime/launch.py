@@ -86,6 +86,7 @@ def run_rank(
     summary = None
     try:
         job = Job.build(cfg, engine.num_workers, engine.one_stream)
+        engine.load_programs()  # the classes its checkpoint may hold
         resume = checkpoint.load(run_dir, config_sha(cfg)) if cfg.resume and rank == 0 else None
         record = RunRecord(job, run_dir, resume=resume) if rank == 0 else None
         world = RealWorld(

@@ -58,6 +58,8 @@ class AllReduceConfig(EngineConfig):
 class AllReduceEngine(DataParallel):
     """N replicas average each round's gradients by one all-reduce (BSP the way DDP does it)."""
 
+    program_modules = ("stalebench.engines.allreduce.replica",)
+
     takes_quorum = True
     takes_spares = True  # with cluster.min_replicas: a spare takes a lost replica's place
     checkpoints = ("real", "sim")  # every replica's part at a round's end

@@ -38,6 +38,8 @@ class GossipConfig(EngineConfig):
 class GossipEngine(Engine):
     """N nodes train decentralised: a local step, then gossip with their peers (SGP, D-PSGD)."""
 
+    program_modules = ("stalebench.engines.gossip.peer",)
+
     slots = ("gossip", "inner")  # in label order: `<mixing>+<inner>`
     checkpoints = ("real", "sim")  # every node's part, after a meeting
     takes_quorum = True  # a lost node's peers keep its share; the meetings go over the rest

@@ -12,10 +12,8 @@ import dataclasses
 
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
+from stalebench.engines.local.wire import QUANTIZE
 from stalebench.errors import ConfigError
-
-# how a round's Δ travels (round.WIRES: float32, float16, int8 with a scale per tensor)
-QUANTIZE = ("none", "fp16", "int8")
 
 MODES = ("sync", "streaming", "overlap", "async")
 
@@ -65,6 +63,8 @@ class LocalConfig(EngineConfig):
 @ENGINES.register("local", LocalConfig)
 class LocalEngine(Engine):
     """N workers take H local steps each, then reconcile their replicas (local SGD, DiLoCo)."""
+
+    program_modules = ("stalebench.engines.local.program", "stalebench.engines.local.server")
 
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
     takes_quorum = True  # the collective modes with a mean exchange (`validate`)

@@ -26,7 +26,7 @@ import torch
 
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
 from stalebench.engines.common import GradientStep, Net
-from stalebench.engines.local import QUANTIZE
+from stalebench.engines.local.wire import QUANTIZE
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.registry import stored

@@ -29,6 +29,8 @@ UNMODELLED = (
 class PipelineEngine(Engine):
     """The model cut into K stages, one process each; microbatches flow through them."""
 
+    program_modules = ("stalebench.engines.pipeline.program",)
+
     slots = ("pipeline", "optimizer")
     ignores = UNMODELLED
     one_stream = True  # one stream of microbatches over the whole split

@@ -20,6 +20,8 @@ class ParameterServerEngine(DataParallel):
     """A parameter server (rank 0) applies the workers' gradients; N workers (ranks 1..N),
     and `cluster.spares` standby workers after them."""
 
+    program_modules = ("stalebench.engines.ps.program",)
+
     takes_spares = True
     checkpoints = ("real",)  # the server's state (its workers start again from it)
 
