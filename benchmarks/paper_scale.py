@@ -7,15 +7,19 @@ sweep (every run of its tuning protocol, with its evaluations).
     # writes benchmarks/results/paper_scale.json and prints the table
 
 A sweep's runs: its grid's cells (every combination of its parameters but the seed) ×
-(the tuning grid's points × the tuning seeds + the final seeds). A run's cost: its
-budget's updates × the measured seconds per update at its number of workers (interpolated
-linearly in N between the two measured ends) + its evaluations × the measured seconds of
-one evaluation of the held-out split. The data is generated in the datasets' real formats
-(CIFAR-10 python batches, MNIST IDX) at their real sizes, so a gradient and an evaluation
-cost what they would. A sweep whose runtime is `real` (its workers are processes on their
-own devices) is projected from the simulator's per-update cost; one that cannot be
-composed on its own (a pipeline sweep whose arms each bring their model) is listed with
-the reason it was skipped.
+(the tuning grid's points × the tuning seeds + the final seeds): the least it runs; at
+most, every grid extended as far as `sweep.tune.max_extensions` allows and every cell to
+the second stage's `max_seeds` (`projected_hours_most`). A run's cost: its budget's
+gradients — its own cell's updates per virtual second (measured per cell: ASP makes N×
+BSP's updates at one N, each of one gradient where BSP's is of N) × the budget's virtual
+seconds × its gradients per update — × the measured seconds per gradient at its number of
+workers (interpolated linearly in N between the two measured ends) + its evaluations × the
+measured seconds of one evaluation of the held-out split. The data is generated in the
+datasets' real formats (CIFAR-10 python batches, MNIST IDX) at their real sizes, so a
+gradient and an evaluation cost what they would. A sweep whose runtime is `real` (its
+workers are processes on their own devices) is projected from the simulator's cost; one
+that cannot be composed on its own (a pipeline sweep whose arms each bring their model)
+is listed with the reason it was skipped.
 """
 
 from __future__ import annotations
@@ -79,8 +83,15 @@ def plan(sweep: str, extra: list[str]) -> dict:
     cells = [dict(zip(keys, values, strict=True)) for values in itertools.product(*params.values())]
     tune = cfg.sweep.get("tune") or {}
     points = grid_points(dict(tune.get("params") or {}), "sweep.tune.params") if tune else 1
-    tuning = points * len(tune.get("seeds", [1000, 1001])) if tune.get("params") else 0
-    return {"cells": cells, "seeds": len(seeds), "tuning_runs_per_cell": tuning}
+    tune_seeds = len(tune.get("seeds", [1000, 1001]))
+    tuning = points * tune_seeds if tune.get("params") else 0
+    extended = (points + int(tune.get("max_extensions", 4))) * tune_seeds if tuning else 0
+    sequential = cfg.sweep.get("sequential") or {}
+    most = max(len(seeds), int(sequential.get("max_seeds", 0) or 0))
+    return {"cells": cells, "seeds": len(seeds), "tuning_runs_per_cell": tuning,
+            # the most a cell can run: every grid extended as far as allowed, and every
+            # seed of the second stage (sweep.sequential.max_seeds)
+            "most_runs_per_cell": extended + most}  # fmt: skip
 
 
 def cell_overrides(cell: dict) -> list[str]:
@@ -105,9 +116,9 @@ def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) 
                 "eval.every_updates=0",
                 "eval.every_s=0",
                 "eval.train_samples=0",
-                # the end's evaluation on a sliver: an evaluation is measured apart
+                # the end's evaluation on a small split: an evaluation is measured apart
                 "eval.split=val",
-                "eval.validation_fraction=0.002",
+                "eval.validation_fraction=0.05",  # every class in it (mnist1d: 200)
                 "logger=none",
                 f"sim.batch={batch}",
             ]  # fmt: skip
@@ -115,11 +126,15 @@ def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) 
         cfg.run_dir = tmp
         summary = experiment.run(cfg)
     per_update = summary["sim_loop_s"] / max(summary["updates"], 1)
+    gradients = summary.get("gradients") or summary["updates"]
     return {
         "updates": summary["updates"],
         "updates_per_virtual_s": summary["updates"] / max(summary["wall_time_s"], 1e-9),
         "gradients": summary.get("gradients"),
+        "gradients_per_update": gradients / max(summary["updates"], 1),
         "s_per_update": per_update,
+        # what a run costs goes with its gradients (a BSP update is N of them, ASP's one)
+        "s_per_gradient": summary["sim_loop_s"] / max(gradients, 1),
         "status": summary["status"],
         "sim_batch": summary.get("sim_batch"),
     }
@@ -195,47 +210,52 @@ def project(sweep: str, data: Path, updates: int) -> dict:
         for n, cell in ends.items():
             measured[mode][n] = measure(sweep, cell, extra, updates, mode)
     evaluation = eval_seconds(sweep, cells[0], extra)
-
-    def rate(n: int) -> float:  # updates per virtual second (a budget of max_wall_s)
-        lo, hi = measured["off"][ns[0]], measured["off"][ns[-1]]
-        w = (n - ns[0]) / (ns[-1] - ns[0]) if ns[-1] != ns[0] else 0.0
-        return (1 - w) * lo["updates_per_virtual_s"] + w * hi["updates_per_virtual_s"]
+    # updates per virtual second differ by arm (ASP makes N× BSP's at one N, each of one
+    # gradient where BSP's is of N), so every cell's own short run sets its budget's
+    # gradients; the CPU per gradient is the ends' (above)
+    cell_rates = [measure(sweep, cell, extra, updates, "auto") for cell in cells]
 
     budgets = []
-    for cfg in configs:
+    for cfg, r in zip(configs, cell_rates, strict=True):
         b, e, n = cfg.budget, cfg.eval, workers_of(cfg)
-        by_wall = b.max_wall_s * rate(n) if b.max_wall_s else math.inf
+        by_wall = b.max_wall_s * r["updates_per_virtual_s"] if b.max_wall_s else math.inf
         run_updates = min(b.max_updates or math.inf, by_wall)
         evals = (
             run_updates / e.every_updates
             if e.every_updates
             else (b.max_wall_s / e.every_s if e.every_s and b.max_wall_s else 0)
         )
-        budgets.append((n, run_updates, evals, cfg.runtime))
+        budgets.append((n, run_updates, run_updates * r["gradients_per_update"], evals,
+                        cfg.runtime))  # fmt: skip
 
-    def per_update(mode: str, n: int) -> float:
+    def per_gradient(mode: str, n: int) -> float:
         lo, hi = measured[mode][ns[0]], measured[mode][ns[-1]]
         if ns[0] == ns[-1]:
-            return lo["s_per_update"]
+            return lo["s_per_gradient"]
         w = (n - ns[0]) / (ns[-1] - ns[0])
-        return (1 - w) * lo["s_per_update"] + w * hi["s_per_update"]
+        return (1 - w) * lo["s_per_gradient"] + w * hi["s_per_gradient"]
 
-    totals = {
-        mode: sum(
-            runs_per_cell * (max_updates * per_update(mode, n) + evals * evaluation)
-            for n, max_updates, evals, _ in budgets
+    def total(mode: str, runs: int) -> float:
+        return sum(
+            runs * (grads * per_gradient(mode, n) + evals * evaluation)
+            for n, _, grads, evals, _ in budgets
         )
-        for mode in measured
-    }
+
+    totals = {mode: total(mode, runs_per_cell) for mode in measured}
+    most = {mode: total(mode, p["most_runs_per_cell"]) for mode in measured}
     return {
         "runs": len(cells) * runs_per_cell,
+        "most_runs": len(cells) * p["most_runs_per_cell"],
         "cells": len(cells),
-        "runtime": sorted({b[3] for b in budgets}),
+        "runtime": sorted({b[4] for b in budgets}),
         "updates_per_run": sorted({round(b[1]) for b in budgets}),
         "workers": ns,
         "eval_s": evaluation,
         "measured": {m: {str(n): v for n, v in r.items()} for m, r in measured.items()},
         "projected_hours": {m: hours(t) for m, t in totals.items()},
+        # every grid extended as far as allowed and every cell to the second stage's last
+        # look: what the sweep can cost at most
+        "projected_hours_most": {m: hours(t) for m, t in most.items()},
     }
 
 
@@ -267,6 +287,9 @@ def main() -> None:
     }  # fmt: skip
     name = "paper_scale" + ("_cuda" if torch.cuda.is_available() else "")
     out_path = ROOT / "benchmarks" / "results" / f"{name}.json"
+    if only and out_path.is_file():  # --only: the other sweeps' entries are kept
+        kept = json.loads(out_path.read_text()).get("sweeps", {})
+        result["sweeps"] = {**kept, **out}
     out_path.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| sweep | runs | workers | updates/run | s/update (N ends, one at a time → batched) "
           "| eval s | hours, one at a time | hours, batched |")  # fmt: skip
