@@ -270,6 +270,8 @@ def compose_run(overrides: list[str]) -> RunConfig:
 
     load_plugins()
     register_configs()
+    check_choices(overrides)  # one line naming the key or name, as on the command line
+    check_keys(overrides, groups())
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("stalebench.conf", version_base=None):
