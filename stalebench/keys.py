@@ -21,10 +21,20 @@ from omegaconf import DictConfig, OmegaConf
 from stalebench.errors import ConfigError
 
 
-@functools.cache
 def schema() -> tuple[frozenset[str], frozenset[str]]:
     """(every key path a schema has, the paths of free-form mappings under which any key
-    goes), from the ConfigStore (plugins loaded and configs registered first)."""
+    goes), from the ConfigStore (plugins loaded and configs registered first); read again
+    whenever a component has been registered since."""
+    from hydra.core.config_store import ConfigStore
+
+    def stamp(node: dict) -> tuple:
+        return tuple((k, stamp(v) if isinstance(v, dict) else 0) for k, v in node.items())
+
+    return _schema(stamp(ConfigStore.instance().repo))
+
+
+@functools.lru_cache(maxsize=4)
+def _schema(stamp: tuple) -> tuple[frozenset[str], frozenset[str]]:
     from hydra.core.config_store import ConfigStore
 
     keys: set[str] = set()
