@@ -59,8 +59,9 @@ def prepare(cfg: RunConfig) -> Engine:
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process
     if cfg.runtime == "real" and not nodes.under_torchrun():
-        # its imports overlap the checks below (the data, the model)
-        forkserver.start([type(engine).__module__])
+        # its imports overlap the checks below (the data, the model); the engine's programs
+        # too (registering it imports none of them), so no rank imports them after its fork
+        forkserver.start([type(engine).__module__, *engine.program_modules])
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller
