@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -118,21 +119,28 @@ def claim_rows(runs: pd.DataFrame) -> tuple[list[dict], dict[str, dict]]:
     rows, sweeps = [], {}
     for run in runs.to_dict("records"):
         config = load_config(run["run_dir"])
-        sweep = config.get("sweep") or {}
-        name = sweep.get("name") or ""
-        if name and name not in sweeps:
-            sweeps[name] = {
-                "paper": sweep.get("paper", ""),
-                "scale": sweep.get("scale", ""),
-                "claims": [
-                    claim_from_dict(c, f"sweep {name}: claims[{i}]")
-                    for i, c in enumerate(sweep.get("claims") or [])
-                ],
-                "sequential": sequential_from(sweep.get("sequential")),
-            }
+        name = add_sweep(config, sweeps)
         keys = {k: v for k, v in dotted(config).items() if "." in k and k != "sweep.claims"}
         rows.append({**keys, **run, "sweep": name})
     return rows, sweeps
+
+
+def add_sweep(config: dict[str, Any], sweeps: dict[str, dict]) -> str:
+    """The name of the sweep a run's config belongs to ("" for none), its paper, scale,
+    claims and second stage added to `sweeps` the first time it is seen."""
+    sweep = config.get("sweep") or {}
+    name = sweep.get("name") or ""
+    if name and name not in sweeps:
+        sweeps[name] = {
+            "paper": sweep.get("paper", ""),
+            "scale": sweep.get("scale", ""),
+            "claims": [
+                claim_from_dict(c, f"sweep {name}: claims[{i}]")
+                for i, c in enumerate(sweep.get("claims") or [])
+            ],
+            "sequential": sequential_from(sweep.get("sequential")),
+        }
+    return name
 
 
 def _same(have: Any, want: Any) -> bool:
@@ -154,11 +162,14 @@ class Value:
     censored: bool = False  # time to target never reached: x is the run's end, a lower bound
 
 
-def claim_targets(runs: pd.DataFrame) -> list[TargetConfig]:
-    """The distinct targets of the time-to-target claims of the sweeps found in the runs,
-    in the order the claims name them."""
+def claim_targets(configs: Iterable[dict[str, Any]]) -> list[TargetConfig]:
+    """The distinct targets of the time-to-target claims of the sweeps the runs' configs
+    (already read: `groups.load_configs`) belong to, in the order the claims name them."""
+    sweeps: dict[str, dict] = {}
+    for config in configs:
+        add_sweep(config, sweeps)
     found: list[TargetConfig] = []
-    for sweep in claim_rows(runs)[1].values():
+    for sweep in sweeps.values():
         for claim in sweep["claims"]:
             if claim.target is not None and claim.target not in found:
                 found.append(claim.target)

@@ -49,7 +49,7 @@ def build_report(
     summary = summary_table(runs, baseline, configs)
     summary_md = write_table("summary", summary, format_summary(summary, baseline), out)
     write_table("runs", labelled, per_run_display(labelled, settings), out)
-    claimed = claims_mod.claim_targets(runs)
+    claimed = claims_mod.claim_targets(configs.values())  # the configs read above
     figures = all_figures(labelled, curves, updates, out, claimed)
     verdicts = claims_mod.evaluate(runs, curves)
     targets = target_section(labelled, settings, curves, claimed)
