@@ -205,15 +205,16 @@ def project(sweep: str, data: Path, updates: int) -> dict:
     ns = sorted({workers_of(cfg) for cfg in configs})
     ends = {n: next(c for c, cfg in zip(cells, configs, strict=True) if workers_of(cfg) == n)
             for n in (ns[0], ns[-1])}  # fmt: skip
-    measured: dict[str, dict[int, dict]] = {"off": {}, "auto": {}}
-    for mode in measured:
-        for n, cell in ends.items():
-            measured[mode][n] = measure(sweep, cell, extra, updates, mode)
+    # every cell's own short run, batched (its rate, below), the ends' also one at a time
+    cell_rates = [measure(sweep, cell, extra, updates, "auto") for cell in cells]
+    measured: dict[str, dict[int, dict]] = {
+        "off": {n: measure(sweep, cell, extra, updates, "off") for n, cell in ends.items()},
+        "auto": {n: cell_rates[cells.index(cell)] for n, cell in ends.items()},
+    }
     evaluation = eval_seconds(sweep, cells[0], extra)
     # updates per virtual second differ by arm (ASP makes N× BSP's at one N, each of one
     # gradient where BSP's is of N), so every cell's own short run sets its budget's
     # gradients; the CPU per gradient is the ends' (above)
-    cell_rates = [measure(sweep, cell, extra, updates, "auto") for cell in cells]
 
     budgets = []
     for cfg, r in zip(configs, cell_rates, strict=True):
