@@ -218,20 +218,35 @@ def finalize(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write metrics.parquet and summary.json of a run directory from its events.jsonl."""
-    import pandas as pd
-
     run_dir = Path(run_dir)
     events = read_events(run_dir / "events.jsonl")
     table = run_dir / "metrics.parquet"
     try:
+        import pandas as pd
+
         pd.DataFrame(events).to_parquet(table, index=False)
     except OSError as exc:  # a full disk: summary.json says so, in the room held for it
         table.unlink(missing_ok=True)
         status, error = "failed", _then(error, last_line(write_error(exc, table)))
+    except Exception as exc:  # e.g. an import a signal cut short: summary.json is written
+        table.unlink(missing_ok=True)
+        status, error = "failed", _then(error, f"{table.name} not written: {last_line(exc)}")
     summary = {**summarize(events, meta, status, error, target_accuracy), **(extra or {})}
     write_json(run_dir / "summary.json", summary)
     give_up_room(run_dir)
     return summary
+
+
+def load_writers() -> None:
+    """Import (and run once, in memory) what `finalize` writes metrics.parquet with: a
+    process that will end a run calls this before the run starts, so that a signal that
+    lands while it ends its run cannot land in a first import (an import cut short by an
+    exception leaves pandas half-registered, and the next import of it fails)."""
+    import io
+
+    import pandas as pd
+
+    pd.DataFrame({"t": [0.0], "kind": ["system"]}).to_parquet(io.BytesIO(), index=False)
 
 
 def _then(error: str | None, more: str) -> str:

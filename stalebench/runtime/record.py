@@ -16,7 +16,7 @@ from stalebench.errors import RunError
 from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
 from stalebench.job import Job
 from stalebench.metrics.events import EventLog
-from stalebench.metrics.summary import finalize, hold_room
+from stalebench.metrics.summary import finalize, hold_room, load_writers
 from stalebench.models.nets import flatten_parameters, param_views  # noqa: F401  (re-exported)
 from stalebench.runtime import checkpoint
 from stalebench.runtime.checkpoint import Checkpoints
@@ -36,6 +36,7 @@ class RunRecord:
         self.virtual_time = False
         self.timing: Callable[[], dict[str, Any]] = dict
         hold_room(self.run_dir)  # for summary.json, should the disk fill up
+        load_writers()  # a signal while the run ends must not land in their first import
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(

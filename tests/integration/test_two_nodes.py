@@ -68,12 +68,13 @@ def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, los
         assert int(Path(f"/proc/{pids[0]}/stat").read_text().split()[3]) == owner.pid
         os.kill(nodes[lost].pid, signal.SIGKILL)  # the node's agent; its ranks die with it
         survivor = nodes["other" if lost == "owner" else "owner"]
-        survivor.communicate(timeout=120)
+        _, err = survivor.communicate(timeout=120)
     finally:
         for n in nodes.values():
             if n.poll() is None:
                 n.kill()
     assert not (tmp_path / "other" / "run").exists()  # the other node made no directory
+    assert (run_dir / "summary.json").exists(), err[-6000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] > 20
     if lost == "other":  # the server saw a worker go; or the owner's torchrun agent, seeing

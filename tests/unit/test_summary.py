@@ -366,6 +366,69 @@ def test_finalize_writes_summary_and_parquet(tmp_path):
     assert end["bytes_sent"].tolist() == [12345]
 
 
+# A signal that lands while a run ends raises in whatever runs then, an import included: a
+# first `import pandas` cut short leaves options registered, and every later import of it
+# fails ("Option ... has already been registered"). Import state is the process's, so each
+# case runs in a fresh interpreter: the hook below raises as a SIGTERM would, right after
+# pandas registers its first option.
+_SIGNAL_MID_IMPORT = """
+import json, sys
+from pathlib import Path
+from stalebench.metrics.summary import finalize, load_writers, stop
+
+class Signal(BaseException):
+    pass
+
+class Hook:  # once pandas's registry of options is loaded: a signal right after an option
+    fired = False  # is registered (pandas.core.config_init looks it up at each call)
+    def find_spec(self, name, path=None, target=None):
+        config = sys.modules.get("pandas._config.config")
+        register = getattr(config, "register_option", None)
+        if register and not hasattr(register, "cut"):
+            def cut(*args, **kwargs):
+                register(*args, **kwargs)
+                if not Hook.fired:
+                    Hook.fired = True
+                    raise Signal(args[0])
+            cut.cut = True
+            config.register_option = cut
+
+run_dir, meta = Path(sys.argv[1]), json.loads(sys.argv[3])
+if sys.argv[2] == "preloaded":
+    load_writers()  # what RunRecord does before a run starts
+sys.meta_path.insert(0, Hook())
+try:
+    finalize(run_dir, meta, "failed", "a worker lost", 0.5)  # the run's own end
+except Signal:
+    stop(run_dir, meta, "interrupted", "interrupted by SIGTERM", 0.5)  # the interrupt's
+print(json.dumps({"fired": Hook.fired}))
+"""
+
+
+@pytest.mark.parametrize("preloaded", [True, False])
+def test_a_signal_in_the_first_import_of_pandas_still_leaves_a_summary(tmp_path, preloaded):
+    import subprocess
+    import sys
+
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in make_events()))
+    how = "preloaded" if preloaded else "cold"
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_MID_IMPORT, str(tmp_path), how, json.dumps(META)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    fired = json.loads(out.stdout.splitlines()[-1])["fired"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["updates"] == 5
+    if preloaded:  # the writers were loaded before: nothing is imported as the run ends
+        assert not fired and summary["error"] == "a worker lost"
+        assert len(pd.read_parquet(tmp_path / "metrics.parquet")) == len(make_events())
+    else:  # cut short: no table, and summary.json says why
+        assert fired and not (tmp_path / "metrics.parquet").exists()
+        said = "interrupted by SIGTERM; then metrics.parquet not written: OptionError: "
+        assert summary["error"].startswith(said), summary["error"]
+
+
 def test_finalize_with_torn_line_and_nulls(tmp_path):
     events = make_events()[:-1] + [evaluation(4.9, 6, "test", None, None)]
     text = "".join(json.dumps(e) + "\n" for e in events) + '{"kind": "sys'
