@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
-from stalebench.errors import ConfigError
+from stalebench.errors import ConfigError, RunDirTaken
 from stalebench.keys import check_keys
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.metrics.summary import EXIT_CODES, write_json
@@ -67,8 +67,7 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
-    from stalebench import experiment
-    from stalebench.runtime import forkserver, nodes
+    from stalebench.runtime import nodes
 
     rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
     multirun = hc.mode == RunMode.MULTIRUN
@@ -78,13 +77,16 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
 
     cfg = None
     try:
-        cfg = to_run_config(dcfg, list(hc.overrides.task))
-        cfg.run_dir = cfg.run_dir or hc.runtime.output_dir
+        cfg = to_run_config(dcfg, list(hc.overrides.task))  # a bad value: refused before
+        cfg.run_dir = cfg.run_dir or hc.runtime.output_dir  # torch is imported (experiment)
+        from stalebench import experiment
+        from stalebench.runtime import forkserver
+
         engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
         kept = experiment.claim_run_dir(cfg, keep=not nodes.under_torchrun()) if rank == 0 else None
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
-        if multirun and rank == 0 and not isinstance(exc, experiment.RunDirTaken):
+        if multirun and rank == 0 and not isinstance(exc, RunDirTaken):
             # the sweep goes on; the report lists this job (a job dir that holds a run stops
             # the sweep: it is the whole sweep that is being rerun, without resume=true)
             _record_invalid(Path(hc.runtime.output_dir), exc, cfg)

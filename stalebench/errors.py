@@ -5,6 +5,10 @@ class ConfigError(ValueError):
     """Bad input: names the config key, the value and what would be valid."""
 
 
+class RunDirTaken(ConfigError):
+    """run_dir holds a run and neither resume nor overwrite was asked for."""
+
+
 class RunError(RuntimeError):
     """A run that cannot go on (dead peer, timeout, deadlock); the message names the culprit."""
 

@@ -23,7 +23,7 @@ from stalebench.cluster import Profile, check_regions
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
-from stalebench.errors import ConfigError, last_line, with_traceback
+from stalebench.errors import ConfigError, RunDirTaken, last_line, with_traceback
 from stalebench.job import Job, config_sha, load_splits, meta
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
@@ -212,10 +212,6 @@ def _available_mb() -> int | None:
     except OSError:
         pass
     return None
-
-
-class RunDirTaken(ConfigError):
-    """run_dir holds a run and neither resume nor overwrite was asked for."""
 
 
 class BadCheckpoint(RunDirTaken):

@@ -54,9 +54,10 @@ def test_an_unknown_key_or_name_is_refused_in_one_line_with_the_nearest(tmp_path
     assert not (tmp_path / "run").exists()
 
 
-def test_keys_of_the_schema_pass_and_the_refusal_imports_no_torch(tmp_path):
+@pytest.mark.parametrize("bad", ["budget.max_wall=10", "algorithm.update.lr=-1"])
+def test_keys_of_the_schema_pass_and_the_refusal_imports_no_torch(tmp_path, bad):
     # every kind of valid key passes the check (a nested part's, a free-form mapping's, a
-    # list's), and a refusal is reached without importing torch
+    # list's), and a refusal, of a key or of a value, is reached without importing torch
     code = (
         "import sys\n"
         "from stalebench import cli, plugins\n"
@@ -65,7 +66,7 @@ def test_keys_of_the_schema_pass_and_the_refusal_imports_no_torch(tmp_path):
         "cli.check_keys(['algorithm.update.lr=1', 'model.hidden=[3]', 'sweep.params.t=1',\n"
         "                '+sweep=ssp', 'cluster.faults=[]', '~cluster.faults', 'hydra.run.dir=x',\n"
         "                '-m', 'algorithm.barrier.staleness=3', 'eval.every_s=1'], cli.groups())\n"
-        "sys.argv = ['stalebench', 'budget.max_wall=10']\n"
+        f"sys.argv = ['stalebench', {bad!r}]\n"
         "try:\n"
         "    cli.main()\n"
         "except SystemExit as exc:\n"
