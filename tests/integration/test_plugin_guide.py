@@ -75,12 +75,15 @@ def test_every_command_of_the_plugin_guide_runs(tmp_path):
     shutil.copytree(ROOT / "tests", checkout / "tests", ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", checkout / "pyproject.toml")  # pytest's settings
 
-    times = []
+    times, said = [], []
     for block in blocks:
         start = time.perf_counter()
-        run(["bash", "-euo", "pipefail", "-c", block], 240, cwd=checkout, env=env)
+        said.append(run(["bash", "-euo", "pipefail", "-c", block], 240, cwd=checkout, env=env))
         times.append(round(time.perf_counter() - start, 1))
     print("seconds per block:", times)
+    # the guide's check that the plugin is registered shows it
+    listed = said[0].stdout
+    assert "stalebench list algorithm/update" in blocks[0] and "  signsgd " in listed, listed
 
     # the plugin's own runs, written by the installed stalebench
     for run_dir in ("runs/signsgd-sim", "runs/signsgd-real"):
