@@ -17,6 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from stalebench.metrics import wandb_mode
 from stalebench.runtime import signals
 from stalebench.runtime.signals import SIGNALS, Interrupted
 
@@ -47,20 +48,33 @@ class ReportOnSweepEnd(Callback):
             return
         claims = sweep_dir / "claims.json"
         logger = config.get("logger") or {}
-        if logger.get("name") != "wandb" or not claims.is_file():
+        if logger.get("name") != "wandb":
             return
         try:  # W&B never fails the sweep: claims.json has the verdicts
-            from stalebench.metrics.sinks import log_verdicts
+            if claims.is_file():
+                from stalebench.metrics.sinks import log_verdicts
 
-            log_verdicts(
-                json.loads(claims.read_text())["claims"],
-                project=logger.get("project", "stalebench"),
-                mode=logger.get("wandb_mode", "offline"),
-                group=config.sweep.name or "/".join(sweep_dir.parts[-2:]),
-                out_dir=sweep_dir,
-            )
+                log_verdicts(
+                    json.loads(claims.read_text())["claims"],
+                    project=logger.get("project", "stalebench"),
+                    mode=_sweep_wandb_mode(logger.get("wandb_mode", "auto"), sweep_dir),
+                    group=config.sweep.name or "/".join(sweep_dir.parts[-2:]),
+                    out_dir=sweep_dir,
+                )
         except Exception as exc:
             log.warning("W&B: claims of %s not logged: %s", sweep_dir, exc)
+        line = wandb_mode.sync_line(sweep_dir)  # once per sweep, its runs' and its claims'
+        if line:
+            print(line)
+
+
+def _sweep_wandb_mode(configured: str, sweep_dir: Path) -> str:
+    """The mode the sweep's runs logged in: offline when its online check or a start
+    failed."""
+    mode, _ = wandb_mode.resolve(configured)
+    if mode == "online" and wandb_mode.online_check(sweep_dir)[0]:
+        return "offline"
+    return mode
 
 
 def _statuses(sweep_dir: Path) -> list[str]:

@@ -3,15 +3,24 @@ included (the registries after `plugins.load`, and the YAML presets and sweeps).
 
 from __future__ import annotations
 
+import re
+
 from stalebench import plugins
 from stalebench.errors import ConfigError
 from stalebench.registry import REGISTRIES, Registry
+
+# a period after these does not end a sentence ("He et al. 2016", "e.g. BSP")
+ABBREVIATIONS = ("et al", "e.g", "i.e", "cf", "vs", "Fig", "Eq", "resp", "approx")
 
 
 def first_line(text: str | None, width: int = 96) -> str:
     """The first sentence of a docstring or comment, cut to `width` characters."""
     paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
-    sentence = paragraph.split(". ")[0].rstrip(".")
+    sentence = paragraph.rstrip(".")
+    for end in re.finditer(r"\.\s", paragraph):
+        if not paragraph[: end.start()].endswith(ABBREVIATIONS):
+            sentence = paragraph[: end.start()]
+            break
     return sentence if len(sentence) <= width else sentence[: width - 1].rstrip() + "…"
 
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from stalebench.config import RunConfig, register_configs
 from stalebench.errors import ConfigError, RunDirTaken
 from stalebench.keys import check_keys
+from stalebench.metrics import wandb_mode
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.metrics.summary import EXIT_CODES, write_json
 from stalebench.overrides import keeps_preset_name
@@ -75,16 +76,21 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         _remove_if_unused(Path(hc.runtime.output_dir))
         sys.exit(Interrupted(deferred()).exit_code)  # it starts no more jobs
 
-    cfg = None
+    cfg, progress = None, None
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))  # a bad value: refused before
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir  # torch is imported (experiment)
+        if cfg.logger.name != "none" and rank == 0:  # a live line from the start
+            progress = Progress(cfg.label, cfg.budget.max_updates, cfg.budget.max_wall_s)
+            progress.say("preparing data and model …")
         from stalebench import experiment
         from stalebench.runtime import forkserver
 
         engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
         kept = experiment.claim_run_dir(cfg, keep=not nodes.under_torchrun()) if rank == 0 else None
     except ConfigError as exc:
+        if progress is not None:
+            progress.close(None)  # the error on a line of its own
         print(f"stalebench: error: {exc}", file=sys.stderr)
         if multirun and rank == 0 and not isinstance(exc, RunDirTaken):
             # the sweep goes on; the report lists this job (a job dir that holds a run stops
@@ -94,6 +100,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         _remove_if_unused(Path(hc.runtime.output_dir))
         sys.exit(EXIT_CODES["invalid"])
     if kept:  # resume=true: this job completed with this config before
+        if progress is not None:
+            progress.close(None)
         if cfg.logger.name != "none":
             print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
         return (kept["final"] or {}).get("accuracy")
@@ -101,7 +109,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         from stalebench.runtime.launch import run_rank
 
         sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
-    tail = _follow(cfg, dcfg, hc)
+    tail = _follow(cfg, dcfg, hc, progress)
     summary, interrupted = None, None
     try:
         summary = _run(cfg, engine)
@@ -113,6 +121,10 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         tail.close(summary)
     if cfg.logger.name != "none" or interrupted:
         _print_result(summary, cfg.run_dir)
+    if cfg.logger.name == "wandb" and not multirun:  # a sweep's line: at its end (callbacks)
+        line = wandb_mode.sync_line(Path(cfg.run_dir))
+        if line:
+            print(line)
     if interrupted:
         sys.exit(interrupted.exit_code)  # a multirun stops here too
     code = EXIT_CODES[summary["status"]]
@@ -141,6 +153,10 @@ def _run(cfg: RunConfig, engine) -> dict:
     return read_summary(cfg, engine, error)
 
 
+def _rounded(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
 def _print_result(summary: dict, run_dir: str) -> None:
     final = summary["final"] or {}
     split = summary.get("eval_split", "test")  # val: a tuning run (eval.split=val)
@@ -153,7 +169,7 @@ def _print_result(summary: dict, run_dir: str) -> None:
         f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
         f"workers={summary['num_workers']} updates={summary['updates']} "
         f"wall={summary['wall_time_s']:.1f}s {shown or split + '_accuracy=None'} "
-        f"mean_lag={summary['lag']['mean']} -> {run_dir}"
+        f"mean_lag={_rounded(summary['lag']['mean'], 2)} -> {run_dir}"
         + (f"\n  error: {summary['error']}" if summary["error"] else "")
         + _overrun_line(summary.get("overrun"))
     )
@@ -186,19 +202,20 @@ def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> N
     )
 
 
-def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
+def _follow(cfg: RunConfig, dcfg: DictConfig, hc, progress: Progress | None) -> EventTail:
     """The sinks that follow this run's events: progress line, W&B (never in a worker)."""
     sinks: list[Sink] = []
     if cfg.logger.name != "none":
         b = cfg.budget
-        sinks.append(Progress(cfg.label, b.max_updates, b.max_wall_s))
+        sinks.append(progress or Progress(cfg.label, b.max_updates, b.max_wall_s))
     if cfg.logger.name == "wandb":
         multirun = hc.mode == RunMode.MULTIRUN
+        mode = _wandb_mode(cfg, hc, multirun)
         try:
             sinks.append(
                 Wandb(
                     project=cfg.logger.project,
-                    mode=cfg.logger.wandb_mode,
+                    mode=mode,
                     run_dir=Path(cfg.run_dir),
                     name=f"{cfg.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
                     group=(cfg.sweep.name or "/".join(Path(hc.sweep.dir).parts[-2:]))
@@ -210,9 +227,33 @@ def _follow(cfg: RunConfig, dcfg: DictConfig, hc) -> EventTail:
             )
         except Exception as exc:  # W&B never fails the run: events.jsonl has everything
             print(f"stalebench: warning: W&B not started: {exc}", file=sys.stderr)
+        if sinks[-1:] and getattr(sinks[-1], "fallback", None):
+            why = sinks[-1].fallback
+            wandb_mode.record_online(Path(hc.sweep.dir) if multirun else None, why)
+            print(f"stalebench: warning: W&B did not start online ({why}); it logs "
+                  "offline" + (", and so does the rest of the sweep" if multirun else ""),
+                  file=sys.stderr)  # fmt: skip
     tail = EventTail(Path(cfg.run_dir) / "events.jsonl", sinks)
     tail.start()
     return tail
+
+
+def _wandb_mode(cfg: RunConfig, hc, multirun: bool) -> str:
+    """The W&B mode of this run (`wandb_mode.resolve`), each line about it said once per
+    sweep; online only if the W&B host answers (checked once per sweep)."""
+    first = not multirun or hc.job.num == 0
+    mode, note = wandb_mode.resolve(cfg.logger.wandb_mode)
+    if note and first:
+        print(f"stalebench: {note}", file=sys.stderr)
+    if mode == "online":
+        why, mine = wandb_mode.online_check(Path(hc.sweep.dir) if multirun else None)
+        if why:
+            mode = "offline"
+            if mine:
+                print(f"stalebench: warning: W&B online logging is off: {why}; it logs "
+                      "offline" + (", for the whole sweep" if multirun else ""),
+                      file=sys.stderr)  # fmt: skip
+    return mode
 
 
 def groups() -> set[str]:

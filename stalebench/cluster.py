@@ -1,7 +1,8 @@
 """Cluster profiles, one schema for both runtimes: how many workers, how long each one's
 steps take (a compute-time model × a per-worker speed multiplier × transient stragglers),
 how slow the network is per message and direction (priced by the runtime's network model,
-`stalebench.runtime.network`), and scheduled faults.
+`stalebench.runtime.network`), scheduled faults, and how a run survives a lost worker
+(`spares` standing by to take its place, `min_replicas` to go on without it).
 
 Every draw comes from a stream of the worker's own, seeded by (seed, worker): step k of
 worker w takes the same time in the real and the sim runtime, and one seed gives one

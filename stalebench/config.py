@@ -19,7 +19,7 @@ from stalebench.sweep import SweepConfig
 
 RUNTIMES = ("real", "sim")
 LOGGERS = ("none", "local", "wandb")
-WANDB_MODES = ("offline", "online", "disabled")
+WANDB_MODES = ("auto", "offline", "online", "disabled")  # stalebench.metrics.wandb_mode
 EVAL_SPLITS = ("test", "val")  # what eval.split may name
 
 
@@ -158,7 +158,9 @@ class LoggerConfig:
     # terminal and a line per run; wandb: local plus a Weights & Biases run
     name: str = "local"
     project: str = "stalebench"  # W&B project
-    wandb_mode: str = "offline"  # offline (no network; `wandb sync` later), online, disabled
+    # auto: WANDB_MODE from the environment, else offline (no network; `wandb sync` later);
+    # offline, online or disabled: that mode, whatever WANDB_MODE says (announced)
+    wandb_mode: str = "auto"
 
     def __post_init__(self) -> None:
         if self.name not in LOGGERS:

@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from stalebench.cluster import Profile
-from stalebench.config import RunConfig
+from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
 from stalebench.git import code_state
 from stalebench.models import MODELS
@@ -32,15 +32,18 @@ if TYPE_CHECKING:
 def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
     """The run's identity, as summary.json reports it (`num_workers`: the processes that
     compute, which the engine knows)."""
-    barrier, update = (*cfg.parts, "", "")[:2]  # in a pipeline: the schedule, the optimizer
+    # the algorithm's parts by the slot the engine reads them from (barrier and update rule;
+    # a pipeline's schedule and optimizer; DiLoCo's outer rule and inner optimizer; ...)
+    parts = dict(zip(ENGINES.get(cfg.engine.name)[0].slots, cfg.parts, strict=True))
     c = cfg.cluster
     # a step time from the model on a device (`runtime.compute`): what it came to
     compute = {"device": c.device, "precision": c.precision, "utilization": c.utilization,
                "compute_ms": c.compute_ms} if c.device else None  # fmt: skip
     return {
         "algorithm": cfg.label,
-        "barrier": barrier,
-        "update_rule": update,
+        "parts": parts,
+        "barrier": parts.get("barrier"),  # null where the engine has no barrier
+        "update_rule": parts.get("update"),
         "engine": cfg.engine.name,
         "runtime": cfg.runtime,
         "model": cfg.model.name,

@@ -20,6 +20,7 @@ SUMMARY_FIELDS = {
     "status",
     "error",
     "algorithm",
+    "parts",
     "barrier",
     "update_rule",
     "engine",

@@ -1,5 +1,7 @@
-"""Barriers, update rules and pipeline stage optimizers; importing this package registers
-the built-ins."""
+"""The algorithms' parts, pure (tensors and clocks in, decisions and tensors out): barriers
+and update rules (torch's optimizers among them), pipeline schedules and stage optimizers,
+local-update outer rules and inner optimizers, gossip's mixing rules; importing this
+package registers the built-ins."""
 
 from stalebench.algorithms import (  # noqa: F401
     barriers,

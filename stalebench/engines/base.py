@@ -12,7 +12,8 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
   (the base checks the algorithm's config slots it reads and the cluster fields it cannot
   model, by name);
 - `world_size()` and `rank_name(rank)`: the processes of a real run and how errors name
-  them (`takes_spares`: whether it runs `cluster.spares` standby workers too);
+  them (`takes_spares`: whether it runs `cluster.spares` standby workers too;
+  `takes_quorum`: whether its ranks regroup without a lost one, `cluster.min_replicas`);
   `num_workers`: those that compute; `one_stream`: whether they read one stream of data
   over the whole split (a pipeline) instead of a shard each;
 - `program(job, world)`: what one rank does, written once for both runtimes against the

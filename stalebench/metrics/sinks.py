@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, TextIO
 
+from stalebench.errors import last_line
+
 log = logging.getLogger("stalebench")
 
 
@@ -93,8 +95,22 @@ class Progress(Sink):
         self.label, self.max_updates, self.max_wall_s = label, max_updates, max_wall_s
         self.every_s, self._shown = every_s, -math.inf  # run time of the line last drawn
         self.updates, self.t, self.loss, self.lag_sum, self.count = 0, 0.0, None, 0, 0
+        self._width = 0  # of the line drawn last: a shorter one is padded over it
+
+    def say(self, what: str) -> None:
+        """A line before the first update (`[ssp] preparing data and model …`): the
+        seconds of imports, data and process start are not a blank terminal."""
+        if self.enabled:
+            self._draw(f"[{self.label}] {what}")
+
+    def _draw(self, text: str) -> None:
+        self.stream.write("\r" + text + " " * max(self._width - len(text), 0))
+        self.stream.flush()
+        self._width = len(text)
 
     def on_event(self, event: dict[str, Any]) -> None:
+        if self.enabled and event.get("event") == "start" and self.count == 0:
+            self.say("started; waiting for the first update …")
         if not self.enabled or event["kind"] != "update":
             return
         self.updates, self.t = event["version"], event["t"]
@@ -105,8 +121,7 @@ class Progress(Sink):
         self.lag_sum, self.count = self.lag_sum + event["lag"], self.count + 1
         if self.t - self._shown >= self.every_s:
             self._shown = self.t
-            self.stream.write("\r" + self.line())
-            self.stream.flush()
+            self._draw(self.line())
 
     def line(self) -> str:
         rate = self.updates / self.t if self.t > 0 else 0.0
@@ -122,7 +137,7 @@ class Progress(Sink):
         )
 
     def close(self, summary: dict[str, Any] | None) -> None:
-        if self.enabled and self._shown >= 0:
+        if self.enabled and self._width:
             self.stream.write("\n")
             self.stream.flush()
 
@@ -149,17 +164,28 @@ class Wandb(Sink):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(
-            project=project,
-            mode=mode,
-            dir=str(run_dir),
-            name=name,
-            group=group,
-            job_type=job_type,
-            config=config,
-            reinit="finish_previous",
-            settings=wandb.Settings(silent=True, init_timeout=60),
-        )
+        self.fallback: str | None = None  # why an online start failed (then: offline)
+
+        def start(mode: str):
+            return wandb.init(
+                project=project,
+                mode=mode,
+                dir=str(run_dir),
+                name=name,
+                group=group,
+                job_type=job_type,
+                config=config,
+                reinit="finish_previous",
+                settings=wandb.Settings(silent=True, init_timeout=60),
+            )
+
+        try:
+            self.run = start(mode)
+        except Exception as exc:  # online: no API key, the host down; offline then
+            if mode != "online":
+                raise
+            self.fallback = last_line(exc)
+            self.run = start("offline")
         self.run.define_metric("time/t")
         self.run.define_metric("*", step_metric="time/t")
         self.lags: list[int] = []

@@ -222,9 +222,7 @@ def finalize(
     events = read_events(run_dir / "events.jsonl")
     table = run_dir / "metrics.parquet"
     try:
-        import pandas as pd
-
-        pd.DataFrame(events).to_parquet(table, index=False)
+        metrics_table(events).to_parquet(table, index=False)
     except OSError as exc:  # a full disk: summary.json says so, in the room held for it
         table.unlink(missing_ok=True)
         status, error = "failed", _then(error, last_line(write_error(exc, table)))
@@ -235,6 +233,38 @@ def finalize(
     write_json(run_dir / "summary.json", summary)
     give_up_room(run_dir)
     return summary
+
+
+# the run's labels, from its start event, on every row of metrics.parquet
+LABELS = (
+    "algorithm", "barrier", "update_rule", "engine", "runtime", "model", "dataset", "cluster",
+    "num_workers", "seed",
+)  # fmt: skip
+
+
+def metrics_table(events: list[dict[str, Any]]):
+    """The events as one table, a column per field (first seen first) and a row per event:
+    a field that is an integer wherever it is set is an integer column (pandas `Int64`,
+    nulls where an event lacks it), a boolean one `boolean`, and the run's labels (`LABELS`,
+    from its start event) are on every row, so that tables of many runs concatenate."""
+    import pandas as pd
+
+    types: dict[str, set[type]] = {}
+    for e in events:
+        for k, v in e.items():
+            if v is not None:
+                types.setdefault(k, set()).add(type(v))
+    df = pd.DataFrame(events)
+    for col, seen in types.items():
+        if seen == {int}:
+            df[col] = df[col].astype("Int64")
+        elif seen == {bool}:
+            df[col] = df[col].astype("boolean")
+    start = next((e for e in events if e.get("event") == "start"), None)
+    for key in LABELS if start else ():
+        if key in df and df[key].notna().sum() <= 1:  # the start event's only
+            df[key] = pd.Series([start.get(key)] * len(df), dtype=df[key].dtype)
+    return df
 
 
 def load_writers() -> None:

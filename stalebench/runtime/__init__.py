@@ -1,1 +1,3 @@
-"""Runtimes feed the engines' state machines: real processes (and, later, simulation)."""
+"""The runtimes that run an engine's programs: real processes over torch.distributed
+(`launch`, `world.RealWorld`) and the deterministic simulator (`sim`), both pricing every
+step and message by one network and compute model (`network`, `compute`, `faults`)."""

@@ -4,7 +4,9 @@ worker's compute step that strikes its scheduled faults and lasts the profile's 
 
 The same objects serve both runtimes. In the real runtime a delay is a sleep and a dead
 worker's process exits with `FAULT_EXIT`; in the simulator the engine adds the same
-seconds to its virtual clock and a death ends the run with `WorkerDied`.
+seconds to its virtual clock and a death raises `WorkerDied` in its rank; what follows is
+the engine's (a spare takes the place, the others regroup above `cluster.min_replicas`, or
+the run fails).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_an_engine_with_its_own_kind_runs_from_its_preset_in_both_runtimes(tmp_p
         assert (s["status"], s["engine"], s["algorithm"], s["updates"]) == (
             "completed", "lone", "lone_sign", 30,
         )  # fmt: skip
-        assert s["barrier"] == "sign"  # the summary's first part: the step rule
+        assert s["parts"] == {"step": "sign"} and s["barrier"] is None  # its own kind
         assert s["final"]["accuracy"] > 0.5  # it trains (chance is 0.25)
     # a swapped part of its kind relabels the run by its parts, and changes what runs
     sgd = run(installed, tmp_path / "sgd", "algorithm=lone_sign", "algorithm/step=sgd",

@@ -183,6 +183,7 @@ def test_any_barrier_composes_with_any_update_rule(tmp_path):
         "ssp",
         "gap_aware",
     )
+    assert run.summary["parts"] == {"barrier": "ssp", "update": "gap_aware"}
     assert run.summary["max_clock_gap"] <= 3
 
 

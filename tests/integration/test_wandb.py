@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,11 +41,10 @@ def wandb_env(cwd, extra=None):
         "WANDB_DIR": str(cwd),
         "WANDB_CACHE_DIR": str(cwd / "cache"),
         "WANDB_CONFIG_DIR": str(cwd / "config"),
-        **(extra or {}),
     }
-    env.pop("WANDB_MODE", None)
-    env.pop("WANDB_SERVICE", None)
-    return env
+    for key in ("WANDB_MODE", "WANDB_SERVICE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        env.pop(key, None)
+    return {**env, **(extra or {})}
 
 
 def stalebench(args, cwd, env=None):
@@ -85,6 +86,8 @@ def test_offline_run_history_matches_the_events(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert logged["summary"]["status"] == "completed"
     assert logged["summary"]["updates"] == summary["updates"]
+    # where the offline run is, and the command that uploads it
+    assert f"upload it with: wandb sync {log.parent}\n" in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(200)
@@ -98,6 +101,11 @@ def test_multirun_jobs_are_separate_runs_in_one_group(tmp_path):
     assert {r["run"].job_type for r in runs} == {"bsp", "asp"}
     assert len({r["run"].run_group for r in runs}) == 1 and runs[0]["run"].run_group
     assert len({r["run"].run_id for r in runs}) == 2
+    sync = [line for line in done.stdout.splitlines() if "wandb sync" in line]
+    assert sync == [  # once, at the sweep's end
+        f"W&B: 2 offline runs under {tmp_path / 'sweep'}; upload them with: "
+        f"wandb sync {tmp_path / 'sweep'}/*/wandb/offline-run-*"
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -169,3 +177,66 @@ def test_wandb_failing_after_init_never_fails_the_run(tmp_path, fail_log, fail_f
     events = read_events(tmp_path / "run" / "events.jsonl")
     assert events[-1]["kind"] in ("eval", "system")
     assert any(e["kind"] == "system" and e["event"] == "end" for e in events)
+
+
+@pytest.mark.timeout(160)
+@pytest.mark.parametrize(
+    "configured, env_mode, logged, said",
+    [
+        ("auto", "disabled", False, None),  # WANDB_MODE is honoured
+        ("offline", "disabled", True, "W&B logs offline (logger.wandb_mode=offline), not as "
+         "WANDB_MODE=disabled says"),  # a mode set in the config wins, and says so
+    ],
+)  # fmt: skip
+def test_wandb_mode_is_honoured_unless_the_config_sets_one(
+    tmp_path, configured, env_mode, logged, said
+):
+    args = ["logger=wandb", f"logger.wandb_mode={configured}", "hydra.run.dir=run", *FAST]
+    done = stalebench(args, tmp_path, env={"WANDB_MODE": env_mode})
+    assert done.returncode == 0, done.stderr
+    assert bool(offline_runs(tmp_path / "run")) == logged
+    assert (f"stalebench: {said}\n" in done.stderr) if said else "WANDB_MODE" not in done.stderr
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once it is closed
+
+
+@pytest.mark.timeout(200)
+def test_an_unreachable_host_is_checked_once_per_sweep_and_it_logs_offline(tmp_path):
+    port = closed_port()
+    env = {"WANDB_MODE": "online", "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
+    args = ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST]
+    start = time.monotonic()
+    done = stalebench(args, tmp_path, env=env)
+    took = time.monotonic() - start
+    assert done.returncode == 0, done.stderr
+    off = [line for line in done.stderr.splitlines() if "W&B online logging is off" in line]
+    assert off == [
+        f"stalebench: warning: W&B online logging is off: 127.0.0.1:{port} cannot be reached "
+        "(Connection refused); it logs offline, for the whole sweep"
+    ]
+    assert len(list((tmp_path / "sweep").glob("*/wandb/offline-run-*/*.wandb"))) == 2
+    assert "upload them with: wandb sync" in done.stdout
+    assert took < 120, took  # never W&B's 60 s init timeout per run
+
+
+@pytest.mark.timeout(160)
+def test_a_failed_online_start_falls_back_to_offline_with_one_line(tmp_path):
+    # the host answers (a socket that listens), but there is no API key: W&B refuses to
+    # start online; the run logs offline and says why
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        host = f"http://127.0.0.1:{server.getsockname()[1]}"
+        env = {"WANDB_MODE": "online", "WANDB_BASE_URL": host}
+        done = stalebench(["logger=wandb", "hydra.run.dir=run", *FAST], tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "did not start online" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "stalebench: warning: W&B did not start online (UsageError: "
+    ), done.stderr
+    assert lines[0].endswith("); it logs offline")
+    (log,) = offline_runs(tmp_path / "run")
+    assert read_run(log)["summary"]["status"] == "completed"
+    assert f"upload it with: wandb sync {log.parent}" in done.stdout

@@ -53,4 +53,7 @@ def test_descriptions_are_first_sentences():
     assert first_line("Never wait.\n\nMore text.") == "Never wait"
     assert first_line("A long\nwrapped sentence. Then more.") == "A long wrapped sentence"
     assert first_line("x" * 200, width=10) == "x" * 9 + "…"
+    # a period after an abbreviation does not end the sentence
+    he = "The CIFAR ResNet of He et al. 2016, §4.2, e.g. ResNet-20. Then more."
+    assert first_line(he) == "The CIFAR ResNet of He et al. 2016, §4.2, e.g. ResNet-20"
     assert yaml_summary("# @package _global_\n# One. Two.\n# three\nkey: 1\n") == "One"

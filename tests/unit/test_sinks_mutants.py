@@ -147,9 +147,26 @@ def test_progress_newline_on_close_only_after_a_shown_line():
     term = Terminal()
     p = Progress("x", 100, 10.0, stream=term)
     p.on_event({"kind": "eval", "t": 0.5, "version": 0, "split": "val", "loss": 2.0})
-    p.on_event({"kind": "system", "t": 0.0, "event": "start"})
     p.close({"status": "completed"})
     assert term.getvalue() == ""
+
+
+def test_progress_says_what_it_waits_for_before_the_first_update():
+    term = Terminal()
+    p = Progress("ssp", 100, 10.0, stream=term)
+    p.say("preparing data and model …")
+    p.on_event({"kind": "system", "t": 0.0, "event": "start"})
+    p.on_event({"kind": "update", "t": 0.5, "version": 1, "loss": 1.0, "lag": 0})
+    p.close(None)
+    first = "[ssp] preparing data and model …"
+    second = "[ssp] started; waiting for the first update …"
+    third = "[ssp] 1 updates (2/s) loss 1.000 lag 0.0 t 0.5 s | 1/100 updates, 9.5 s left"
+    # each overwrites the last, padded over a longer one; one newline at the end
+    assert term.getvalue() == (
+        f"\r{first}\r{second}\r{third}"
+        + " " * (len(second) - len(third)) * (len(second) > len(third))
+        + "\n"
+    )
 
 
 # --- EventTail ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from tests.conftest import SUMMARY_FIELDS
 
 META = {
     "algorithm": "ssp",
+    "parts": {"barrier": "ssp", "update": "sgd"},
     "barrier": "ssp",
     "update_rule": "sgd",
     "engine": "ps",
@@ -427,6 +428,28 @@ def test_a_signal_in_the_first_import_of_pandas_still_leaves_a_summary(tmp_path,
         assert fired and not (tmp_path / "metrics.parquet").exists()
         said = "interrupted by SIGTERM; then metrics.parquet not written: OptionError: "
         assert summary["error"].startswith(said), summary["error"]
+
+
+def test_metrics_parquet_is_typed_with_the_runs_labels_on_every_row(tmp_path):
+    events = make_events()
+    events[0] = {**events[0], "algorithm": "ssp", "seed": 3, "num_workers": 2, "engine": "ps"}
+    events[-1] = {**events[-1], "virtual_time": True}
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    finalize(tmp_path, META, "completed", None, 0.6)
+
+    schema = pq.read_schema(tmp_path / "metrics.parquet")
+    kind = {f.name: str(f.type) for f in schema}
+    # integers stay integers (null where an event lacks the field), floats floats
+    for col in ("version", "lag", "worker", "clock", "clock_gap", "bytes_sent", "seed"):
+        assert kind[col] == "int64", (col, kind[col])
+    assert kind["t"] == kind["loss"] == kind["accuracy"] == "double"
+    assert kind["virtual_time"] == "bool"
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert df["version"].isna().sum() == 3  # start, worker stop, end carry no version
+    # the labels of the start event on every row: many runs' tables concatenate
+    assert (df["algorithm"] == "ssp").all() and (df["seed"] == 3).all()
+    assert (df["num_workers"] == 2).all() and (df["engine"] == "ps").all()
 
 
 def test_finalize_with_torn_line_and_nulls(tmp_path):

@@ -33,7 +33,7 @@ CASES = [
     (["logger.name=foo"], "logger: unknown logger 'foo'; known: none, local, wandb"),
     (
         ["logger.wandb_mode=foo"],
-        "logger.wandb_mode must be one of offline, online, disabled, got 'foo'",
+        "logger.wandb_mode must be one of auto, offline, online, disabled, got 'foo'",
     ),
     (["runtime=foo"], "runtime: unknown 'foo'; known: real, sim"),
     (["device=tpu"], "device must be auto, cpu or cuda, got 'tpu'"),
