@@ -1,5 +1,5 @@
 """Every registered inner optimizer and outer rule, and every local-update preset, in both
-runtimes: 4 workers in real processes on CPU, 64 in the simulator; the run completes, its
+runtimes: 4 workers in real processes on CPU, 16 in the simulator; the run completes, its
 events match the schema, summary.json is complete, the training loss falls. A new
 registration is picked up here without a new test."""
 
@@ -57,8 +57,8 @@ def check(summary, events, workers):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("overrides", CASES)
 def test_sim_runtime(tmp_path, overrides):
-    sixty_four = ["runtime=sim", "cluster.num_workers=64", "dataset.sharding=replicated"]
-    check(*run_job(tmp_path, [*sixty_four, *COMMON, *overrides])[:2], 64)
+    sixteen = ["runtime=sim", "cluster.num_workers=16", "dataset.sharding=replicated"]
+    check(*run_job(tmp_path, [*sixteen, *COMMON, *overrides])[:2], 16)
 
 
 @pytest.mark.slow
