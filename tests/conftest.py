@@ -67,6 +67,14 @@ FAST = [
 
 
 # `stalebench -m +sweep=dssp` at a tiny scale: two of its arms, two seeds, 2 workers, 1 s
+# a sweep's tuning stage at its least (one point, one seed, no extension) and no second
+# stage of seeds: for tests whose subject is not the protocol (tests/integration/test_tuning.py)
+LEAST_STAGES = [
+    "sweep.tune.params={algorithm.update.lr:[0.1]}",
+    "sweep.tune.max_extensions=0",
+    "sweep.tune.seeds=[1000]",
+    "sweep.sequential.max_seeds=0",
+]
 TINY_DSSP_SWEEP = [
     "-m",
     "+sweep=dssp",

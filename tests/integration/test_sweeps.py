@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY_DSSP_SWEEP, compose
+from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP, compose
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -106,8 +106,9 @@ def stalebench_command() -> str:
 @pytest.mark.timeout(300)
 def test_a_paper_sweep_runs_end_to_end_from_outside_the_checkout(tmp_path):
     """`stalebench -m +sweep=dssp` at a tiny scale (two arms, two seeds, 2 workers, 1 s of
-    virtual time) from a directory that is not the checkout: every claim gets a verdict."""
-    args = [*TINY_DSSP_SWEEP, "logger=none"]
+    virtual time) from a directory that is not the checkout: every claim gets a verdict.
+    Its stages at their least (the protocol's own tests: tests/integration/test_tuning.py)."""
+    args = [*TINY_DSSP_SWEEP, *LEAST_STAGES, "logger=none"]
     env = {**os.environ, "PYTHONPATH": ""}
     done = subprocess.run(
         [stalebench_command(), *args],

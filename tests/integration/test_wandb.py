@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
-from tests.conftest import TINY_DSSP_SWEEP
+from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP
 from tests.wandb_log import read_run
 
 FAST = [
@@ -123,11 +123,8 @@ def test_a_broken_wandb_never_fails_the_run(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
-    # the verdicts' logging is the subject: the least tuning stage a sweep can have
-    # (one tuning run per cell), no second stage of seeds
-    stages = ["sweep.tune.params={algorithm.update.lr:[0.1]}", "sweep.tune.max_extensions=0"]
-    stages += ["sweep.tune.seeds=[1000]", "sweep.sequential.max_seeds=0"]
-    done = stalebench([*TINY_DSSP_SWEEP, *stages, "logger=wandb"], tmp_path)
+    # the verdicts' logging is the subject: the least stages a sweep can have
+    done = stalebench([*TINY_DSSP_SWEEP, *LEAST_STAGES, "logger=wandb"], tmp_path)
     assert done.returncode == 0, done.stderr
     runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
     assert len(runs) == 4 and {r["run"].run_group for r in runs} == {"dssp"}
