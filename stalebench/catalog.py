@@ -72,9 +72,12 @@ def groups() -> list[str]:
 
 
 def render(group: str | None = None) -> str:
-    """Every section, or only `group`'s (a ConfigError naming the groups when it is none)."""
+    """Every section, or only `group`'s (a ConfigError naming the groups when it is none);
+    an algorithm part's group is also found by its last name (`update`: algorithm/update)."""
     chosen = sections()
     if group is not None:
+        parts = [g for g in groups() if g.endswith(f"/{group}")]
+        group = parts[0] if len(parts) == 1 and group not in groups() else group
         chosen = [(t, rows) for t, rows in chosen if t.rpartition("(")[2].strip("+=)") == group]
         if not chosen:
             import difflib

@@ -47,7 +47,8 @@ LIST_HELP = """usage: stalebench list [GROUP]
 
 Every component a run can name, with one line each (plugins included): engines, the
 algorithm's parts (algorithm/barrier, algorithm/update, ...), algorithm presets, models,
-datasets, cluster profiles and sweeps. GROUP shows one of them: stalebench list model"""
+datasets, cluster profiles and sweeps. GROUP shows one of them: stalebench list model
+(an algorithm part by its last name too: stalebench list update)"""
 
 CALIBRATE_HELP = """usage: stalebench calibrate [--name NAME] [KEY=VALUE ...]
 

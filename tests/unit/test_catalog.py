@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stalebench.algorithms.base import BARRIERS, UPDATES
 from stalebench.catalog import first_line, sections, yaml_summary
 from stalebench.config import ENGINES
+from stalebench.errors import ConfigError
 from stalebench.models import MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,3 +60,13 @@ def test_descriptions_are_first_sentences():
     he = "The CIFAR ResNet of He et al. 2016, §4.2, e.g. ResNet-20. Then more."
     assert first_line(he) == "The CIFAR ResNet of He et al. 2016, §4.2, e.g. ResNet-20"
     assert yaml_summary("# @package _global_\n# One. Two.\n# three\nkey: 1\n") == "One"
+
+
+def test_a_part_group_is_listed_by_its_last_name_too():
+    from stalebench.catalog import render
+
+    assert render("update") == render("algorithm/update")
+    assert render("update").startswith("update rules (algorithm/update=)")
+    assert render("barrier").startswith("barriers (algorithm/barrier=)")
+    with pytest.raises(ConfigError, match="list: no group 'modle'; did you mean model?"):
+        render("modle")
