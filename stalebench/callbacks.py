@@ -57,7 +57,9 @@ class ReportOnSweepEnd(Callback):
                 log_verdicts(
                     json.loads(claims.read_text())["claims"],
                     project=logger.get("project", "stalebench"),
-                    mode=_sweep_wandb_mode(logger.get("wandb_mode", "auto"), sweep_dir),
+                    mode=wandb_mode.online(
+                        wandb_mode.resolve(logger.get("wandb_mode", "auto"))[0], sweep_dir
+                    )[0],  # offline when the sweep's runs found online off
                     group=config.sweep.name or "/".join(sweep_dir.parts[-2:]),
                     out_dir=sweep_dir,
                 )
@@ -66,15 +68,6 @@ class ReportOnSweepEnd(Callback):
         line = wandb_mode.sync_line(sweep_dir)  # once per sweep, its runs' and its claims'
         if line:
             print(line)
-
-
-def _sweep_wandb_mode(configured: str, sweep_dir: Path) -> str:
-    """The mode the sweep's runs logged in: offline when its online check or a start
-    failed."""
-    mode, _ = wandb_mode.resolve(configured)
-    if mode == "online" and wandb_mode.online_check(sweep_dir)[0]:
-        return "offline"
-    return mode
 
 
 def _statuses(sweep_dir: Path) -> list[str]:

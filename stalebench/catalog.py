@@ -66,9 +66,10 @@ def sections() -> list[tuple[str, list[tuple[str, str]]]]:
     ]
 
 
-def groups() -> list[str]:
-    """The groups `stalebench list <group>` takes, as each section's title names it."""
-    return [title.rpartition("(")[2].strip("+=)") for title, _ in sections()]
+def groups(chosen: list[tuple[str, list]] | None = None) -> list[str]:
+    """The groups `stalebench list <group>` takes, as each section's title names it (of
+    `chosen` sections, or of every one)."""
+    return [title.rpartition("(")[2].strip("+=)") for title, _ in chosen or sections()]
 
 
 def render(group: str | None = None) -> str:
@@ -76,13 +77,13 @@ def render(group: str | None = None) -> str:
     an algorithm part's group is also found by its last name (`update`: algorithm/update)."""
     chosen = sections()
     if group is not None:
-        parts = [g for g in groups() if g.endswith(f"/{group}")]
-        group = parts[0] if len(parts) == 1 and group not in groups() else group
-        chosen = [(t, rows) for t, rows in chosen if t.rpartition("(")[2].strip("+=)") == group]
+        names = groups(chosen)
+        parts = [g for g in names if g.endswith(f"/{group}")]
+        group = parts[0] if len(parts) == 1 and group not in names else group
+        chosen = [section for section, name in zip(chosen, names, strict=True) if name == group]
         if not chosen:
             import difflib
 
-            names = groups()
             close = difflib.get_close_matches(group, names, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigError(f"list: no group {group!r}; {hint}groups: {', '.join(names)}")

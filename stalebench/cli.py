@@ -205,35 +205,31 @@ def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> N
 
 def _follow(cfg: RunConfig, dcfg: DictConfig, hc, progress: Progress | None) -> EventTail:
     """The sinks that follow this run's events: progress line, W&B (never in a worker)."""
-    sinks: list[Sink] = []
-    if cfg.logger.name != "none":
-        b = cfg.budget
-        sinks.append(progress or Progress(cfg.label, b.max_updates, b.max_wall_s))
+    sinks: list[Sink] = [progress] if progress is not None else []
     if cfg.logger.name == "wandb":
         multirun = hc.mode == RunMode.MULTIRUN
         mode = _wandb_mode(cfg, hc, multirun)
         try:
-            sinks.append(
-                Wandb(
-                    project=cfg.logger.project,
-                    mode=mode,
-                    run_dir=Path(cfg.run_dir),
-                    name=f"{cfg.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
-                    group=(cfg.sweep.name or "/".join(Path(hc.sweep.dir).parts[-2:]))
-                    if multirun
-                    else None,
-                    job_type=cfg.label,
-                    config=OmegaConf.to_container(dcfg, resolve=True),
-                )
+            sink = Wandb(
+                project=cfg.logger.project,
+                mode=mode,
+                run_dir=Path(cfg.run_dir),
+                name=f"{cfg.label}-seed{cfg.seed}-{Path(cfg.run_dir).name}",
+                group=(cfg.sweep.name or "/".join(Path(hc.sweep.dir).parts[-2:]))
+                if multirun
+                else None,
+                job_type=cfg.label,
+                config=OmegaConf.to_container(dcfg, resolve=True),
             )
         except Exception as exc:  # W&B never fails the run: events.jsonl has everything
             print(f"stalebench: warning: W&B not started: {exc}", file=sys.stderr)
-        if sinks[-1:] and getattr(sinks[-1], "fallback", None):
-            why = sinks[-1].fallback
-            wandb_mode.record_online(Path(hc.sweep.dir) if multirun else None, why)
-            print(f"stalebench: warning: W&B did not start online ({why}); it logs "
-                  "offline" + (", and so does the rest of the sweep" if multirun else ""),
-                  file=sys.stderr)  # fmt: skip
+        else:
+            sinks.append(sink)
+            if sink.fallback:  # an online start failed: offline, and so the rest of a sweep
+                wandb_mode.record_online(Path(hc.sweep.dir) if multirun else None, sink.fallback)
+                print(f"stalebench: warning: W&B did not start online ({sink.fallback}); it "
+                      "logs offline" + (", and so does the rest of the sweep" if multirun else ""),
+                      file=sys.stderr)  # fmt: skip
     tail = EventTail(Path(cfg.run_dir) / "events.jsonl", sinks)
     tail.start()
     return tail
@@ -246,14 +242,10 @@ def _wandb_mode(cfg: RunConfig, hc, multirun: bool) -> str:
     mode, note = wandb_mode.resolve(cfg.logger.wandb_mode)
     if note and first:
         print(f"stalebench: {note}", file=sys.stderr)
-    if mode == "online":
-        why, mine = wandb_mode.online_check(Path(hc.sweep.dir) if multirun else None)
-        if why:
-            mode = "offline"
-            if mine:
-                print(f"stalebench: warning: W&B online logging is off: {why}; it logs "
-                      "offline" + (", for the whole sweep" if multirun else ""),
-                      file=sys.stderr)  # fmt: skip
+    mode, why, mine = wandb_mode.online(mode, Path(hc.sweep.dir) if multirun else None)
+    if why and mine:
+        print(f"stalebench: warning: W&B online logging is off: {why}; it logs offline"
+              + (", for the whole sweep" if multirun else ""), file=sys.stderr)  # fmt: skip
     return mode
 
 

@@ -14,12 +14,12 @@ import stalebench.algorithms  # noqa: F401  (the built-in algorithm parts: regis
 from stalebench.cluster import ClusterConfig
 from stalebench.data import DatasetConfig
 from stalebench.errors import ConfigError
+from stalebench.metrics.wandb_mode import MODES as WANDB_MODES
 from stalebench.registry import PARTS, ComponentConfig, Registry
 from stalebench.sweep import SweepConfig
 
 RUNTIMES = ("real", "sim")
 LOGGERS = ("none", "local", "wandb")
-WANDB_MODES = ("auto", "offline", "online", "disabled")  # stalebench.metrics.wandb_mode
 EVAL_SPLITS = ("test", "val")  # what eval.split may name
 
 
@@ -244,12 +244,17 @@ class RunConfig:
         check_finite(self)
 
     @property
-    def parts(self) -> tuple[str, ...]:
-        """The labels of the algorithm's parts the engine reads, in its order (`slots`):
-        barrier and update rule, schedule and stage optimizer, outer rule and inner
-        optimizer, mixing and inner optimizer, or an engine's own."""
+    def named_parts(self) -> dict[str, str]:
+        """The labels of the algorithm's parts the engine reads, by slot, in its order
+        (`slots`): barrier and update rule, schedule and stage optimizer, outer rule and
+        inner optimizer, mixing and inner optimizer, or an engine's own."""
         slots = ENGINES.get(self.engine.name)[0].slots
-        return tuple(getattr(getattr(self.algorithm, s), "label", "?") for s in slots)
+        return {s: getattr(getattr(self.algorithm, s), "label", "?") for s in slots}
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The labels of `named_parts`, in the engine's order."""
+        return tuple(self.named_parts.values())
 
     @property
     def label(self) -> str:

@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from stalebench.cluster import Profile
-from stalebench.config import ENGINES, RunConfig
+from stalebench.config import RunConfig
 from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
 from stalebench.git import code_state
 from stalebench.models import MODELS
@@ -32,9 +32,7 @@ if TYPE_CHECKING:
 def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
     """The run's identity, as summary.json reports it (`num_workers`: the processes that
     compute, which the engine knows)."""
-    # the algorithm's parts by the slot the engine reads them from (barrier and update rule;
-    # a pipeline's schedule and optimizer; DiLoCo's outer rule and inner optimizer; ...)
-    parts = dict(zip(ENGINES.get(cfg.engine.name)[0].slots, cfg.parts, strict=True))
+    parts = cfg.named_parts  # a pipeline's schedule and optimizer, DiLoCo's outer and inner
     c = cfg.cluster
     # a step time from the model on a device (`runtime.compute`): what it came to
     compute = {"device": c.device, "precision": c.precision, "utilization": c.utilization,

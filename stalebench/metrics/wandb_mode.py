@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-MODES = ("auto", "offline", "online", "disabled")  # config.WANDB_MODES
+MODES = ("auto", "offline", "online", "disabled")  # what logger.wandb_mode may be
 ALIASES = {"dryrun": "offline", "run": "online"}  # W&B's older names for its modes
 DEFAULT_HOST = "https://api.wandb.ai"
 CHECK_TIMEOUT_S = 3.0
@@ -57,6 +57,16 @@ def unreachable(url: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
     except OSError as exc:
         return f"{parts.hostname}:{port} cannot be reached ({exc.strerror or exc})"
     return None
+
+
+def online(mode: str, sweep_dir: Path | None) -> tuple[str, str | None, bool]:
+    """(the mode a run logs in, why online is off or None, whether this run found that out
+    first): `mode` as `resolve` gave it, offline instead of online when the sweep's check
+    (`online_check`) or an earlier start failed."""
+    if mode != "online":
+        return mode, None, False
+    why, mine = online_check(sweep_dir)
+    return ("offline" if why else "online"), why, mine
 
 
 def online_check(sweep_dir: Path | None) -> tuple[str | None, bool]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
-from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP
+from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP, free_port
 from tests.wandb_log import read_run
 
 FAST = [
@@ -199,15 +199,9 @@ def test_wandb_mode_is_honoured_unless_the_config_sets_one(
     assert (f"stalebench: {said}\n" in done.stderr) if said else "WANDB_MODE" not in done.stderr
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens there once it is closed
-
-
 @pytest.mark.timeout(200)
 def test_an_unreachable_host_is_checked_once_per_sweep_and_it_logs_offline(tmp_path):
-    port = closed_port()
+    port = free_port()  # nothing listens there once it is closed
     env = {"WANDB_MODE": "online", "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
     args = ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST]
     start = time.monotonic()
