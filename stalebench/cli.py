@@ -105,7 +105,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
             progress.close(None)
         if cfg.logger.name != "none":
             print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
-        return (kept["final"] or {}).get("accuracy")
+        return (kept.get("final") or {}).get("accuracy")
     if nodes.under_torchrun() and rank > 0:  # its rank in the run: nodes.form_group
         from stalebench.runtime.launch import run_rank
 
@@ -131,7 +131,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     code = EXIT_CODES[summary["status"]]
     if code and not multirun:  # in a multirun the next job runs; the report has them all
         sys.exit(code)
-    return (summary["final"] or {}).get("accuracy")
+    return (summary.get("final") or {}).get("accuracy")
 
 
 def _run(cfg: RunConfig, engine) -> dict:
@@ -159,13 +159,16 @@ def _rounded(x: float | None, digits: int) -> float | None:
 
 
 def _print_result(summary: dict, run_dir: str) -> None:
-    final = summary["final"] or {}
+    final = summary.get("final") or {}
     split = summary.get("eval_split", "test")  # val: a tuning run (eval.split=val)
     shown = " ".join(
         f"{split}_{k}={round(final[k], 4)}"
         for k in ("accuracy", "loss", "perplexity")
         if final.get(k) is not None
     )
+    if summary.get("numerics") is False:  # a cost-only run measured no accuracy
+        rate = _rounded(summary["throughput_updates_per_s"], 2)
+        shown = f"cost-only updates/s={rate} bytes_sent={summary['bytes_sent']}"
     print(
         f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
         f"workers={summary['num_workers']} updates={summary['updates']} "

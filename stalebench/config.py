@@ -110,6 +110,11 @@ class SimConfig:
     batch: str = "auto"
     batch_max: int = 256  # gradients per batch at most (memory: the bytes of each, reported)
     batch_max_params: int = 200_000
+    # false: a cost-only run (docs/design.md, "Cost-only simulation"): the engine's protocol
+    # and the clock at the model's real sizes and step times, with no value computed — no
+    # gradient, no update's arithmetic, no evaluation; the metrics that need values are
+    # absent from the run directory, and summary.json says `numerics: false`
+    numerics: bool = True
 
     def __post_init__(self) -> None:
         if self.batch not in SIM_BATCH:

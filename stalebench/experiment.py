@@ -24,7 +24,7 @@ from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
 from stalebench.errors import ConfigError, RunDirTaken, last_line, with_traceback
-from stalebench.job import Job, config_sha, load_splits, meta
+from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.registry import PARTS, REGISTRIES
@@ -66,12 +66,17 @@ def prepare(cfg: RunConfig) -> Engine:
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller
     splits.check(f"dataset={cfg.dataset.name}")
+    if splits.x_train.is_meta and numerics(cfg):
+        raise ConfigError(
+            f"dataset={cfg.dataset.name} holds shapes without values: it runs only cost-only "
+            "(runtime=sim sim.numerics=false)"
+        )
     if cfg.cluster.device:
         derive_compute(cfg, splits)
     engine.validate(splits)
     check_regions(cfg.cluster, engine.world_size())
     # a model that cannot take the dataset's inputs fails here, not inside every process
-    model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    model = build_model(cfg, splits)
     check_pair(cfg, model, splits)
     check_device(cfg)
     if cfg.runtime == "real":
@@ -90,7 +95,7 @@ def derive_compute(cfg: RunConfig, splits) -> None:
 
     c = cfg.cluster
     x, y = compute.minibatch(cfg, splits)
-    model = MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+    model = build_model(cfg, splits)
     flops = compute.step_flops(model, x, y)
     ms = compute.step_ms(flops, c.device, c.precision, c.utilization)
     log.info(
@@ -111,9 +116,11 @@ def check_pair(cfg: RunConfig, model, splits) -> None:
     from stalebench.evaluation import objective
 
     x, y = splits.x_train[:2], splits.y_train[:2]
-    if splits.augment is not None:
+    if splits.augment is not None and not x.is_meta:
         x = splits.augment(x, torch.Generator().manual_seed(0))
+    device = next(model.parameters()).device  # meta in a cost-only run: shapes only
     try:
+        x, y = x.to(device), y.to(device)
         objective(model(x), y).backward()
     except Exception as exc:  # whatever torch says of the pair, as the reason
         reason = last_line(exc)

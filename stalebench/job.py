@@ -8,6 +8,7 @@ compute, whether they share one stream of data) is handed in by the caller.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -51,6 +52,7 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         "seed": cfg.seed,
         "config_sha": config_sha(cfg),
         **({"compute": compute} if compute else {}),
+        **({} if numerics(cfg) else {"numerics": False}),  # a cost-only run says so
         "host": {
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
@@ -136,6 +138,21 @@ def cpu(cpuinfo: str | None = None) -> dict[str, Any]:
     }
 
 
+def numerics(cfg: RunConfig) -> bool:
+    """Whether the run computes values (gradients, updates, evaluations): every run but a
+    cost-only simulation (`sim.numerics=false`)."""
+    return cfg.runtime != "sim" or cfg.sim.numerics
+
+
+def build_model(cfg: RunConfig, splits: Splits) -> nn.Module:
+    """The model for `splits`' inputs and classes; in a cost-only run on the meta device,
+    its tensors sizes without storage (a ResNet-50 or a VGG-19 costs no memory)."""
+    import torch
+
+    with torch.device("cpu" if numerics(cfg) else "meta"):
+        return MODELS.build(cfg.model, splits.input_shape, splits.num_classes)
+
+
 def config_sha(cfg: RunConfig) -> str:
     """A fingerprint of everything that decides what a run computes: the resolved config
     without where it is written and how a rerun treats an earlier one."""
@@ -170,6 +187,7 @@ class Job:
     profile: Profile
     num_workers: int
     one_stream: bool = False
+    _meta_model: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, cfg: RunConfig, num_workers: int | None = None, one_stream: bool = False):
@@ -179,6 +197,10 @@ class Job:
     @property
     def meta(self) -> dict[str, Any]:
         return meta(self.cfg, self.num_workers)
+
+    @property
+    def numerics(self) -> bool:
+        return numerics(self.cfg)
 
     @property
     def sharding(self) -> str:
@@ -213,12 +235,20 @@ class Job:
         """The model with its seeded initial parameters θ₀ (the same in every process)."""
         import torch
 
+        if not self.numerics:  # on the meta device: built once (its init is slow there)
+            if self._meta_model is None:
+                self._meta_model = build_model(self.cfg, self.splits)
+            return copy.deepcopy(self._meta_model)
         torch.manual_seed(self.cfg.seed)
-        return MODELS.build(self.cfg.model, self.splits.input_shape, self.splits.num_classes)
+        return build_model(self.cfg, self.splits)
 
     def device(self, worker: int) -> torch.device:
+        """Where `worker` computes: a GPU of this machine's when asked and present, else the
+        CPU; in a cost-only run the meta device, where nothing is computed."""
         import torch
 
+        if not self.numerics:
+            return torch.device("meta")
         if self.cfg.device != "cpu" and torch.cuda.is_available():
             return torch.device("cuda", worker % torch.cuda.device_count())
         return torch.device("cpu")

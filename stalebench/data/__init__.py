@@ -1,5 +1,6 @@
 """Datasets: generated (synthetic, MNIST-1D, least-squares regression) or read from local
-files (MNIST IDX, CIFAR-10 pickles); never downloaded. The parent prepares (validates files,
+files (MNIST IDX, CIFAR-10 pickles), or shapes without values for cost-only runs; never
+downloaded. The parent prepares (validates files,
 generates and caches) before any process starts; every process then loads the same arrays
 and each worker reads its own shard.
 
@@ -11,6 +12,7 @@ from stalebench.data.base import DATASETS, SHARDINGS, Dataset, DatasetConfig, Sp
 from stalebench.data.chars import Chars, CharsConfig, generated_corpus
 from stalebench.data.mnist import MNIST, MNIST_FILES, MNISTConfig, read_idx
 from stalebench.data.mnist1d import MNIST1D, MNIST1DConfig
+from stalebench.data.shape import Shape, ShapeConfig
 from stalebench.data.sharding import resolve_sharding, shard_batches
 from stalebench.data.synthetic import Synthetic, SyntheticConfig
 
@@ -26,6 +28,8 @@ __all__ = [
     "DatasetConfig",
     "MNIST1DConfig",
     "MNISTConfig",
+    "Shape",
+    "ShapeConfig",
     "Splits",
     "Synthetic",
     "SyntheticConfig",

@@ -40,6 +40,9 @@ class Splits:
     # instead of the test split; None otherwise
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    # the classes, where the labels cannot be counted (a dataset of shapes without values,
+    # `dataset=shape`); 0: counted from the labels
+    classes: int = 0
 
     def hold_out(self, fraction: float, seed: int = HOLDOUT_SEED) -> Splits:
         """These splits with round(fraction · n) training examples held out as the
@@ -96,8 +99,8 @@ class Splits:
                     "regression has nothing to fit"
                 )
             return
-        if self.vocab:  # a language model's labels need not use every token
-            return
+        if self.vocab or self.y_train.is_meta:  # a language model's labels need not use
+            return  # every token; labels without values (`dataset=shape`) have none to check
         import torch
 
         name, _, y_held = self.held_out
@@ -117,8 +120,10 @@ class Splits:
         """The model's outputs: classes (or tokens), or one per target value in regression."""
         if self.regression:
             return math.prod(self.y_train.shape[1:])  # (N,) targets: one output
+        if self.vocab or self.classes:
+            return self.vocab or self.classes
         held = () if self.y_val is None else (self.y_val.max(),)
-        return self.vocab or int(max(self.y_train.max(), self.y_test.max(), *held)) + 1
+        return int(max(self.y_train.max(), self.y_test.max(), *held)) + 1
 
 
 @dataclasses.dataclass

@@ -64,6 +64,9 @@ class Engine:
     # the runtimes it keeps checkpoints in (every checkpoint_every_s; resume=true goes on
     # from the last one)
     checkpoints: tuple[str, ...] = ()
+    # whether it runs cost-only (sim.numerics=false): its messages split into the words it
+    # reads (real) and a payload without values (`runtime.wire.Message`)
+    cost_only = False
     one_stream = False
     # the modules of its programs, imported (`load_programs`) before a checkpoint is read:
     # they mark the classes its state holds (registry.stored); registering an engine does
@@ -102,6 +105,27 @@ class Engine:
         default a dead rank fails the run.)"""
         return False
 
+    def check_cost_only(self) -> None:
+        """sim.numerics=false: refused where no value-free run exists (the real runtime, an
+        engine that needs its messages' values, checkpoints of values never computed)."""
+        run, name = self.run, self.name
+        if run.runtime != "sim":
+            raise ConfigError(
+                f"sim.numerics=false runs in runtime=sim only (a cost-only run computes no "
+                f"value; real processes do), got runtime={run.runtime}"
+            )
+        if not self.cost_only:
+            able = ", ".join(ENGINES.names_with("cost_only")) or "none"
+            raise ConfigError(
+                f"sim.numerics=false: engine={name} does not run cost-only (engines that do: "
+                f"{able})"
+            )
+        if run.checkpoint_every_s:
+            raise ConfigError(
+                f"checkpoint_every_s={run.checkpoint_every_s:g}: a cost-only run "
+                "(sim.numerics=false) has no values to save"
+            )
+
     def why_no_checkpoints(self) -> str | None:
         """Why this run can keep no checkpoints, or None when it keeps them."""
         if self.run.runtime not in self.checkpoints:
@@ -122,6 +146,8 @@ class Engine:
                 f"checkpoint_every_s={run.checkpoint_every_s:g}: {why} (set it to 0, or leave "
                 "it unset)"
             )
+        if not run.sim.numerics:
+            self.check_cost_only()
         if run.runtime == "sim" and run.cluster.compute_ms <= 0:
             raise ConfigError(
                 "runtime=sim needs a step time: set cluster.compute_ms > 0 (virtual ms per step)"

@@ -5,6 +5,7 @@ share, without torch: `parallel`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +36,8 @@ class Net:
         self.params = list(self.model.parameters())
         self.buffers = list(self.model.buffers())
         self.device = device
-        self.batchable = batchable(job, self.model, self.flat.numel(), device)
+        self.numerics = job.numerics  # false: a cost-only run's steps compute nothing
+        self.batchable = self.numerics and batchable(job, self.model, self.flat.numel(), device)
         # nets of one architecture on one device batch together (a run builds its models
         # from one config: the module tree's repr tells them apart)
         self.signature = (repr(self.model), str(device)) if self.batchable else None
@@ -50,7 +52,10 @@ class Net:
     ) -> tuple[torch.Tensor, float]:
         """The gradient (into `out`, if given) and loss of `batch` at θ = x, with the
         BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
-        them)."""
+        them). A cost-only run's gradient is `out` as it was, its loss NaN: nothing is
+        computed (`sim.numerics=false`)."""
+        if not self.numerics:
+            return (out.flat if isinstance(out, Into) else out), math.nan
         if x is not self.flat:  # a replica computing at its own θ needs no copy
             self.flat.copy_(x)
         if not buffers:  # no BatchNorm
@@ -178,5 +183,7 @@ class GradientStep:
         return self.net.run_batch(steps)
 
     def __call__(self) -> Any:
+        if not self.net.numerics:  # cost-only: no minibatch drawn, nothing computed
+            return self.then(*self.net.gradient_at(self.at, self.buffers, None, self.into))
         grad, loss = self.net.gradient_at(self.at, self.buffers, next(self.batches), self.into)
         return self.then(grad, loss)

@@ -124,16 +124,16 @@ class Rounds:
     apply the last round's pieces as the forward pass reaches them, the paced step that
     fires them, and the update once a round's pieces are in."""
 
-    def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, buf):
+    def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, msg):
         eng, n, net = job.cfg.engine, job.num_workers, gradient_step.net.model
         self.p3, self.n = eng.schedule == "p3", n
         self.net_params = net_params = list(net.parameters())
         sizes = [p.numel() for p in net_params]
         piece = max(1, int(eng.bucket_mb * 2**20 / 4))
         self.layout = layout = Layout.build(sizes, n, piece, self.p3)
-        if buf.numel() != layout.size:
-            raise ValueError(f"a round's buffer of {buf.numel()} slots for {layout.size}")
-        self.buf = buf  # the tail, then θ's gradient (the step's `out` where not hooked)
+        if msg.slots != layout.size:  # a `runtime.wire.Message`
+            raise ValueError(f"a round's message of {msg.slots} slots for {layout.size}")
+        self.buf = msg.buf  # the tail, then θ's gradient (the step's `out` where not hooked)
         self.params, self.rule, self.batches = params, rule, gradient_step.batches
         self.device = job.device(world.rank)
         self.in_place = params.data_ptr() == net_params[0].data_ptr()  # views of θ: no copies

@@ -62,7 +62,7 @@ def summarize(
         e["t"] for e in tests if e["accuracy"] is not None and e["accuracy"] >= target_accuracy
     ]
     final = tests[-1] if tests else None
-    return {
+    summary = {
         "status": status,
         "error": error,
         **meta,
@@ -101,6 +101,15 @@ def summarize(
         **_weight_gap(updates, num_workers),
         **_consensus(updates),
     }
+    if meta.get("numerics") is False:  # a cost-only run: what needs values is absent
+        summary = {k: v for k, v in summary.items() if k not in NUMERIC_KEYS}
+    return summary
+
+
+# what a cost-only run (`numerics: false`) cannot measure, absent from its summary.json
+NUMERIC_KEYS = (
+    "eval_split", "final", "final_tail", "best_accuracy", "target_accuracy", "time_to_target_s",
+)  # fmt: skip
 
 
 def final_tail(tests: list[dict[str, Any]]) -> dict[str, Any] | None:

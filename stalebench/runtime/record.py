@@ -71,8 +71,12 @@ class RunRecord:
     ) -> dict[str, Any]:
         """Final snapshot, the end event (with `end_fields`), the evaluations (off the clock),
         model.pt, and summary.json / metrics.parquet (with `summary_extra`: measurements that
-        must not enter the events, such as the simulator's own real time)."""
+        must not enter the events, such as the simulator's own real time). A cost-only run
+        has no θ to evaluate or save: its end event and summary.json, nothing else."""
         cfg, timing = self.job.cfg, self.timing()
+        if not self.job.numerics:
+            self._end(t_end, version, status, error, **end_fields)
+            return self._close(status, error, {**(summary_extra or {}), **timing})
         self.snapshots.take(t_end, version, params)
         held_out: list[float | None] = []  # the held-out split's loss at each snapshot
 

@@ -63,6 +63,7 @@ class AllReduceEngine(DataParallel):
     takes_quorum = True
     takes_spares = True  # with cluster.min_replicas: a spare takes a lost replica's place
     checkpoints = ("real", "sim")  # every replica's part at a round's end
+    cost_only = True  # a round's message: its tail with values, the gradient without
 
     def why_no_checkpoints(self) -> str | None:
         if self.cfg.bucket_mb and self.run.runtime == "real":

@@ -21,6 +21,7 @@ from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.faults import Faults, WorkerDied
 from stalebench.runtime.record import gradient
+from stalebench.runtime.wire import Message
 from stalebench.runtime.world import Op, World
 
 # rank 0's word in a round's last slot: this round is not applied; a checkpoint after it
@@ -44,16 +45,18 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         return None
     params, rule, at = placed
     me, d, resumed, tail = at["workers"][rank], params.numel(), world.resumed, 3 * n + 1
-    buf = torch.zeros(round_slots(d, n))  # the tail (statistics, rank 0's word), the gradient
-    step, faults = worker_of(job, world, net, params, me, at["version"], buf[tail:])
+    # the tail (statistics, rank 0's word), then the gradient (no values in a cost-only run)
+    msg = Message(tail, round_slots(d, n) - tail, job.numerics)
+    buf, grad = msg.buf, msg.payload
+    step, faults = worker_of(job, world, net, params, me, at["version"], grad)
     if resumed is not None:  # its faults as they were
         world.faults = faults = resumed["faults"]
     p3, rounds = eng.schedule == "p3", None
     if eng.bucket_mb:
         nominal = (yield from measure_step(job, world, net, net_params)) if p3 else 1.0
-        rounds = Rounds(job, world, step, params, rule, nominal, buf)
+        rounds = Rounds(job, world, step, params, rule, nominal, msg)
         step = rounds.step if rounds.pieces.hooked else step
-    stats, word = buf[: 3 * n].view(n, 3), buf[3 * n : tail]
+    stats, word = msg.head[: 3 * n].view(n, 3), msg.head[3 * n : tail]
     hooked = rounds is not None and rounds.pieces.hooked
     status, error, version = "completed", None, at["version"]
     t_last = world.now() if resumed is not None else 0.0
@@ -64,7 +67,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
 
     def close(round_stats, reduce_s: float, own: float, live: list[int]) -> None:
         nonlocal version, bytes_sent, status, stop, t_last  # the round is in θ
-        version, bytes_sent = version + 1, bytes_sent + ring_volume(buf.numel() * 4, len(live))
+        version, bytes_sent = version + 1, bytes_sent + ring_volume(msg.size, len(live))
         if record is not None:  # rank 0 reports it and decides the stop
             t_last = world.now()
             bad, spent_ = close_round(record, t_last, version, round_stats, reduce_s, own,
@@ -83,7 +86,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
                 waited = rounds.pieces.waited - rounds.mark
                 compute -= waited
                 close(closing, waited, float(closing[0, 0]), live)
-            buf[:tail].zero_()
+            msg.head.zero_()
             stats[me] = torch.tensor([compute, loss, paused])
             word[0] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
             reduce_start = world.now()
@@ -96,14 +99,17 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             else:
                 lasts = rounds.pieces.comm_s(compute, faults.slow_s) if rounds else None
                 if quorum:  # over the replicas left, once some are lost
-                    before, ranks = live, (yield from world.all_reduce_live(buf, lasts))
+                    before = live
+                    ranks = yield from world.all_reduce_live(buf, lasts, nbytes=msg.nbytes)
                     live = [at["workers"][r] for r in ranks]
                     replicas_left(record, world.now(), version + 1, before, live, quorum, n)
                 else:
-                    yield from world.all_reduce(buf, lasts)  # the network's ring time, or gloo's
+                    # the network's ring time, or gloo's
+                    yield from world.all_reduce(buf, lasts, nbytes=msg.nbytes)
             if word[0] == STOP:  # rank 0 decided last round that this one is not applied
                 break
-            rule.step(params, buf[tail:].div_(len(live)), -1, 0)  # the mean over those left
+            if job.numerics:  # a cost-only run takes no update's arithmetic
+                rule.step(params, grad.div_(len(live)), -1, 0)  # the mean over those left
             close(stats, world.now() - reduce_start, compute, live)
             if world.joining:  # spares take the lost replicas' places from the next round
                 at["live"] = live

@@ -1,0 +1,129 @@
+"""Cost-only simulation (`sim.numerics=false`): an engine's protocol and the clock at the
+model's real sizes and step times, with no value computed. A cost-only run is the run with
+values less its values: the same events, field for field, but for the losses and the
+evaluations, which it does not have (never zeros in their place); a paper-sized model
+(ResNet-50 on ImageNet's shapes) is built on the meta device and costs what its bytes and
+FLOPs say, without memory; what cannot run without values is refused by key and value."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalebench import experiment
+from stalebench.errors import ConfigError
+from stalebench.metrics.summary import NUMERIC_KEYS
+from tests.conftest import compose, fast_with, run_job
+
+pytestmark = pytest.mark.timeout(120)
+
+# 4 replicas of unequal speed on a slow network (every message priced), a CNN on MNIST-1D
+PROTOCOL = [
+    "runtime=sim", "engine=allreduce", "algorithm=bsp", "model=cnn", "dataset=mnist1d",
+    "cluster=slow_network", "cluster.num_workers=4", "cluster.compute=gamma",
+    "cluster.gamma_shape=4", "budget.max_wall_s=3", "eval.every_s=0.5",
+]  # fmt: skip
+NUMERIC_FIELDS = {"loss"}  # in events other than `eval`
+
+
+def without_values(events: list[dict]) -> list[dict]:
+    """The events a run with values shares with a cost-only one: no evaluations, no losses,
+    the start event without `numerics`."""
+    drop = NUMERIC_FIELDS | {"numerics"}
+    return [{k: v for k, v in e.items() if k not in drop} for e in events if e["kind"] != "eval"]
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        [],
+        ["engine.bucket_mb=0.01"],
+        ["cluster.min_replicas=3", "cluster.faults=[{worker:2,at_s:1.2,action:die}]"],
+    ],
+    ids=["one-message", "buckets", "a-replica-lost"],
+)
+def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, engine):
+    numeric = run_job(tmp_path / "values", fast_with([*PROTOCOL, *engine]))
+    cost = run_job(tmp_path / "cost", fast_with([*PROTOCOL, *engine, "sim.numerics=false"]))
+    assert numeric.summary["status"] == cost.summary["status"] == "completed"
+    assert any(e["kind"] == "eval" for e in numeric.events)  # what the cost-only run lacks
+    assert without_values(cost.events) == without_values(numeric.events)
+    assert cost.events[0]["numerics"] is False and "numerics" not in numeric.events[0]
+    assert not any("loss" in e or e["kind"] == "eval" for e in cost.events)
+    # what needs values is absent from summary.json, never zero; the rest is equal
+    s, n = cost.summary, numeric.summary
+    assert s["numerics"] is False and not set(NUMERIC_KEYS) & set(s)
+    same = set(n) - set(NUMERIC_KEYS) - {"host", "config_sha", "sim_loop_s", "chance_accuracy"}
+    assert {k: s.get(k) for k in same} == {k: n[k] for k in same}
+    assert s["updates"] > 20 and s["bytes_sent"] > 0
+    assert s["workers_lost"] == ([2] if "cluster.min_replicas=3" in engine else [])
+    assert not (cost.dir / "model.pt").exists() and (cost.dir / "metrics.parquet").exists()
+
+
+def test_a_paper_sized_model_costs_its_bytes_and_flops_without_memory(tmp_path):
+    """ResNet-50 (25,557,032 parameters) on ImageNet's shapes over 32 replicas and 10
+    Gbit/s links: each round is the step the FLOPs give, then a ring all-reduce of the whole
+    gradient and the round's tail, to the byte."""
+    from stalebench.engines.rounds import ring_volume, round_bytes
+    from stalebench.runtime.network import Network
+
+    n, rounds = 32, 12
+    run = run_job(tmp_path, fast_with([
+        "runtime=sim", "engine=allreduce", "algorithm=bsp", "model=resnet50", "dataset=shape",
+        "dataset.batch_size=32", "cluster=homogeneous", f"cluster.num_workers={n}",
+        "cluster.device=v100", "cluster.push_bandwidth_gbps=10", "cluster.pull_bandwidth_gbps=10",
+        f"budget.max_updates={rounds}", "sim.numerics=false",
+    ]))  # fmt: skip
+    s = run.summary
+    assert s["status"] == "completed", s["error"]
+    message = round_bytes(25_557_032, n)
+    assert s["updates"] == rounds and s["bytes_sent"] == rounds * ring_volume(message, n)
+    cfg = compose(
+        fast_with(
+            [
+                "runtime=sim",
+                "cluster.push_bandwidth_gbps=10",
+                "cluster.pull_bandwidth_gbps=10",
+                f"cluster.num_workers={n}",
+                "budget.max_updates=1",
+            ]
+        )
+    )
+    ring_s = Network(cfg.cluster).allreduce_s(message, 0.0)
+    assert ring_s > 0.1  # 102 MB around a ring of 32 at 10 Gbit/s
+    step_s = s["compute"]["compute_ms"] / 1000  # 777.6 GFLOPs at 40 % of a V100's fp32 peak
+    assert 0.12 < step_s < 0.13
+    assert s["wall_time_s"] == pytest.approx(rounds * (step_s + ring_s), abs=1e-6)  # t: µs
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            ["runtime=real", "engine=allreduce", "algorithm=bsp", "sim.numerics=false"],
+            "sim.numerics=false runs in runtime=sim only",
+        ),
+        (
+            ["runtime=sim", "algorithm=asp", "sim.numerics=false"],
+            "sim.numerics=false: engine=ps does not run cost-only (engines that do: allreduce)",
+        ),
+        (
+            ["runtime=sim", "engine=allreduce", "algorithm=bsp", "dataset=shape", "model=mlp"],
+            "dataset=shape holds shapes without values: it runs only cost-only",
+        ),
+        (
+            [
+                "runtime=sim",
+                "engine=allreduce",
+                "algorithm=bsp",
+                "sim.numerics=false",
+                "checkpoint_every_s=1",
+            ],
+            "checkpoint_every_s=1: a cost-only run",
+        ),
+    ],
+    ids=["real", "an-engine-with-values", "shapes-with-numerics", "checkpoints"],
+)
+def test_what_needs_values_is_refused_by_key_before_any_process(overrides, says):
+    cfg = compose(fast_with([*overrides, "budget.max_updates=5"]))
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        experiment.prepare(cfg)
