@@ -16,46 +16,51 @@ from tests.conftest import compose, fast_with, run_job
 
 pytestmark = pytest.mark.timeout(120)
 
-# 4 replicas of unequal speed on a slow network (every message priced), a CNN on MNIST-1D
-PROTOCOL = [
-    "runtime=sim", "engine=allreduce", "algorithm=bsp", "model=cnn", "dataset=mnist1d",
-    "cluster=slow_network", "cluster.num_workers=4", "cluster.compute=gamma",
-    "cluster.gamma_shape=4", "budget.max_wall_s=3", "eval.every_s=0.5",
+# 4 ranks of unequal speed on a slow network (every message priced), a CNN on MNIST-1D
+BASE = [
+    "runtime=sim", "model=cnn", "dataset=mnist1d", "cluster=slow_network",
+    "cluster.num_workers=4", "cluster.compute=gamma", "cluster.gamma_shape=4",
+    "budget.max_wall_s=3", "eval.every_s=0.5",
 ]  # fmt: skip
-NUMERIC_FIELDS = {"loss"}  # in events other than `eval`
+ALLREDUCE = ["engine=allreduce", "algorithm=bsp"]
+LOSS = ["cluster.min_replicas=3", "cluster.faults=[{worker:2,at_s:1.2,action:die}]"]
+CASES = {
+    "allreduce": ALLREDUCE,
+    "allreduce-buckets": [*ALLREDUCE, "engine.bucket_mb=0.01"],
+    "allreduce-a-replica-lost": [*ALLREDUCE, *LOSS],
+    "sgp": ["algorithm=sgp"],
+    "osgp-overlap": ["algorithm=osgp"],
+    "dpsgd-mixes-first": ["algorithm=dpsgd"],
+    "sgp-a-node-lost": ["algorithm=sgp", *LOSS],
+}
+NUMERIC_FIELDS = {"loss", "consensus"}  # in events other than `eval`
 
 
 def without_values(events: list[dict]) -> list[dict]:
-    """The events a run with values shares with a cost-only one: no evaluations, no losses,
-    the start event without `numerics`."""
+    """The events a run with values shares with a cost-only one: no evaluations, no losses
+    or distances, the start event without `numerics`."""
     drop = NUMERIC_FIELDS | {"numerics"}
     return [{k: v for k, v in e.items() if k not in drop} for e in events if e["kind"] != "eval"]
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [
-        [],
-        ["engine.bucket_mb=0.01"],
-        ["cluster.min_replicas=3", "cluster.faults=[{worker:2,at_s:1.2,action:die}]"],
-    ],
-    ids=["one-message", "buckets", "a-replica-lost"],
-)
-def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, engine):
-    numeric = run_job(tmp_path / "values", fast_with([*PROTOCOL, *engine]))
-    cost = run_job(tmp_path / "cost", fast_with([*PROTOCOL, *engine, "sim.numerics=false"]))
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, case):
+    overrides = [*BASE, *CASES[case]]
+    numeric = run_job(tmp_path / "values", fast_with(overrides))
+    cost = run_job(tmp_path / "cost", fast_with([*overrides, "sim.numerics=false"]))
     assert numeric.summary["status"] == cost.summary["status"] == "completed"
     assert any(e["kind"] == "eval" for e in numeric.events)  # what the cost-only run lacks
     assert without_values(cost.events) == without_values(numeric.events)
     assert cost.events[0]["numerics"] is False and "numerics" not in numeric.events[0]
-    assert not any("loss" in e or e["kind"] == "eval" for e in cost.events)
+    assert not any(NUMERIC_FIELDS & set(e) or e["kind"] == "eval" for e in cost.events)
     # what needs values is absent from summary.json, never zero; the rest is equal
     s, n = cost.summary, numeric.summary
     assert s["numerics"] is False and not set(NUMERIC_KEYS) & set(s)
     same = set(n) - set(NUMERIC_KEYS) - {"host", "config_sha", "sim_loop_s", "chance_accuracy"}
+    same -= {"consensus_final"}  # gossip's distances between the nodes: values
     assert {k: s.get(k) for k in same} == {k: n[k] for k in same}
     assert s["updates"] > 20 and s["bytes_sent"] > 0
-    assert s["workers_lost"] == ([2] if "cluster.min_replicas=3" in engine else [])
+    assert s["workers_lost"] == ([2] if LOSS[0] in CASES[case] else [])
     assert not (cost.dir / "model.pt").exists() and (cost.dir / "metrics.parquet").exists()
 
 
@@ -104,7 +109,8 @@ def test_a_paper_sized_model_costs_its_bytes_and_flops_without_memory(tmp_path):
         ),
         (
             ["runtime=sim", "algorithm=asp", "sim.numerics=false"],
-            "sim.numerics=false: engine=ps does not run cost-only (engines that do: allreduce)",
+            "sim.numerics=false: engine=ps does not run cost-only (engines that do: allreduce, "
+            "gossip)",
         ),
         (
             ["runtime=sim", "engine=allreduce", "algorithm=bsp", "dataset=shape", "model=mlp"],

@@ -44,6 +44,7 @@ class GossipEngine(Engine):
     checkpoints = ("real", "sim")  # every node's part, after a meeting
     takes_quorum = True  # a lost node's peers keep its share; the meetings go over the rest
     takes_spares = True  # with cluster.min_replicas: a spare plays a lost node from a meeting
+    cost_only = True  # a message is all payload ([x | w]): on the meta device, cost-only
 
     def survives_loss_of(self, rank: int) -> bool:
         """A node, with cluster.min_replicas set (rank 0 writes the run directory: losing

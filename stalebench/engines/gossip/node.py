@@ -46,7 +46,7 @@ class Node:
 
     def __init__(self, job: Job, index: int, theta: torch.Tensor, net: Net, rule: Mixing):
         self.index, self.rule = index, rule
-        self.x, self.w = theta.clone(), torch.ones(1)
+        self.x, self.w = theta.clone(), torch.ones(1, device=theta.device)
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(index)
         self.buffers = [b.detach().clone() for b in net.buffers]
@@ -102,12 +102,14 @@ def gossip_bytes(
 
 
 def report(
-    emit, first: int, rows: np.ndarray, dists: np.ndarray, nodes: list[int] | None = None
+    emit, first: int, rows: np.ndarray, dists: np.ndarray, nodes: list[int] | None = None,
+    values: bool = True,
 ) -> None:  # fmt: skip
     """The `update` events (and fault pauses) of iterations first, first + 1, … of every
     node, in time order; `rows[i, j]` is node i's row (ROW) of iteration first + j, `dists`
     each node's ‖z_i − z̄‖ after the window's last iteration (its `consensus`). `nodes`:
-    the node each row is (default: row i is node i; the nodes left, once some are lost)."""
+    the node each row is (default: row i is node i; the nodes left, once some are lost);
+    `values` false: a cost-only run's, without loss or consensus."""
     nodes = nodes if nodes is not None else list(range(len(rows)))
     n, m, _ = rows.shape
     ends = rows[:, :, 0]
@@ -120,10 +122,11 @@ def report(
         if paused > 0:
             emit("worker", t, worker=nodes[i], event="pause", duration_s=paused)
         fields: dict[str, Any] = dict(
-            worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag), loss=loss,
-            compute_s=compute, wait_s=wait, comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
+            worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag),
+            **({"loss": loss} if values else {}), compute_s=compute, wait_s=wait,
+            comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
         )  # fmt: skip
-        if j == m - 1:
+        if j == m - 1 and values:
             fields["consensus"] = float(dists[i])
         emit("update", t, **fields)
 

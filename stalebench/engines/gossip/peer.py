@@ -59,14 +59,17 @@ class Peer:
         self.me = world.rank if me is None else me  # the node it plays (a spare: a lost one)
         self.n, self.rule = job.num_workers, world.shared("mixing", lambda: mixing(job))
         self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
-        theta = self.net.flat.detach().cpu().clone()  # θ₀, the same in every rank
+        # false: a cost-only run (sim.numerics=false), whose x, w and messages have no values
+        self.values = job.numerics
+        flat = self.net.flat.detach()
+        theta = (flat.cpu() if self.values else flat).clone()  # θ₀, the same in every rank
         self.node = Node(job, self.me, theta, self.net, self.rule)
         world.faults = self.node.faults
         self.every, self.d = job.cfg.engine.sync_every, theta.numel()
         self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
         self.rows: list[list[float]] = []
-        self.inbox = torch.empty(self.d + 1)  # a message [x | w], taken in at once
+        self.inbox = theta.new_empty(self.d + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
         self.quorum, self.lost = job.cfg.cluster.min_replicas, set()  # nodes known lost
@@ -196,9 +199,9 @@ class Peer:
         paused = world.strike()
         step = node.gradient(self.net)
         (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.me))
-        if not rule.mixes_first:
+        if not rule.mixes_first and self.values:
             node.step(grad)
-        message, sends, wire = node.send(k), [], world.wire_s
+        message, sends, wire = node.send(k) if self.values else self.inbox, [], world.wire_s
         for peer in rule.out_peers(self.me, k):
             try:
                 if peer not in self.lost:
@@ -208,7 +211,8 @@ class Peer:
                 if not self.quorum:
                     raise
                 self.lost.add(peer)
-            node.receive(message)  # a lost peer's share stays home
+            if self.values:
+                node.receive(message)  # a lost peer's share stays home
         self.in_flight.append((k, message, sends))
         yield from self.settle(k - rule.delay)
         wait, comm = self.carried
@@ -224,9 +228,10 @@ class Peer:
                         raise
                     self.lose(peer, message if any(p == peer for _, p in sends) else None)
                     continue
-                node.receive(self.inbox)
+                if self.values:
+                    node.receive(self.inbox)
         comm += world.wire_s - wire  # its sends' and receives' time on the wire
-        if rule.mixes_first:
+        if rule.mixes_first and self.values:
             node.step(grad)
         self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
         self.carried = [0.0, 0.0]
@@ -235,7 +240,7 @@ class Peer:
         """cluster.min_replicas: `peer` is lost; `sent`, the message this iteration sent
         it, if any, which it never took in: its share comes back."""
         self.lost.add(peer)
-        if sent is not None:
+        if sent is not None and self.values:
             self.node.receive(sent)
 
     def settle(self, upto: int) -> Op[None]:
@@ -257,7 +262,7 @@ class Peer:
         for sent_at in range(max(k - self.rule.delay, 0), k):
             for peer in self.rule.in_peers(self.me, sent_at):
                 if peer not in self.lost:
-                    yield from self.world.recv(torch.empty(self.d + 1), self.ranks[peer])
+                    yield from self.world.recv(torch.empty_like(self.inbox), self.ranks[peer])
         yield from self.settle(k)
 
     def meet(self, version: int) -> Op[bool]:
@@ -271,9 +276,10 @@ class Peer:
         width = self.every * len(ROW)
         mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
         stats[self.me * width : self.me * width + mine.numel()] = mine
-        stats[n * width + self.me] = float((z - self.z_mean).norm())
-        losses = [row[1] for row in self.rows]
-        stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
+        if self.values:  # a cost-only run has no distance, loss or θ to check
+            stats[n * width + self.me] = float((z - self.z_mean).norm())
+            losses = [row[1] for row in self.rows]
+            stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
         if record is not None:  # rank 0's word: stop, or a checkpoint after this meeting
             stop = spent(self.job.cfg.budget, version, t_enter)
             save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
@@ -289,7 +295,7 @@ class Peer:
             self.nbytes += gossip_bytes(self.rule, self.first, version, self.d, self.lost)
             rows = stats[: n * width].view(n, self.every, len(ROW))[live, :m].numpy()
             dists = stats[n * width : -2].numpy()[live]
-            report(record.events.emit, self.first, rows, dists, live)
+            report(record.events.emit, self.first, rows, dists, live, self.values)
             record.snapshots.maybe(world.now(), version, self.z_mean)
             if stats[-1] > 0:
                 self.status = "diverged"
