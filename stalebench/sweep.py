@@ -29,6 +29,11 @@ How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
 - kind `fails`: every usable run of `a` ends at a final test accuracy within `value` of
   chance (summary.json `chance_accuracy`): training fails, as distinct from `diverges`
   (numeric divergence).
+- kind `reproduces`: a number the paper published (`value`, in the metric's units: a
+  training time, a throughput) against ours, as a ratio: it holds when every usable run of
+  `a` (at least `min_seeds`) lands within `tolerance` of it (ours / theirs in
+  [1 / tolerance, tolerance]), does not hold when none does; a count, not a test (a
+  cost-only run at the paper's scale is deterministic: its seeds agree).
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ from typing import Any, Optional
 
 from stalebench.errors import ConfigError
 
-KINDS = ("ordering", "ratio", "threshold", "diverges", "fails", "gap_closed", "trend")
+KINDS = (
+    "ordering", "ratio", "threshold", "diverges", "fails", "gap_closed", "trend", "reproduces",
+)  # fmt: skip
 # where a claim comes from: the paper's text (checked), a statement recalled from the paper
 # (not checked against its text), or a check of the harness itself (reported apart from the
 # paper's tally)
@@ -87,7 +94,10 @@ class ClaimConfig:
     where: dict[str, Any] = dataclasses.field(default_factory=dict)  # added to a, b and c
     per: str = ""  # a key: one verdict per value of it among the selected runs
     over: str = ""  # trend: the key the trend runs along (e.g. num_workers)
-    value: float = 0.0  # the bound of ratio, threshold and gap_closed
+    value: float = 0.0  # the bound of ratio, threshold and gap_closed; reproduces: theirs
+    # reproduces: how far ours may be from the published `value`, as a ratio (> 1): ours /
+    # theirs within [1 / tolerance, tolerance]
+    tolerance: float = 0.0
     published: str = ""  # the paper's number or wording, beside ours
     source: str = ""  # where the published value comes from
     origin: str = ""  # paper | recalled | self-check (ORIGINS)
@@ -136,6 +146,11 @@ class ClaimConfig:
             raise bad("c", self.c, "a run selector for kind=gap_closed")
         if self.kind == "trend" and not self.over:
             raise bad("over", self.over, "a key (e.g. num_workers) for kind=trend")
+        if self.kind == "reproduces":
+            if not self.value > 0:
+                raise bad("value", self.value, "the published number (> 0) for kind=reproduces")
+            if not self.tolerance > 1:
+                raise bad("tolerance", self.tolerance, "a ratio > 1 for kind=reproduces")
         if self.metric == "time_to_target":
             if self.target is None:
                 raise bad("target", None, "{split, key, value} for metric=time_to_target")

@@ -29,7 +29,10 @@ The rule, stated once (RULE below says it in one line):
   `trend` is tested at every consecutive step of `over` the same way;
 - `diverges` and `fails` are counts, not tests: holds when every usable run of `a` (at
   least `min_seeds`) diverged / ended within `value` of chance accuracy, does not hold when
-  none did.
+  none did;
+- `reproduces` is a count too: holds when every usable run of `a` (at least `min_seeds`)
+  lands within the claim's `tolerance` of the published number (ours / theirs in
+  [1 / tolerance, tolerance]), does not hold when none does, inconclusive when some do.
 """
 
 from __future__ import annotations
@@ -729,12 +732,49 @@ def _count(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[s
             "notes": "; ".join(notes), "tests": []}  # fmt: skip
 
 
+def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
+    """reproduces: each usable run of a's metric against the published number (`value`),
+    as the ratio ours / theirs; a count of the runs within `tolerance` of it, not a test. A
+    diverged run has not run the paper's course: it measures nothing here."""
+    runs = select(rows, {**claim.where, **claim.a})
+    one_per_seed(runs, claim, "a")
+    ours = {id(r): value(r, claim.metric, curves) for r in runs}
+    usable = [r for r in runs if r.get("status") == "completed" and not _nan(ours[id(r)])]
+    notes = [f"seed {r.get('seed')}: {r.get('status')}"
+             + (f", no {claim.metric}" if r.get("status") == "completed" else "")
+             for r in runs if r not in usable]  # fmt: skip
+    ratios = [float(ours[id(r)]) / claim.value for r in usable]
+    lo, hi = 1 / claim.tolerance, claim.tolerance
+    n, k = len(ratios), sum(lo <= q <= hi for q in ratios)
+    if not runs:
+        verdict = "not run"
+    elif n < claim.min_seeds:
+        verdict = "inconclusive"
+        notes.append(f"{n} usable runs (min {claim.min_seeds})")
+    elif k == n and len(runs) > n:
+        verdict = "inconclusive"
+        notes.append(f"{len(runs) - n} lost runs: every run of a cannot be shown within it")
+    else:
+        verdict = "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
+    shown = ""
+    if ratios:
+        mean = float(np.mean([float(ours[id(r)]) for r in usable]))
+        spread = f" (runs {min(ratios):.3g} to {max(ratios):.3g})" if n > 1 and max(
+            ratios) - min(ratios) > RESOLUTION * max(ratios) else ""  # fmt: skip
+        shown = (f"{claim.metric} {mean:.4g} against {claim.value:.4g}: ours / theirs "
+                 f"{mean / claim.value:.3g}{spread}, tolerance ×{claim.tolerance:g}; "
+                 f"{k} of {n} runs within it")  # fmt: skip
+    return {"verdict": verdict, "ours": shown, "n": n, "notes": "; ".join(notes), "tests": []}
+
+
 def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
     """One claim over the rows of its sweep: a verdict for the count kinds; for the others
     the tests (one, one per `per` value, or one per `trend` step) that `decide` turns into a
     verdict once the sweep's p values are corrected."""
     if claim.kind in ("diverges", "fails"):
         return _count(claim, rows, curves)
+    if claim.kind == "reproduces":
+        return _reproduces(claim, rows, curves)
     if claim.kind == "trend":
         tests, note = _trend(claim, rows, curves)
         if not tests:

@@ -248,3 +248,61 @@ def test_two_claims_with_one_id_are_rejected():
     claim = claim_from_dict(CLAIMS[0])
     with pytest.raises(ConfigError, match="used twice"):
         SweepConfig(name="toy", claims=[claim, claim])
+
+
+# kind=reproduces: a published number (here 100 s) against ours, within a tolerance of ×1.5
+PUBLISHED = {"id": "published", "kind": "reproduces", "metric": "wall_time_s", "value": 100.0,
+             "tolerance": 1.5, "better": "lower", "margin": 0.0, "origin": "paper",
+             "a": {"algorithm": "x"}}  # fmt: skip
+
+
+def published_rows(*runs):
+    """Rows of arm x, one per (seed, wall_time_s[, status])."""
+    return [{"algorithm": "x", "seed": seed, "wall_time_s": t, "status": status}
+            for seed, t, status in ((r + ("completed",))[:3] for r in runs)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("runs", "verdict", "ours"),
+    [
+        ([(0, 140.0), (1, 140.0)], "holds", "ours / theirs 1.4, tolerance ×1.5; 2 of 2 runs"),
+        ([(0, 70.0), (1, 70.0), (2, 70.0)], "holds", "ours / theirs 0.7"),  # 1/1.5 = 0.667
+        ([(0, 160.0), (1, 160.0)], "does not hold", "ours / theirs 1.6"),
+        ([(0, 60.0), (1, 60.0)], "does not hold", "ours / theirs 0.6"),
+        ([(0, 120.0), (1, 200.0)], "inconclusive", "(runs 1.2 to 2), tolerance ×1.5; 1 of 2"),
+        ([(0, 120.0)], "inconclusive", "1 of 1 runs"),  # fewer than min_seeds=2
+        ([(0, 120.0), (1, 120.0), (2, 5.0, "failed")], "inconclusive", "2 of 2 runs"),
+        ([(0, 120.0), (1, 120.0), (2, 5.0, "diverged")], "inconclusive", "2 of 2 runs"),
+        ([], "not run", ""),
+    ],
+    ids=[
+        "above",
+        "below",
+        "too-high",
+        "too-low",
+        "mixed",
+        "one-run",
+        "a-failed-run",
+        "a-diverged-run",
+        "none",
+    ],
+)
+def test_reproduces_counts_the_runs_within_the_tolerance_of_the_published_number(
+    runs, verdict, ours
+):
+    claim = claim_from_dict({**PUBLISHED, "min_seeds": 2}, "sweep.claims[0]")
+    got = C.judge(claim, published_rows(*runs), None)
+    assert got["verdict"] == verdict and ours in got["ours"] and got["tests"] == []
+    if any(len(r) == 3 for r in runs):  # the lost run is named, not dropped
+        assert "seed 2: " in got["notes"] and "lost runs" in got["notes"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"value": 0.0}, "value must be the published number"),
+     ({"tolerance": 1.0}, "tolerance must be a ratio > 1"),
+     ({"tolerance": 0.0}, "tolerance must be a ratio > 1")],
+)  # fmt: skip
+def test_a_reproduces_claim_states_the_published_number_and_a_tolerance(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        claim_from_dict({**PUBLISHED, **fields}, "sweep.claims[0]")
