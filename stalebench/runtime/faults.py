@@ -176,9 +176,14 @@ class Shaped(Transport):
     def wait(self, work, dst: int) -> None:
         self.inner.wait(work, dst)
 
-    def recv(self, buf: torch.Tensor, src: int, timeout: timedelta | None = None) -> None:
+    def recv(
+        self, buf: torch.Tensor, src: int, timeout: timedelta | None = None, pay: bool = True
+    ) -> None:
+        """Receive, then the pull delay (`pay`: a message from a hub; a peer's sender paid
+        its transfer)."""
         self.inner.recv(buf, src, timeout)
-        self._pay(self.network.pull_s(_size(buf)))
+        if pay:
+            self._pay(self.network.pull_s(_size(buf)))
 
     def all_reduce(self, buf: torch.Tensor) -> None:
         self._pay(self.network.allreduce_s(_size(buf), self.slow_s))

@@ -239,6 +239,18 @@ class Network:
         """How long a hub's message holds its uplink: its bytes at the pull bandwidth."""
         return _delay(0.0, self.cfg.pull_bandwidth_gbps, nbytes)
 
+    def peer_through(self, down: Link, arrival: float, nbytes: float) -> float:
+        """When a message between two peers, out of its sender's NIC at `arrival` (its push
+        time was its transfer: the bytes reach the receiver as they leave), is through the
+        receiver's downlink `down`. It crosses the sender's uplink and the receiver's
+        downlink at once, so the slower direction sets its time (the larger latency, the
+        smaller bandwidth: a pull direction slower than the push holds it back by the
+        difference), and it is through no sooner than the messages before it are."""
+        c = self.cfg
+        up, wire = self.push_wire_s(nbytes), self.pull_wire_s(nbytes)
+        late = max(wire - up, 0.0) + max(c.pull_latency_ms - c.push_latency_ms, 0.0) / 1000
+        return down.take(arrival + late, wire)
+
     def allreduce_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         """Seconds of a ring all-reduce of `nbytes` over the N workers: 2(N − 1) steps of a
         chunk of nbytes/N each, 2(N − 1)·(α + nbytes/(N·β)) when both directions have latency

@@ -96,7 +96,7 @@ class SimWorld(World):
         self.network = Network(self.profile.cfg, sim.topology)
         self.overhead_s = self.profile.cfg.overhead_ms / 1000
         self.hub_s = self.profile.cfg.hub_ms / 1000
-        self.up, self.down = Link(), Link()  # a hub's NIC
+        self.up, self.down = Link(), Link()  # a hub's NIC both ways; a peer's downlink
         self.wire_s = 0.0
         self.clock = 0.0
         self.linked = 0.0  # when this rank's collectives under way end: the next starts then
@@ -199,13 +199,20 @@ class SimWorld(World):
             step.run()
         if message is not buf:
             buf.copy_(message)
-        if self.hub:  # through the hub's downlink, behind the messages before it
+        # a hub's message is paid here, the pull time once it has left the hub's uplink; a
+        # peer's was paid by its sender (its push time is the transfer: the bytes reach this
+        # rank as they leave) and is through once this rank's downlink is free of the ones
+        # before it, as a hub's downlink takes its workers' messages
+        pull = not self.hub and self.sim.worlds[src].hub
+        if self.hub:
             arrival = self.down.take(arrival, self.network.push_wire_s(nbytes(buf)))
+        elif not pull:
+            arrival = self.network.peer_through(self.down, arrival, nbytes(buf))
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
         if self.hub:
             self.clock += self.handle()
-        else:
+        elif pull:
             self._pay(self.network.pull_s(nbytes(buf)))
         return waited
 

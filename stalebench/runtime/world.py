@@ -96,6 +96,9 @@ class World:
     faults: Faults | None = None
     # a parameter server's rank: one NIC for all its peers, whose messages queue on it
     hub = False
+    # the run's hubs, known to every rank once `begin` has passed: a message from a hub
+    # costs its receiver the pull time, one from a peer only its downlink's queue
+    hubs: frozenset[int] = frozenset()
     network: Network  # what messages and collectives cost (`runtime.network`)
     # seconds this rank's messages and collectives took on the wire so far, as modelled:
     # its sends' push time, its receives' pull time, its collectives' time (not what it
@@ -359,7 +362,8 @@ class RealWorld(World):
         active = size - spares
         self.network = Network(profile.cfg, _topology(profile.cfg, size, links_dir))
         self.net = Shaped(transport, self.network, rank=rank)
-        self.up, self.down = Link(), Link()  # a hub's NIC, on perf_counter's clock
+        # its NIC, on perf_counter's clock: a hub's both ways, a peer's downlink
+        self.up, self.down = Link(), Link()
         self.departures: dict[int, Departures] = {}  # a hub's sends that wait for its uplink
         self.quorum, self.rounds = None, None  # the ranks left; the live collectives
         if store is not None:
@@ -447,14 +451,16 @@ class RealWorld(World):
     @blocking
     def begin(self, warm_up: Callable[[], Any]) -> None:
         warm_up()
-        start = torch.zeros(3 + self.size, dtype=torch.float64)
+        start = torch.zeros(3 + 2 * self.size, dtype=torch.float64)
         if self.rank == 0:
             at, version, due, ranks = self._start_of()
             start[:3] = torch.tensor([at, version, due], dtype=torch.float64)
             start[3 + torch.tensor(ranks, dtype=torch.long)] = 1.0
+        start[3 + self.size + self.rank] = float(self.hub)  # every rank learns the hubs
         self.transport.all_reduce(start)  # every rank is here: rank 0's start
         at, version, due = start[:3].tolist()
         ranks = [r for r in range(self.size) if start[3 + r] > 0]
+        self.hubs = frozenset(r for r in range(self.size) if start[3 + self.size + r] > 0)
         self._resume_from(int(version), due, ranks)
         if version >= 0 and self.quorum is not None:
             self.quorum.resume(ranks)  # those that wrote no part stand by
@@ -504,13 +510,22 @@ class RealWorld(World):
 
     @blocking
     def recv(self, buf: torch.Tensor, src: int, patient: bool = False) -> float:
-        pull_s = 0.0 if self.hub else self.network.pull_s(nbytes(buf))
+        # a hub's message: the pull delay, slept once it is in; a peer's: its sender's push
+        # was its transfer, and it is through once this rank's downlink is free of the ones
+        # before it
+        pull = not self.hub and src in self.hubs
+        pull_s = self.network.pull_s(nbytes(buf)) if pull else 0.0
         self.asking()
         start = time.perf_counter()
-        self.link.recv(buf, src, PATIENT if patient else None)  # then sleeps the pull delay
         if self.hub:
+            self.link.recv(buf, src, PATIENT if patient else None)
             self._deliver(nbytes(buf))
             self.took()
+        else:
+            self.net.recv(buf, src, PATIENT if patient else None, pay=pull)
+            if not pull:
+                now = time.perf_counter()
+                pad_to(now, self.network.peer_through(self.down, now, nbytes(buf)) - now)
         return max(time.perf_counter() - start - pull_s, 0.0)
 
     def asking(self) -> None:

@@ -41,8 +41,13 @@ def finish(world, **fields):
     return world.record.finish(world.record.job.model(), params, 0, world.now(), "completed", None)
 
 
-def test_a_message_arrives_after_the_senders_clock_and_both_delays(tmp_path):
-    sim, seen = simulator(tmp_path), {}
+@pytest.mark.parametrize("downlink", ["0.002", "0.0005"], ids=["fast", "slow-binds"])
+def test_a_peers_message_is_one_transfer_and_queues_on_the_receivers_downlink(tmp_path, downlink):
+    """Between two peers (no hub), a message costs its sender the push time, during which
+    its bytes reach the receiver: the receiver does not pay it again. A second message is
+    through once the receiver's downlink has taken the first (bytes ÷ pull bandwidth): a
+    downlink slower than the sender's uplink holds it back."""
+    sim, seen = simulator(tmp_path, f"cluster.pull_bandwidth_gbps={downlink}"), {}
     buf = torch.arange(250, dtype=torch.float32)  # 1,000 bytes: bandwidth matters
 
     def program(job, world):
@@ -59,13 +64,18 @@ def test_a_message_arrives_after_the_senders_clock_and_both_delays(tmp_path):
         return finish(world)
 
     summary = sim.run(program)
-    push, pull = sim.worlds[0].network.push_s(1000), sim.worlds[0].network.pull_s(1000)
-    assert push > 0.007 and pull > 0.003  # latency and bandwidth both paid
+    network = sim.worlds[0].network
+    push, up, down = network.push_s(1000), network.push_wire_s(1000), network.pull_wire_s(1000)
+    assert push > 0.007 and network.pull_s(1000) > 0.003  # latency and bandwidth both paid
     assert seen["sender"] == (0.3, 0.3 + push + push)
-    assert seen["waited"] == [0.3 + push, max(0.3 + push + push - (0.3 + push + pull), 0.0)]
+    late = max(down - up, 0.0)  # a downlink slower than the uplink lets the bytes in later
+    assert (late > 0) == (downlink == "0.0005")
+    first_in = 0.3 + push + late
+    through = max(0.3 + push + push + late, first_in + down)  # behind the first
+    assert seen["waited"] == [first_in, through - first_in]
     first, second, t = seen["got"]
     assert first == buf.tolist() and second == (buf * 2).tolist()
-    assert t == max(0.3 + push + pull, 0.3 + push + push) + pull
+    assert t == through  # no pull paid after it: the push was the transfer
     assert summary["status"] == "completed"
 
 
