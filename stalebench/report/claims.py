@@ -79,8 +79,12 @@ RULE = (
     "95% interval lies below the margin; inconclusive otherwise or with fewer than "
     "min_seeds usable seeds; `per` and `trend` steps joint (every one must hold); a "
     "diverged run never reaches a target and is unusable for other metrics; a final "
-    "accuracy or loss is the mean over the last 10% of the evaluations (final_tail)."
+    "accuracy or loss is the mean over the last 10% of the evaluations (final_tail); "
+    "`reproduces`: every usable run within the claim's tolerance of the published number, "
+    "as the ratio ours / theirs (a count, not a test)."
 )
+# whose a claim's value and margin are (`threshold_from`), as a table says it
+WHOSE = {"ours": "ours", "paper": "the paper's"}
 # a claim's final_accuracy / final_loss / final_perplexity: the quantity's final_tail
 TAIL_METRICS = {f"final_{k}": k for k in EVAL_KEYS}
 
@@ -1134,7 +1138,8 @@ def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
         {
             "claim": [f"**{r['id']}**: {r['text']}" for r in rows],
             "origin": [
-                f"{r['origin']}; margin {r['margin']:g} ({r['threshold_from']}'s)" for r in rows
+                f"{r['origin']}; margin {r['margin']:g} ({WHOSE[r['threshold_from']]})"
+                for r in rows
             ],
             "where": [r["scope"] or "all runs" for r in rows],
             "metric": [r["metric"] for r in rows],
