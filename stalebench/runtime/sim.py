@@ -116,8 +116,9 @@ class SimWorld(World):
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         # one buffer for both ends, as a same-host mailbox is in real processes: a message
-        # is read where its sender wrote it
-        return self.shared(f"mailbox {src}>{dst} {size}", lambda: torch.zeros(size))
+        # is read where its sender wrote it; in a cost-only run its header alone, the
+        # payload having no values, while the wire is charged for all `size` slots
+        return self.shared(f"mailbox {src}>{dst} {size}", lambda: self.sim.buffer(size, header))
 
     @property
     def run_dir(self) -> Path:
@@ -165,7 +166,7 @@ class SimWorld(World):
         self.pending.clear()
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
-        size, network = nbytes(buf), self.network
+        size, network = self.sim.nbytes(buf), self.network
         if self.hub:  # it leaves once the hub's uplink is free (the hub goes on meanwhile);
             # its receiver pays the pull time from there, and the topology's links before
             wire = network.pull_wire_s(size)
@@ -203,17 +204,17 @@ class SimWorld(World):
         # peer's was paid by its sender (its push time is the transfer: the bytes reach this
         # rank as they leave) and is through once this rank's downlink is free of the ones
         # before it, as a hub's downlink takes its workers' messages
-        pull = not self.hub and self.sim.worlds[src].hub
+        pull, size = not self.hub and self.sim.worlds[src].hub, self.sim.nbytes(buf)
         if self.hub:
-            arrival = self.down.take(arrival, self.network.push_wire_s(nbytes(buf)))
+            arrival = self.down.take(arrival, self.network.push_wire_s(size))
         elif not pull:
-            arrival = self.network.peer_through(self.down, arrival, nbytes(buf))
+            arrival = self.network.peer_through(self.down, arrival, size)
         waited = max(arrival - self.clock, 0.0)
         self.clock = max(self.clock, arrival)
         if self.hub:
             self.clock += self.handle()
         elif pull:
-            self._pay(self.network.pull_s(nbytes(buf)))
+            self._pay(self.network.pull_s(size))
         return waited
 
     def handle(self) -> float:
@@ -399,7 +400,8 @@ class SimListener(Listener):
                 return None
             heapq.heappop(heap)
             if world.hub and not isinstance(message, BaseException):  # its downlink's queue
-                at = max(at, world.down.take(arrival, world.network.push_wire_s(nbytes(message))))
+                wire = world.network.push_wire_s(world.sim.nbytes(message))
+                at = max(at, world.down.take(arrival, wire))
             world.clock, peer = at, self.peer_of[src]
             if world.hub and not isinstance(message, BaseException):
                 world.clock += world.handle()
@@ -456,6 +458,23 @@ class Simulator:
         # at once (as a real one whose peer's connection closes), to go on without it;
         # otherwise once every rank left waits (`_time_out`)
         self.told = bool(job.cfg.cluster.min_replicas)
+        # a cost-only run's mailboxes: each one's bytes on the wire (its header alone is
+        # held), by the buffer's id (the buffer is kept here, so its id stays its own)
+        self.wire: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def buffer(self, size: int, header: int) -> torch.Tensor:
+        """A mailbox of `size` float32 slots: whole, or in a cost-only run its `header`
+        slots, the wire charged for `size` (`nbytes`)."""
+        if self.job.numerics:
+            return torch.zeros(size)
+        buf = torch.zeros(header)
+        self.wire[id(buf)] = (buf, 4 * size)
+        return buf
+
+    def nbytes(self, buf: torch.Tensor) -> int:
+        """A message's bytes on the wire: a cost-only mailbox's whole size, else its own."""
+        kept = self.wire.get(id(buf))
+        return kept[1] if kept is not None else nbytes(buf)
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
         listener = self.listeners.get(dst)

@@ -32,6 +32,12 @@ CASES = {
     "osgp-overlap": ["algorithm=osgp"],
     "dpsgd-mixes-first": ["algorithm=dpsgd"],
     "sgp-a-node-lost": ["algorithm=sgp", *LOSS],
+    "ps-asp": ["algorithm=asp"],
+    "ps-ssp": ["algorithm=ssp"],
+    "ps-bsp-rounds": ["algorithm=bsp"],
+    "ps-backups-gathering": ["algorithm=bsp_backup"],
+    "ps-dana-worker-side": ["algorithm=dana"],
+    "ps-a-worker-lost": ["algorithm=asp", "cluster.faults=[{worker:2,at_s:1.2,action:die}]"],
 }
 NUMERIC_FIELDS = {"loss", "consensus"}  # in events other than `eval`
 
@@ -60,7 +66,8 @@ def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, case):
     same -= {"consensus_final"}  # gossip's distances between the nodes: values
     assert {k: s.get(k) for k in same} == {k: n[k] for k in same}
     assert s["updates"] > 20 and s["bytes_sent"] > 0
-    assert s["workers_lost"] == ([2] if LOSS[0] in CASES[case] else [])
+    lost = LOSS[0] in CASES[case] or case == "ps-a-worker-lost"
+    assert s["workers_lost"] == ([2] if lost else [])
     assert not (cost.dir / "model.pt").exists() and (cost.dir / "metrics.parquet").exists()
 
 
@@ -108,9 +115,9 @@ def test_a_paper_sized_model_costs_its_bytes_and_flops_without_memory(tmp_path):
             "sim.numerics=false runs in runtime=sim only",
         ),
         (
-            ["runtime=sim", "algorithm=asp", "sim.numerics=false"],
-            "sim.numerics=false: engine=ps does not run cost-only (engines that do: allreduce, "
-            "gossip)",
+            ["runtime=sim", "algorithm=local_sgd", "sim.numerics=false"],
+            "sim.numerics=false: engine=local does not run cost-only (engines that do: "
+            "allreduce, gossip, ps)",
         ),
         (
             ["runtime=sim", "engine=allreduce", "algorithm=bsp", "dataset=shape", "model=mlp"],

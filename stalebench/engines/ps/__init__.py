@@ -24,6 +24,7 @@ class ParameterServerEngine(DataParallel):
 
     takes_spares = True
     checkpoints = ("real",)  # the server's state (its workers start again from it)
+    cost_only = True  # a message's header with values, its payload without (`Header`)
 
     def validate(self, splits) -> None:
         super().validate(splits)

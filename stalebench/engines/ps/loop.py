@@ -53,7 +53,8 @@ def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, P
     barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
     rule = UPDATES.build(cfg.algorithm.update, params, n)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: per tensor
-    return model, ParameterServer(params, barrier, rule, n, emit, cfg.dataset.batch_size)
+    server = ParameterServer(params, barrier, rule, n, emit, cfg.dataset.batch_size, job.numerics)
+    return model, server
 
 
 def serve(
@@ -74,7 +75,8 @@ def serve(
             replies = ps.on_push(push, port.now())
             t = port.now()
             snapped = record.snapshots.maybe(t, ps.version, ps.params)
-            status = "diverged" if diverged(push.loss, ps.params if snapped else None) else None
+            bad = ps.values and diverged(push.loss, ps.params if snapped else None)
+            status = "diverged" if bad else None
             if status or spent(budget, ps.version, t):  # θ is checked at snapshots
                 yield from port.stop(set(ps.held) | {r.worker for r in replies})
                 return status or "completed"

@@ -48,10 +48,13 @@ PARAMS, STOP = 2, 3
 
 class Header:
     """A message's buffer: its header's bytes (`raw`, a numpy view of the CPU buffer, for
-    `struct` to pack and unpack in place) and the `payload` after them."""
+    `struct` to pack and unpack in place) and the `payload` after them — in a cost-only
+    run a payload of `d` slots without values, the mailbox holding the header alone (the
+    world charges the whole message: `World.mailbox`)."""
 
-    def __init__(self, buf: torch.Tensor):
-        self.raw, self.payload = buf[:HEADER].numpy(), buf[HEADER:]
+    def __init__(self, buf: torch.Tensor, d: int):
+        self.raw = buf[:HEADER].numpy()
+        self.payload = buf[HEADER:] if buf.numel() > HEADER else torch.zeros(d, device="meta")
 
 
 class Server:
@@ -81,9 +84,9 @@ class Server:
         # a mailbox each way per rank: a push is read in place until the reply to it
         pushes = {r: world.mailbox(r, 0, HEADER + d, HEADER) for r in ranks}
         self.replies = {r: world.mailbox(0, r, HEADER + d, HEADER) for r in ranks}
-        self.heads = {r: Header(box) for r, box in self.replies.items()}
+        self.heads = {r: Header(box, d) for r, box in self.replies.items()}
         # the header of each buffer a push comes in (the listener's `make`)
-        self.pushed = {box.data_ptr(): Header(box) for box in pushes.values()}
+        self.pushed = {box.data_ptr(): Header(box, d) for box in pushes.values()}
         peers = {w: w + 1 for w in range(n)}
         self.listener = world.listen(peers, lambda rank: [pushes[rank]])
         self.active = set(range(n))  # workers not yet sent STOP
@@ -202,7 +205,8 @@ class Worker:
         self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
         self.out = world.mailbox(rank, 0, size, HEADER)
-        self.head, self.sent = Header(self.inbox), Header(self.out)
+        d = net.flat.numel()
+        self.head, self.sent = Header(self.inbox, d), Header(self.out, d)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
         self.w, self.clock = -1, 0

@@ -52,8 +52,11 @@ class ParameterServer:
         num_workers: int,
         emit: Callable[..., Any],
         batch_size: int = 0,
+        values: bool = True,
     ):
         self.params = params  # flat θ, updated in place
+        # false: a cost-only run's (sim.numerics=false): no loss to report, no arithmetic
+        self.values = values
         self.barrier, self.rule, self.num_workers = barrier, rule, num_workers
         self.emit = emit  # emit(kind, t, **fields)
         barrier.emit = emit
@@ -107,7 +110,7 @@ class ParameterServer:
         record = {
             "worker": w,
             "clock": push.clock,
-            "loss": push.loss,
+            **({"loss": push.loss} if self.values else {}),
             "compute_s": push.compute_s,
             "wait_s": self.wait_s[w],
             "comm_s": max(0.0, push.rtt_s - self.wait_s[w]),
@@ -187,7 +190,9 @@ class ParameterServer:
         weights: list[float] | None = None,
     ) -> None:
         weights = weights or [1.0] * len(pushes)
-        if len(pushes) == 1 and weights[0] == 1.0:
+        if not self.values:  # cost-only: the update's place in the protocol, no arithmetic
+            grad, worker = None, -1
+        elif len(pushes) == 1 and weights[0] == 1.0:
             grad, worker = pushes[0].grad, pushes[0].worker
         else:  # the (weighted) mean gradient, attributed to no single worker (-1)
             grad, worker = pushes[0].grad.clone(), -1
@@ -197,7 +202,8 @@ class ParameterServer:
                 grad.add_(p.grad, alpha=w)
             grad.div_(len(pushes))
         lag = max(self.version - p.version_read for p in pushes)
-        self.rule.step(self.params, grad, worker, lag)
+        if grad is not None:
+            self.rule.step(self.params, grad, worker, lag)
         self.version += 1
         for p, record in zip(pushes, records, strict=True):
             self.emit(
