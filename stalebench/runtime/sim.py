@@ -204,7 +204,7 @@ class SimWorld(World):
         # peer's was paid by its sender (its push time is the transfer: the bytes reach this
         # rank as they leave) and is through once this rank's downlink is free of the ones
         # before it, as a hub's downlink takes its workers' messages
-        pull, size = not self.hub and self.sim.worlds[src].hub, self.sim.nbytes(buf)
+        pull, size = not self.hub and src in self.hubs, self.sim.nbytes(buf)
         if self.hub:
             arrival = self.down.take(arrival, self.network.push_wire_s(size))
         elif not pull:
@@ -577,7 +577,9 @@ class Simulator:
         if self.begun < self.size:
             return
         at, version, due, ranks = self.worlds[0]._start_of()
+        hubs = frozenset(r for r, world in enumerate(self.worlds) if world.hub)
         for r in range(self.size):
+            self.worlds[r].hubs = hubs
             del self.waiting[r]
             self.worlds[r].clock = at
             self.worlds[r]._resume_from(version, due, ranks)
