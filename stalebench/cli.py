@@ -161,14 +161,15 @@ def _rounded(x: float | None, digits: int) -> float | None:
 def _print_result(summary: dict, run_dir: str) -> None:
     final = summary.get("final") or {}
     split = summary.get("eval_split", "test")  # val: a tuning run (eval.split=val)
-    shown = " ".join(
-        f"{split}_{k}={round(final[k], 4)}"
-        for k in ("accuracy", "loss", "perplexity")
-        if final.get(k) is not None
-    )
     if summary.get("numerics") is False:  # a cost-only run measured no accuracy
         rate = _rounded(summary["throughput_updates_per_s"], 2)
         shown = f"cost-only updates/s={rate} bytes_sent={summary['bytes_sent']}"
+    else:
+        shown = " ".join(
+            f"{split}_{k}={round(final[k], 4)}"
+            for k in ("accuracy", "loss", "perplexity")
+            if final.get(k) is not None
+        )
     print(
         f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
         f"workers={summary['num_workers']} updates={summary['updates']} "

@@ -35,13 +35,11 @@ def report_round(
     reduce_s: float,
     own_s: float,
     live: list[int] | None = None,
-    losses: bool = True,
 ) -> None:
     """Rank 0's events for the round that made `version`: each rank's pause, if a fault
     paused it, and its update. `stats` holds (compute_s, loss, paused_s) per rank; of rank
     0's all-reduce time `reduce_s`, slowest − `own_s` (its own compute) was waiting, the rest
-    is the round's communication. `live`: the ranks in the round (default: all); `losses`
-    false: a cost-only run's, whose updates have no loss."""
+    is the round's communication. `live`: the ranks in the round (default: all)."""
     workers = sorted(live) if live is not None else list(range(len(stats)))
     rows = stats.tolist()
     slowest = max(rows[w][0] for w in workers)
@@ -57,7 +55,7 @@ def report_round(
             clock=version - 1,
             version=version,
             lag=0,
-            **({"loss": loss} if losses else {}),
+            loss=loss,
             compute_s=compute,
             wait_s=slowest - compute,
             comm_s=max(reduce_s - (slowest - own_s), 0.0),
@@ -85,9 +83,8 @@ def close_round(
     non-finite values only when it is snapshotted, the summed loss every round. `live`:
     the ranks in the round (default: all). A cost-only run's has no loss and no θ to check,
     and takes no snapshot."""
-    numerics = record.job.numerics
-    report_round(record.events.emit, t, version, stats, reduce_s, own_s, live, numerics)
-    if not numerics:
+    report_round(record.events.emit, t, version, stats, reduce_s, own_s, live)
+    if not record.job.numerics:
         return False, spent(record.job.cfg.budget, version, t)
     snapped = record.snapshots.maybe(t, version, params)
     if diverged(float(stats[:, 1].sum()), params if snapped else None):

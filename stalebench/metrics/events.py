@@ -1,7 +1,8 @@
 """events.jsonl: append-only, one JSON object per line, flushed as the run goes.
 
 Every event has `kind` and `t` (seconds since the run started). Kinds and their fields:
-- update: worker, clock, version, lag, loss, compute_s, wait_s, comm_s, clock_gap
+- update: worker, clock, version, lag, loss, compute_s, wait_s, comm_s, clock_gap (a
+  cost-only run's without loss, or a gossip node's consensus: `VALUE_FIELDS`)
 - eval:   version, split, loss, accuracy (t is when the snapshot was taken)
 - worker: worker, event (e.g. stop)
 - system: event (start, end, error, ...) and its details
@@ -28,6 +29,9 @@ REQUIRED = {
     "system": ("event",),
     "barrier": ("worker", "event"),
 }
+# the fields an event has only where values are computed: a cost-only run's log
+# (sim.numerics=false) leaves them out, whichever engine emits the event
+VALUE_FIELDS = {"update": ("loss", "consensus"), "barrier": ("loss",)}  # a dropped push's
 
 
 def _clean(value: Any) -> Any:
@@ -39,12 +43,14 @@ def _clean(value: Any) -> Any:
 
 class EventLog:
     """Appends events to the file; each reaches the disk within `flush_s` seconds (0: at
-    once, one write per event). A process that dies loses at most that window."""
+    once, one write per event). A process that dies loses at most that window. Without
+    `values` (a cost-only run) it leaves out the fields that need them (`VALUE_FIELDS`)."""
 
     _open: weakref.WeakSet[EventLog] = weakref.WeakSet()
 
-    def __init__(self, path: Path, flush_s: float = 0.0):
+    def __init__(self, path: Path, flush_s: float = 0.0, values: bool = True):
         self.path = Path(path)
+        self.without = {} if values else VALUE_FIELDS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1 if flush_s == 0 else 1 << 16)
         self.flush_s = flush_s
@@ -60,6 +66,8 @@ class EventLog:
                 log.flush()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
+        for key in self.without.get(kind, ()):
+            fields.pop(key, None)
         event = {"kind": kind, "t": round(t, 6), **fields}
         try:
             line = json.dumps(event, allow_nan=False)
@@ -128,10 +136,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def schema_errors(event: dict[str, Any]) -> list[str]:
-    """What is wrong with one event against the schema above (empty when valid)."""
+def schema_errors(event: dict[str, Any], values: bool = True) -> list[str]:
+    """What is wrong with one event against the schema above (empty when valid); without
+    `values`, of a cost-only run, whose events lack `VALUE_FIELDS`."""
     kind = event.get("kind")
     if kind not in KINDS:
         return [f"unknown kind {kind!r}"]
     errors = [] if isinstance(event.get("t"), (int, float)) else ["t missing or not a number"]
-    return errors + [f"{kind} event lacks {key!r}" for key in REQUIRED[kind] if key not in event]
+    absent = () if values else VALUE_FIELDS.get(kind, ())
+    required = [key for key in REQUIRED[kind] if key not in absent]
+    return errors + [f"{kind} event lacks {key!r}" for key in required if key not in event]

@@ -721,19 +721,25 @@ def _count(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[s
         ]
         word = f"ended within {claim.value:g} of chance"
     n, k = len(usable), sum(hits)
-    lost = len(runs) - n  # failed, timed out, no value: "every run" cannot be shown
-    if not runs:
-        verdict = "not run"
-    elif n < claim.min_seeds:
-        verdict = "inconclusive"
-        notes.append(f"{n} usable runs (min {claim.min_seeds})")
-    elif k == n and lost:
-        verdict = "inconclusive"
-        notes.append(f"{lost} lost runs: every run of a cannot be shown to have {word}")
-    else:
-        verdict = "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
+    verdict = _tally(claim, len(runs), n, k, f"to have {word}", notes)
     return {"verdict": verdict, "ours": f"{k} of {n} runs {word}" if runs else "", "n": n,
             "notes": "; ".join(notes), "tests": []}  # fmt: skip
+
+
+def _tally(claim: ClaimConfig, runs: int, n: int, k: int, word: str, notes: list[str]) -> str:
+    """A count kind's verdict: `k` of the `n` usable of a's `runs` did what the claim says
+    (`word`, for the note); holds when all did, does not hold when none did, inconclusive
+    when some did, with fewer than min_seeds usable, or when all did but runs were lost
+    (failed, timed out, no value: "every run" cannot be shown). Notes why in `notes`."""
+    if not runs:
+        return "not run"
+    if n < claim.min_seeds:
+        notes.append(f"{n} usable runs (min {claim.min_seeds})")
+        return "inconclusive"
+    if k == n and runs > n:
+        notes.append(f"{runs - n} lost runs: every run of a cannot be shown {word}")
+        return "inconclusive"
+    return "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
 
 
 def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
@@ -750,16 +756,7 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
     ratios = [float(ours[id(r)]) / claim.value for r in usable]
     lo, hi = 1 / claim.tolerance, claim.tolerance
     n, k = len(ratios), sum(lo <= q <= hi for q in ratios)
-    if not runs:
-        verdict = "not run"
-    elif n < claim.min_seeds:
-        verdict = "inconclusive"
-        notes.append(f"{n} usable runs (min {claim.min_seeds})")
-    elif k == n and len(runs) > n:
-        verdict = "inconclusive"
-        notes.append(f"{len(runs) - n} lost runs: every run of a cannot be shown within it")
-    else:
-        verdict = "holds" if k == n else "does not hold" if k == 0 else "inconclusive"
+    verdict = _tally(claim, len(runs), n, k, "within the tolerance", notes)
     shown = ""
     if ratios:
         mean = float(np.mean([float(ours[id(r)]) for r in usable]))

@@ -37,7 +37,8 @@ class RunRecord:
         self.timing: Callable[[], dict[str, Any]] = dict
         hold_room(self.run_dir)  # for summary.json, should the disk fill up
         load_writers()  # a signal while the run ends must not land in their first import
-        self.events = EventLog(self.run_dir / "events.jsonl", flush_s)
+        # a cost-only run's events without what needs values (the losses), whatever emits them
+        self.events = EventLog(self.run_dir / "events.jsonl", flush_s, values=job.numerics)
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
         self.checkpoints = Checkpoints(
             self.run_dir, self.events, self.snapshots, job.meta["config_sha"]

@@ -11,6 +11,7 @@ import pytest
 
 from stalebench import experiment
 from stalebench.errors import ConfigError
+from stalebench.metrics.events import schema_errors
 from stalebench.metrics.summary import NUMERIC_KEYS
 from tests.conftest import compose, fast_with, run_job
 
@@ -59,6 +60,7 @@ def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, case):
     assert without_values(cost.events) == without_values(numeric.events)
     assert cost.events[0]["numerics"] is False and "numerics" not in numeric.events[0]
     assert not any(NUMERIC_FIELDS & set(e) or e["kind"] == "eval" for e in cost.events)
+    assert not [e for e in cost.events if schema_errors(e, values=False)]
     # what needs values is absent from summary.json, never zero; the rest is equal
     s, n = cost.summary, numeric.summary
     assert s["numerics"] is False and not set(NUMERIC_KEYS) & set(s)

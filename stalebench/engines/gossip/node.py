@@ -102,14 +102,12 @@ def gossip_bytes(
 
 
 def report(
-    emit, first: int, rows: np.ndarray, dists: np.ndarray, nodes: list[int] | None = None,
-    values: bool = True,
+    emit, first: int, rows: np.ndarray, dists: np.ndarray, nodes: list[int] | None = None
 ) -> None:  # fmt: skip
     """The `update` events (and fault pauses) of iterations first, first + 1, … of every
     node, in time order; `rows[i, j]` is node i's row (ROW) of iteration first + j, `dists`
     each node's ‖z_i − z̄‖ after the window's last iteration (its `consensus`). `nodes`:
-    the node each row is (default: row i is node i; the nodes left, once some are lost);
-    `values` false: a cost-only run's, without loss or consensus."""
+    the node each row is (default: row i is node i; the nodes left, once some are lost)."""
     nodes = nodes if nodes is not None else list(range(len(rows)))
     n, m, _ = rows.shape
     ends = rows[:, :, 0]
@@ -122,11 +120,10 @@ def report(
         if paused > 0:
             emit("worker", t, worker=nodes[i], event="pause", duration_s=paused)
         fields: dict[str, Any] = dict(
-            worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag),
-            **({"loss": loss} if values else {}), compute_s=compute, wait_s=wait,
-            comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
+            worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag), loss=loss,
+            compute_s=compute, wait_s=wait, comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
         )  # fmt: skip
-        if j == m - 1 and values:
+        if j == m - 1:
             fields["consensus"] = float(dists[i])
         emit("update", t, **fields)
 

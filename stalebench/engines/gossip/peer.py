@@ -295,7 +295,7 @@ class Peer:
             self.nbytes += gossip_bytes(self.rule, self.first, version, self.d, self.lost)
             rows = stats[: n * width].view(n, self.every, len(ROW))[live, :m].numpy()
             dists = stats[n * width : -2].numpy()[live]
-            report(record.events.emit, self.first, rows, dists, live, self.values)
+            report(record.events.emit, self.first, rows, dists, live)
             record.snapshots.maybe(world.now(), version, self.z_mean)
             if stats[-1] > 0:
                 self.status = "diverged"

@@ -55,7 +55,7 @@ class ParameterServer:
         values: bool = True,
     ):
         self.params = params  # flat θ, updated in place
-        # false: a cost-only run's (sim.numerics=false): no loss to report, no arithmetic
+        # false: a cost-only run's (sim.numerics=false): the rule's arithmetic is skipped
         self.values = values
         self.barrier, self.rule, self.num_workers = barrier, rule, num_workers
         self.emit = emit  # emit(kind, t, **fields)
@@ -110,7 +110,7 @@ class ParameterServer:
         record = {
             "worker": w,
             "clock": push.clock,
-            **({"loss": push.loss} if self.values else {}),
+            "loss": push.loss,
             "compute_s": push.compute_s,
             "wait_s": self.wait_s[w],
             "comm_s": max(0.0, push.rtt_s - self.wait_s[w]),
