@@ -396,7 +396,7 @@ class Rounds:
                 continue
             if _checksum(buf) != h.checksum:
                 raise quorum.named(f"round {h.round} from rank {h.source} came corrupted")
-            live.into = buf
+            live.into = buf.view(live.buf.shape)  # it came flat: the round's own shape
             self.take(live, h.members, h.joining)
             log.warning(
                 "rank %d: round %d taken from rank %d, which completed it over ranks %s",

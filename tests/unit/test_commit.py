@@ -8,6 +8,8 @@ store)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,7 +17,9 @@ import torch.distributed as dist
 from stalebench.errors import RunError
 from stalebench.runtime.quorum import (
     Handover,
+    Live,
     Quorum,
+    Rounds,
     RoundsFailed,
     _checksum,
     _shape,
@@ -134,3 +138,36 @@ def test_a_failure_names_every_rank_lost():
     failed = quorum.named("ranks [0, 2, 3] cannot agree on their rounds")
     assert str(failed) == "ranks [0, 2, 3] cannot agree on their rounds (lost: ranks 1, 2)"
     assert isinstance(failed, RoundsFailed) and failed.left == [0, 3]
+
+
+@pytest.mark.timeout(60)
+def test_a_handed_over_round_takes_the_shape_of_the_buffer_under_way():
+    # Rounds.commit over a real gloo group (two ranks in threads): rank 0 completed round 3
+    # of a 2-D buffer (a fragment stack), rank 1 has it under way; rank 1 takes rank 0's
+    # sum in its own buffer's shape (it comes over the wire flat)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    summed = torch.randn(4, 6)
+    quorums = [Quorum(store if r == 0 else store.clone(), r, 2, 20.0, 2) for r in (0, 1)]
+    rounds = [Rounds(q, None, begin=None) for q in quorums]
+    done = Live(summed.clone(), summed.clone(), None, None, 3, members=[0, 1, 2])
+    rounds[0].taken, rounds[0].started = [done], 4
+    mine = torch.randn(4, 6)
+    rounds[1].live, rounds[1].started = [Live(mine, mine.clone(), None, None, 3)], 4
+    errors: list[BaseException] = []
+
+    def commit(r: int) -> None:
+        try:
+            quorums[r].epoch = 1
+            quorums[r].group = quorums[r]._group(1, [0, 1])
+            rounds[r].commit()
+        except BaseException as exc:  # said by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert rounds[1].live == [] and torch.equal(mine, summed)
+    assert [x.round for x in rounds[1].taken] == [3] and rounds[1].taken[0].members == [0, 1, 2]
