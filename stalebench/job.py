@@ -225,10 +225,13 @@ class Job:
 
     @property
     def sharding_fields(self) -> dict[str, Any]:
-        """How the data is split, as the start event and summary.json record it."""
+        """How the data is split, as the start event and summary.json record it; `one_stream`
+        where the workers read one stream of microbatches (they are a pipeline's stages)."""
         out: dict[str, Any] = {"sharding": self.sharding}
         if out["sharding"] == "dirichlet":
             out["dirichlet_alpha"] = self.cfg.dataset.dirichlet_alpha
+        if self.one_stream:
+            out["one_stream"] = True
         return out
 
     def model(self) -> nn.Module:
@@ -241,6 +244,14 @@ class Job:
             return copy.deepcopy(self._meta_model)
         torch.manual_seed(self.cfg.seed)
         return build_model(self.cfg, self.splits)
+
+    @property
+    def host(self) -> torch.device:
+        """Where a program keeps θ off the accelerator: the CPU, or in a cost-only run the
+        meta device (a tensor's size, no values)."""
+        import torch
+
+        return torch.device("cpu" if self.numerics else "meta")
 
     def device(self, worker: int) -> torch.device:
         """Where `worker` computes: a GPU of this machine's when asked and present, else the

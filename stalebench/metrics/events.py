@@ -31,7 +31,10 @@ REQUIRED = {
 }
 # the fields an event has only where values are computed: a cost-only run's log
 # (sim.numerics=false) leaves them out, whichever engine emits the event
-VALUE_FIELDS = {"update": ("loss", "consensus"), "barrier": ("loss",)}  # a dropped push's
+VALUE_FIELDS = {
+    "update": ("loss", "consensus", "delta_norm", "wire_error", "weight_gap", "grad_norm"),
+    "barrier": ("loss",),  # a dropped push's
+}
 
 
 def _clean(value: Any) -> Any:

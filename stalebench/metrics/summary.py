@@ -98,7 +98,7 @@ def summarize(
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
-        **_weight_gap(updates, num_workers),
+        **_stages(updates, num_workers, any(e.get("one_stream") for e in events[:1])),
         **_consensus(updates),
     }
     if meta.get("numerics") is False:  # a cost-only run: what needs values is absent
@@ -109,6 +109,7 @@ def summarize(
 # what a cost-only run (`numerics: false`) cannot measure, absent from its summary.json
 NUMERIC_KEYS = (
     "eval_split", "final", "final_tail", "best_accuracy", "target_accuracy", "time_to_target_s",
+    "weight_gap",
 )  # fmt: skip
 
 
@@ -161,22 +162,21 @@ def _clocks(updates: list[dict[str, Any]], num_workers: int) -> dict[str, Any]:
     }
 
 
-def _weight_gap(updates: list[dict[str, Any]], num_workers: int) -> dict[str, Any]:
-    """Pipelines: ‖updated weights − the weights the gradient was taken at‖, per stage."""
-    gaps = [(e["worker"], e["weight_gap"]) for e in updates if e.get("weight_gap") is not None]
-    if not gaps:
+def _stages(updates: list[dict[str, Any]], num_workers: int, staged: bool) -> dict[str, Any]:
+    """A pipeline's (its workers stages: the start event's `one_stream`): per stage,
+    ‖updated weights − the weights the gradient was taken at‖ (a value: absent from a
+    cost-only run), and the most updates between a microbatch's forward and its update."""
+    if not staged or not updates:
         return {}
+    gaps = [(e["worker"], e["weight_gap"]) for e in updates if e.get("weight_gap") is not None]
     per = [[g for w, g in gaps if w == k] for k in range(num_workers)]
     lags = [
         max((e["lag"] for e in updates if e["worker"] == k), default=0) for k in range(num_workers)
     ]
-    return {
-        "weight_gap": {
-            "mean": float(np.mean([g for _, g in gaps])),
-            "per_stage": [float(np.mean(p)) if p else None for p in per],
-        },
-        "stage_delay": lags,
-    }
+    gap = {"mean": float(np.mean([g for _, g in gaps])), "per_stage": [
+        float(np.mean(p)) if p else None for p in per
+    ]} if gaps else None  # fmt: skip
+    return {**({"weight_gap": gap} if gap else {}), "stage_delay": lags}
 
 
 def hold_room(run_dir: Path) -> None:

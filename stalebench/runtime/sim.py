@@ -38,6 +38,7 @@ import io
 import itertools
 import math
 import time
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,9 @@ class SimWorld(World):
         # is read where its sender wrote it; in a cost-only run its header alone, the
         # payload having no values, while the wire is charged for all `size` slots
         return self.shared(f"mailbox {src}>{dst} {size}", lambda: self.sim.buffer(size, header))
+
+    def message(self, size: int, header: int) -> torch.Tensor:
+        return self.sim.buffer(size, header)
 
     @property
     def run_dir(self) -> Path:
@@ -458,23 +462,23 @@ class Simulator:
         # at once (as a real one whose peer's connection closes), to go on without it;
         # otherwise once every rank left waits (`_time_out`)
         self.told = bool(job.cfg.cluster.min_replicas)
-        # a cost-only run's mailboxes: each one's bytes on the wire (its header alone is
-        # held), by the buffer's id (the buffer is kept here, so its id stays its own)
-        self.wire: dict[int, tuple[torch.Tensor, int]] = {}
+        # a cost-only run's message buffers: each one's bytes on the wire (its header alone
+        # is held), by the buffer's id, while the buffer lives (its id its own till then)
+        self.wire: dict[int, int] = {}
 
     def buffer(self, size: int, header: int) -> torch.Tensor:
-        """A mailbox of `size` float32 slots: whole, or in a cost-only run its `header`
-        slots, the wire charged for `size` (`nbytes`)."""
+        """A message buffer of `size` float32 slots: whole, or in a cost-only run its
+        `header` slots, the wire charged for `size` (`nbytes`)."""
         if self.job.numerics:
             return torch.zeros(size)
         buf = torch.zeros(header)
-        self.wire[id(buf)] = (buf, 4 * size)
+        self.wire[id(buf)] = 4 * size
+        weakref.finalize(buf, self.wire.pop, id(buf), None)
         return buf
 
     def nbytes(self, buf: torch.Tensor) -> int:
-        """A message's bytes on the wire: a cost-only mailbox's whole size, else its own."""
-        kept = self.wire.get(id(buf))
-        return kept[1] if kept is not None else nbytes(buf)
+        """A message's bytes on the wire: a cost-only buffer's whole size, else its own."""
+        return self.wire.get(id(buf)) or nbytes(buf)
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
         listener = self.listeners.get(dst)

@@ -125,6 +125,11 @@ class World:
         place by the receiver (`Transport.mailbox`)."""
         return torch.zeros(size)
 
+    def message(self, size: int, header: int) -> torch.Tensor:
+        """A buffer for one message of `size` float32 slots this rank sends or receives; in
+        a cost-only run its `header` slots alone, the wire charged for all `size`."""
+        return torch.zeros(size)
+
     def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
         """Every rank starts the run's clock together: at 0, or in a resumed run at its
         checkpoint's time, each rank then finding its part of a checkpoint set in `resumed`;

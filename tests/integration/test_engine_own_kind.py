@@ -96,3 +96,11 @@ def test_its_kind_is_listed_and_its_names_are_checked(tmp_path, installed):
     bad = stalebench(installed, "algorithm=lone_sign", "algorithm/step=nope", cwd=tmp_path)
     assert bad.returncode == 2
     assert "algorithm/step: unknown 'nope'" in bad.stderr
+    # an engine that does not declare `cost_only` is refused a cost-only run, by key
+    cost = stalebench(installed, "algorithm=lone_sign", "runtime=sim", "sim.numerics=false",
+                      cwd=tmp_path)  # fmt: skip
+    assert cost.returncode == 2
+    assert (
+        "sim.numerics=false: engine=lone does not run cost-only (engines that do: allreduce, "
+        "gossip, local, pipeline, ps)" in cost.stderr
+    )

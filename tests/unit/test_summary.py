@@ -514,11 +514,19 @@ def test_an_event_reaches_the_file_at_once_or_within_flush_s(tmp_path, flush_s, 
 def test_pipeline_weight_gap_and_stage_delay_by_hand():
     # 3 stages; stage 2 applied nothing yet: no weight gap of its own, a delay of 0
     meta = {**META, "num_workers": 3}
-    events = [
+    start = {"kind": "system", "t": 0.0, "event": "start", "one_stream": True}
+    updates = [
         {**update(0.1, 0, 0, 1, lag=2, compute_s=0.1, clock_gap=0), "weight_gap": 0.5},
         {**update(0.2, 0, 1, 2, lag=1, compute_s=0.1, clock_gap=0), "weight_gap": 1.5},
         {**update(0.3, 1, 0, 3, lag=1, compute_s=0.1, clock_gap=0), "weight_gap": 4.0},
     ]
-    s = summarize(events, meta, "completed", None, 0.6)
+    s = summarize([start, *updates], meta, "completed", None, 0.6)
     assert s["weight_gap"] == {"mean": 2.0, "per_stage": [1.0, 4.0, None]}
     assert s["stage_delay"] == [2, 1, 0]
+    # a cost-only pipeline's updates have no weight gap (a value); the delays stay
+    bare = [{k: v for k, v in e.items() if k != "weight_gap"} for e in updates]
+    s = summarize([start, *bare], {**meta, "numerics": False}, "completed", None, 0.6)
+    assert "weight_gap" not in s and s["stage_delay"] == [2, 1, 0]
+    # workers that are not stages (no `one_stream`) have neither
+    s = summarize(updates, meta, "completed", None, 0.6)
+    assert "weight_gap" not in s and "stage_delay" not in s

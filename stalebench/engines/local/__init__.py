@@ -70,6 +70,7 @@ class LocalEngine(Engine):
     takes_quorum = True  # the collective modes with a mean exchange (`validate`)
     takes_spares = True  # with cluster.min_replicas (`validate`)
     checkpoints = ("real", "sim")  # every worker's part, after a step's merges
+    cost_only = True  # the payloads without values; the statistics and headers with them
 
     def why_no_checkpoints(self) -> str | None:
         e = self.run.engine

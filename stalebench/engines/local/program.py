@@ -60,7 +60,7 @@ class Member:
         e, rank = job.cfg.engine, world.rank
         self.job, self.world, self.rank, self.m, self.e = job, world, rank, job.num_workers, e
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
-        self.theta = net.flat.detach().cpu().clone()  # θ₀, the same on every rank
+        self.theta = net.flat.detach().to(job.host).clone()  # θ₀, the same on every rank
         # each rank's worker index (a spare's: the one whose place it takes), those left
         self.workers = list(range(self.m)) + [-1] * (world.size - self.m)
         self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
@@ -236,9 +236,11 @@ class Member:
             t, n = self.world.now(), self.m
             replicas_left(self.world.record, t, self.version + 1, before, live, self.quorum, n)
         rows = s.stats[live, :STATS]
-        before = theta[part].clone() if self.plan.keeps_progress else None
-        leaders = ex.new_theta(theta[part], s.payload, m / len(live))
-        ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.me, before, self.e.alpha)
+        if self.job.numerics:  # a cost-only run takes no outer step's arithmetic
+            before = theta[part].clone() if self.plan.keeps_progress else None
+            leaders = ex.new_theta(theta[part], s.payload, m / len(live))
+            ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.me, before,
+                     self.e.alpha)  # fmt: skip
         self.version += 1
         volume = ex.volume()
         self.nbytes += volume
@@ -249,7 +251,7 @@ class Member:
             report(record.events.emit, t, self.version, rows.tolist(), comm, s.steps,
                    volume // m, live)  # fmt: skip
             record.snapshots.maybe(t, self.version, theta)
-        if diverged(float(rows[:, 1].sum()), theta):
+        if self.job.numerics and diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
         self.merged_t = float(s.stats[:, STATS].max())  # the same on every rank
         stop = spent(self.job.cfg.budget, self.version, self.merged_t)

@@ -20,6 +20,7 @@ A round of the collective modes, for every outer rule:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ class Replica:
     scheduled faults."""
 
     def __init__(self, job: Job, worker: int, theta: torch.Tensor, net: Net):
-        self.worker = worker
+        self.worker, self.numerics = worker, job.numerics  # false: no inner step computed
         self.x = theta.clone()
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(worker)
@@ -54,7 +55,8 @@ class Replica:
         return GradientStep(net, self.x, self.buffers, self.batches, None, self._inner)
 
     def _inner(self, grad: torch.Tensor, loss: float) -> float:
-        self.inner.step(grad)
+        if self.numerics:
+            self.inner.step(grad)
         return loss
 
 
@@ -189,7 +191,10 @@ class Exchange:
             self.leaders, self.best = self.rule.leaders(losses)
 
     def contribution(self, worker: int, delta: torch.Tensor) -> torch.Tensor:
-        """What `worker` puts into the payload all-reduce (in the wire's type)."""
+        """What `worker` puts into the payload all-reduce (in the wire's type); in a
+        cost-only run (Δ on the meta device) its bytes without values."""
+        if delta.is_meta:
+            return torch.empty(self.payload_bytes, dtype=torch.uint8, device="meta")
         if self.gathers:
             return self.wire.encode(delta)
         if self.rule.exchange == "mean":
@@ -248,6 +253,10 @@ class Exchange:
 
 
 def stats_row(compute_s: float, loss: float, paused_s: float, delta: torch.Tensor, wire: Wire):
+    """A worker's statistics of a round; Δ's norm and the wire's error NaN in a cost-only
+    run (Δ on the meta device: their events leave them out)."""
+    if delta.is_meta:
+        return [compute_s, loss, paused_s, math.nan, math.nan]
     return [compute_s, loss, paused_s, float(delta.norm()), wire.error(delta)]
 
 
@@ -295,9 +304,11 @@ class Arrivals:
         self.version = 0
         self.speed: dict[int, float] = {}
 
-    def apply(self, worker: int, delta: torch.Tensor, read: int, steps: int, compute_s: float):
-        """Apply one arrival; returns its lag."""
-        self.rule.step(self.theta, delta / self.num_workers)
+    def apply(self, worker: int, delta, read: int, steps: int, compute_s: float):
+        """Apply one arrival (`delta` None: a cost-only run's, which has no values);
+        returns its lag."""
+        if delta is not None:
+            self.rule.step(self.theta, delta / self.num_workers)
         lag, self.version = self.version - read, self.version + 1
         if compute_s > 0:
             self.speed[worker] = steps / compute_s

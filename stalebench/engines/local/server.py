@@ -17,6 +17,7 @@ next H) then θ.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from typing import Any
 
@@ -65,7 +66,7 @@ class Server:
         self.cfg, self.world, self.m = job.cfg, world, job.num_workers
         world.hub = True
         self.record = world.record
-        self.net = Net(job, torch.device("cpu"))  # its own: in the simulator workers share one
+        self.net = Net(job, job.host)  # its own: in the simulator workers share one
         self.theta = self.net.flat.detach().clone()
         self.arrivals = Arrivals(job, self.theta)
         self.wire, d = wire_of(job, self.net), self.theta.numel()
@@ -129,7 +130,9 @@ class Server:
         record = self.record
         compute, loss, paused, rtt, norm, err = push.d.tolist()
         clock, read, steps = push.i.tolist()
-        lag = self.arrivals.apply(w, self.wire.decode(push.delta), read, steps, compute)
+        numerics = self.record.job.numerics  # false: a cost-only push, which has no Δ
+        delta = self.wire.decode(push.delta) if numerics else None
+        lag = self.arrivals.apply(w, delta, read, steps, compute)
         t, version = self.world.now(), self.arrivals.version
         if paused > 0:
             record.events.emit("worker", t, worker=w, event="pause", duration_s=paused)
@@ -137,7 +140,7 @@ class Server:
         fields = async_event(w, clock, version, lag, stats, steps, rtt, self.message_bytes)
         record.events.emit("update", t, **fields)
         record.snapshots.maybe(t, version, self.theta)
-        return "diverged" if diverged(loss, self.theta) else "completed"
+        return "diverged" if numerics and diverged(loss, self.theta) else "completed"
 
     def reply(self, w: int, kind: int, steps: int) -> Op[None]:
         out = self.replies[w + 1]
@@ -145,7 +148,7 @@ class Server:
         if kind == STOP:
             self.active.discard(w)
             self.listener.close(w)
-        else:
+        elif self.record.job.numerics:  # a cost-only reply: its header (θ has no values)
             out[REPLY:] = self.theta
         try:
             yield from self.world.send(out, w + 1)
@@ -164,9 +167,9 @@ def worker(job: Job, world: World) -> Op[None]:
     w, profile = world.rank - 1, job.profile
     net = world.shared("net", lambda: Net(job, job.device(w)))
     d = net.flat.numel()
-    rep, wire = Replica(job, w, net.flat.detach().cpu(), net), wire_of(job, net)
+    rep, wire = Replica(job, w, net.flat.detach().to(job.host), net), wire_of(job, net)
     world.faults = rep.faults
-    rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d), job.num_workers)
+    rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d, device=job.host), job.num_workers)
     inbox = world.mailbox(0, world.rank, REPLY + d, REPLY)
     message = world.mailbox(world.rank, 0, Push.size(wire, d), HEADER)
     push = Push(message, wire, d)
@@ -179,10 +182,10 @@ def worker(job: Job, world: World) -> Op[None]:
         kind, version, steps = inbox[:REPLY].numpy().view(np.int32)[:3].tolist()
         if kind == STOP:
             return None
-        theta = inbox[REPLY:]
-        if delta is None:
+        theta = inbox[REPLY:]  # in a cost-only run none: it has no values, nor has Δ
+        if job.numerics and delta is None:
             rep.x.copy_(theta)
-        else:
+        elif job.numerics:
             rule.replica(rep.x, delta, theta)
         rep.inner.new_round()
         compute, paused, losses = 0.0, 0.0, []
@@ -191,10 +194,12 @@ def worker(job: Job, world: World) -> Op[None]:
             loss, seconds = yield from world.compute(rep.step(net), profile.step_s(w))
             losses.append(loss)
             compute += seconds
-        delta = theta - rep.x
-        push.delta.copy_(wire.encode(delta))
-        loss, norm = statistics.fmean(losses), float(delta.norm())
-        push.d[:] = compute, loss, paused, received - pushed_at, norm, wire.error(delta)
+        norm = error = math.nan
+        if job.numerics:
+            delta = theta - rep.x
+            push.delta.copy_(wire.encode(delta))
+            norm, error = float(delta.norm()), wire.error(delta)
+        push.d[:] = compute, statistics.fmean(losses), paused, received - pushed_at, norm, error
         push.i[:] = clock, version, steps
         pushed_at = world.now()
         yield from world.send(message, 0)

@@ -34,6 +34,7 @@ class PipelineEngine(Engine):
     slots = ("pipeline", "optimizer")
     ignores = UNMODELLED
     one_stream = True  # one stream of microbatches over the whole split
+    cost_only = True  # a message's header with values, the activation or gradient without
 
     @property
     def num_workers(self) -> int:

@@ -49,7 +49,9 @@ class StageProgram:
         self.model, self.modules, shape = world.shared("stages", lambda: build_stages(job))
         self.shape, self.size = shape, HEADER + math.prod(shape)
         module, device = self.modules[self.rank], job.device(self.rank)
-        self.stage = Stage(self.rank, module, pipe, cfg.algorithm.optimizer, device)
+        self.numerics = job.numerics  # false: cost-only, every message its header alone
+        self.stage = Stage(self.rank, module, pipe, cfg.algorithm.optimizer, device,
+                           self.numerics)  # fmt: skip
         self.stream = microbatches(job)
         cost = cfg.cluster.compute_ms / 1000 / self.per  # a microbatch's F + B on one stage
         self.cost = {"F": cost / 3, "B": 2 * cost / 3}
@@ -82,6 +84,8 @@ class StageProgram:
             if record is None:
                 raise
             return record.fail(world.now(), stage.version, str(exc))
+        if not self.numerics:  # cost-only: no weights to gather and evaluate
+            return None if record is None else self.finish(stage.w)
         mine = torch.stack([self.snaps[v] for v in sorted(self.snaps)]).cpu()
         if record is None:
             yield from world.wait((yield from world.isend(mine, 0)), 0)
@@ -94,13 +98,17 @@ class StageProgram:
         record.snapshots.taken = [
             Snapshot(self.times[v], v, full[i]) for i, v in enumerate(sorted(self.snaps))
         ]
+        return self.finish(full[-1])
+
+    def finish(self, params: torch.Tensor) -> dict[str, Any]:
+        """Stage 0: the end of the run, the last weights `params` (the whole model's)."""
         K = self.pipe.stages  # K − 1 boundaries, each a forward and a backward per microbatch
         traffic = (K - 1) * (2 * self.issued + 1) * self.size * 4  # and one STOP each
-        return record.finish(
+        return self.world.record.finish(
             self.model,
-            full[-1],
-            stage.version,
-            self.times[stage.version],
+            params,
+            self.stage.version,
+            self.times[self.stage.version],
             "diverged" if self.diverged else "completed",
             None,
             summary_extra=summary_extra(self.job.cfg),
@@ -110,10 +118,10 @@ class StageProgram:
     def send(self, dst: int, m: int, payload: torch.Tensor | None, loss: float = 0.0) -> Op[None]:
         if len(self.sends) >= self.window:
             yield from self.world.wait(*self.sends.popleft())
-        buf = torch.zeros(self.size)
+        buf = self.world.message(self.size, HEADER)
         buf[:1].view(torch.int32)[0] = m
         buf[2:4].view(torch.float64)[0] = loss
-        if payload is not None:
+        if payload is not None and self.numerics:
             buf[HEADER:] = payload.reshape(-1).cpu()
         start = self.world.now()
         self.sends.append(((yield from self.world.isend(buf, dst)), dst))
@@ -121,10 +129,15 @@ class StageProgram:
 
     def recv(self, src: int) -> Op[tuple[int, torch.Tensor, float]]:
         """(microbatch or STOP, payload, loss slot) of the next message from `src`."""
-        buf = torch.empty(self.size)
+        buf = self.world.message(self.size, HEADER)
         self.wait += yield from self.world.recv(buf, src)
         m = int(buf[:1].view(torch.int32)[0])
-        return m, buf[HEADER:].view(self.shape), float(buf[2:4].view(torch.float64)[0])
+        got = (
+            buf[HEADER:].view(self.shape)
+            if self.numerics
+            else torch.empty(self.shape, device="meta")
+        )
+        return m, got, float(buf[2:4].view(torch.float64)[0])
 
     def forward(self, m: int) -> Op[None]:
         stage = self.stage
@@ -178,7 +191,7 @@ class StageProgram:
         self.compute = self.wait = self.comm = 0.0
         if self.stage.version % self.job.cfg.eval.every_updates == 0:
             self.snapshot(t)
-        self.diverged = self.diverged or not math.isfinite(loss)
+        self.diverged = self.diverged or (self.numerics and not math.isfinite(loss))
 
     def snapshot(self, t: float) -> None:
         self.snaps[self.stage.version], self.times[self.stage.version] = self.stage.w.clone(), t
@@ -205,7 +218,7 @@ def build_stages(job: Job) -> tuple[torch.nn.Sequential, list[torch.nn.Sequentia
     modules = split(model, cfg.algorithm.pipeline.stages)
     with torch.no_grad():
         ids = job.splits.x_train[: cfg.dataset.batch_size // cfg.algorithm.pipeline.per_step]
-        shape = tuple(modules[0](ids).shape)
+        shape = tuple(modules[0](ids.to(job.host)).shape)  # cost-only: on the meta device
     return model, modules, shape
 
 

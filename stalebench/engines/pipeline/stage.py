@@ -15,6 +15,7 @@ computes the loss.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import torch
@@ -72,8 +73,10 @@ class Stage:
         pipe: PipelineConfig,
         opt: OptimizerConfig,
         device: torch.device,
+        numerics: bool = True,
     ):
         self.index, self.pipe, self.opt_cfg, self.device = index, pipe, opt, device
+        self.numerics = numerics  # false: a cost-only run's ops keep the versions only
         self.last = index == pipe.stages - 1
         self.module = module.to(device)
         self.flat = flatten_parameters(self.module)  # what the module computes with
@@ -93,7 +96,7 @@ class Stage:
         (None on the last stage, which keeps x and the targets y for its backward)."""
         x = x.to(self.device)
         self.inflight[m] = (x, version, None if y is None else y.to(self.device))
-        if self.last:
+        if self.last or not self.numerics:
             return None
         self.flat.copy_(self.points[version])
         with torch.no_grad():
@@ -104,6 +107,9 @@ class Stage:
         stage) and, on the last stage, the loss. The stage's gradient is kept for `apply`."""
         x, version, y = self.inflight.pop(m)
         self.grad_version = version
+        if not self.numerics:
+            self.accumulated_n += 1
+            return None, math.nan
         stashed = self.pipe.weight_stashing or self.pipe.flush
         self.flat.copy_(self.points[version] if stashed else self.optimizer.point())
         if x.is_floating_point():  # hidden states, not the first stage's token ids
@@ -128,16 +134,18 @@ class Stage:
     def apply(self) -> Applied:
         """The optimizer step with the gradient kept since the last one (the mean, when a
         flushed schedule accumulated several microbatches)."""
+        version, lag = self.grad_version, self.version - self.grad_version
+        if not self.numerics:
+            self.accumulated_n, self.version = 0, self.version + 1
+            return Applied(self.version, lag, math.nan, math.nan)
         g = self.accumulated / self.accumulated_n
         self.accumulated, self.accumulated_n = None, 0
-        version = self.grad_version
         grad_norm = float(g.norm())
         if self.pipe.clip_norm and grad_norm > self.pipe.clip_norm:
             g = g * (self.pipe.clip_norm / grad_norm)
         lr, beta1 = stage_hyper(self.pipe, self.opt_cfg, self.index, self.version)
         self.optimizer.step(g, lr, beta1)
         gap = float((self.w - self.points[version]).norm())
-        lag = self.version - version
         self.version += 1
         self.points[self.version] = self.optimizer.point()
         for old in [v for v in self.points if v < self.version - self.tau]:
