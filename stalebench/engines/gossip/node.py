@@ -54,6 +54,8 @@ class Node:
 
     @property
     def z(self) -> torch.Tensor:
+        if self.x.is_meta:  # a cost-only run's: nothing to divide, no gradient computed
+            return self.x
         return self.rule.debias(self.x, self.w)
 
     def gradient(self, net: Net) -> GradientStep:
