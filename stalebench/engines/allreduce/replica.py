@@ -56,7 +56,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
         nominal = (yield from measure_step(job, world, net, net_params)) if p3 else 1.0
         rounds = Rounds(job, world, step, params, rule, nominal, msg)
         step = rounds.step if rounds.pieces.hooked else step
-    stats, word = msg.head[: 3 * n].view(n, 3), msg.head[3 * n : tail]
+    head = msg.head.numpy()  # the slots the protocol reads, as numpy: no tensor op a scalar
+    stats, word = head[: 3 * n].reshape(n, 3), head[3 * n : tail]
     hooked = rounds is not None and rounds.pieces.hooked
     status, error, version = "completed", None, at["version"]
     t_last = world.now() if resumed is not None else 0.0
@@ -86,8 +87,8 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
                 waited = rounds.pieces.waited - rounds.mark
                 compute -= waited
                 close(closing, waited, float(closing[0, 0]), live)
-            msg.head.zero_()
-            stats[me] = torch.tensor([compute, loss, paused])
+            head[:] = 0.0
+            stats[me] = compute, loss, paused
             word[0] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
             reduce_start = world.now()
             if rounds is not None:
