@@ -107,6 +107,13 @@ class Layout:
             for k in range(len(self.pieces))
         ]
 
+    def forward(self) -> list[tuple[float, list[int]]]:
+        """Each parameter tensor's share of a step in the forward pass (`Pace`'s model:
+        FORWARD of the step, by the tensors' sizes) and the pieces holding it, in forward
+        order (θ's)."""
+        total = sum(self.sizes)
+        return [(FORWARD * s / total, self.holding(i)) for i, s in enumerate(self.sizes)]
+
     def order(self, network: Network, step_s: float, p3: bool) -> list[int]:
         """The order every rank all-reduces the pieces in. fifo: as backward makes them.
         p3: the link's priority schedule (`Network.priority_order`), replayed on the network
@@ -148,7 +155,8 @@ class Rounds:
         self.left_in[0] += 1
         self.fresh = list(self.left_in)
         order = layout.order(world.network, nominal, self.p3)
-        self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at())
+        forward = layout.forward() if self.p3 else None  # what a virtual P3 round waits for
+        self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at(), forward)
         if not self.pieces.hooked:
             return
         if self.p3:
@@ -167,7 +175,7 @@ class Rounds:
         the round closes once the next forward pass has applied it — and `mark` set to the
         seconds waited before it; else None."""
         self.round, self.step_s, self.mark = self.round + 1, step_s, self.pieces.waited
-        if not self.p3 or self.round == 1:
+        if not self.p3 or self.round == 1 or not self.pieces.hooked:
             return None
         self.pieces.wait(0)
         return self.buf[: 3 * self.n].view(self.n, 3).clone()

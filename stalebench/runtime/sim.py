@@ -282,8 +282,8 @@ class SimWorld(World):
         waited = self._ended(handle)
         return handle.members if live else waited
 
-    def pieces(self, buf, bounds, order, ready):
-        return SimPieces(self, buf, bounds, order, ready)
+    def pieces(self, buf, bounds, order, ready, forward=None):
+        return SimPieces(self, buf, bounds, order, ready, forward)
 
     def complete(self, handle: Collective) -> Op[float]:
         if handle.done is None:
@@ -297,15 +297,38 @@ class SimWorld(World):
         return waited
 
 
-def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0) -> float:
-    """How long pieces of a buffer (`bounds`), made at `ready` (fractions of a step of
+def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0):
+    """When each piece of a buffer (`bounds`), made at `ready` (fractions of a step of
     `step_s` seconds) and ring all-reduced one after another in `order`, each once made and
-    the one before it is through, take past the step."""
-    end = 0.0
+    the one before it is through, is summed (seconds from the step's start)."""
+    end, ends = 0.0, [0.0] * len(bounds)
     for k in order:
         lo, hi = bounds[k]
         end = max(end, ready[k] * step_s) + network.allreduce_s(4 * (hi - lo), slow_s)
-    return end - step_s
+        ends[k] = end
+    return ends
+
+
+def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0) -> float:
+    """How long the pieces take past the step (`piece_ends`): the round's communication
+    when the update waits for all of them (DDP's buckets)."""
+    return max(piece_ends(network, bounds, order, ready, step_s, slow_s)) - step_s
+
+
+def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s: float = 0.0):
+    """P3: how long the next forward pass waits for the pieces (`piece_ends`), which it
+    applies tensor by tensor as it reaches them. It begins once the piece holding the
+    round's statistics (made last, sent first) is in, then each tensor's forward, its
+    share of a step of `step_s` (`forward`: (share, the pieces holding it) in forward
+    order), once its pieces are; returns the seconds it waited in all."""
+    ends = piece_ends(network, bounds, order, ready, step_s, slow_s)
+    t, waited = step_s, 0.0
+    for share, holding in [(0.0, [0]), *forward]:
+        need = max(ends[k] for k in holding)
+        if need > t:
+            waited, t = waited + need - t, need
+        t += share * step_s
+    return waited
 
 
 class SimPieces:
@@ -318,9 +341,9 @@ class SimPieces:
     hooked = False  # a step takes no time: nothing is posted
     waited = 0.0
 
-    def __init__(self, world: SimWorld, buf, bounds, order, ready):
+    def __init__(self, world: SimWorld, buf, bounds, order, ready, forward=None):
         self.world, self.bounds = world, list(bounds)  # `buf` is all-reduced whole
-        self.order, self.ready = list(order), list(ready)
+        self.order, self.ready, self.forward = list(order), list(ready), forward
 
     def post(self, piece: int, round_: int) -> None:
         pass
@@ -329,8 +352,14 @@ class SimPieces:
         raise RunError("a round's pieces waited for one at a time run in real processes only")
 
     def comm_s(self, step_s: float, slow_s: float = 0.0) -> float:
-        """e(c) − c: how long the round's communication lasts past a step of `step_s`."""
-        return pieces_s(self.world.network, self.bounds, self.order, self.ready, step_s, slow_s)
+        """e(c) − c: how long the round's communication lasts past a step of `step_s`;
+        under P3 (`forward` given) how long the next forward pass waits for it, a step of
+        the same length (the round's update is applied whole at its end: for the
+        element-wise rules P3 takes, the θ its forward reaches layer by layer)."""
+        net, args = self.world.network, (self.bounds, self.order, self.ready)
+        if self.forward is not None:
+            return p3_stall_s(net, *args, self.forward, step_s, slow_s)
+        return pieces_s(net, *args, step_s, slow_s)
 
     def close(self) -> None:
         pass

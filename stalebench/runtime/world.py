@@ -322,7 +322,7 @@ class World:
 
     def pieces(
         self, buf: torch.Tensor, bounds: list[tuple[int, int]], order: list[int],
-        ready: list[float],
+        ready: list[float], forward: list[tuple[float, list[int]]] | None = None,
     ) -> Any:  # fmt: skip
         """A round's all-reduce of `buf` in pieces (`bounds`: their ranges), each issued once
         it is written and the pieces before it in `order` (the same on every rank) are.
@@ -333,7 +333,9 @@ class World:
         virtual clock a step takes no time and nothing is posted (`hooked` false): the
         round is one all-reduce of `buf` lasting `comm_s(step_s, slow_s)` past the step,
         what the pieces, made at `ready` (fractions of the step) and all-reduced one after
-        another in `order`, would take; `wait` is refused."""
+        another in `order`, would take — or, given `forward` (P3: each parameter tensor's
+        share of a step in the forward pass, in its order, and the pieces holding it), what
+        the next forward pass waits for them; `wait` is refused."""
         raise NotImplementedError
 
     def pace(self, net: torch.nn.Module, params: list[torch.Tensor]) -> Any:
@@ -613,7 +615,7 @@ class RealWorld(World):
     def complete(self, handle: Any) -> float:
         return self._settle(handle) if isinstance(handle, Live) else self._complete(handle)
 
-    def pieces(self, buf, bounds, order, ready):
+    def pieces(self, buf, bounds, order, ready, forward=None):
         from stalebench.runtime.link import Pieces
 
         return Pieces(self.net, buf, bounds, order)

@@ -31,6 +31,7 @@ LOSS = ["cluster.min_replicas=3", "cluster.faults=[{worker:2,at_s:1.2,action:die
 CASES = {
     "allreduce": ALLREDUCE,
     "allreduce-buckets": [*ALLREDUCE, "engine.bucket_mb=0.01"],
+    "allreduce-p3": [*ALLREDUCE, "engine.bucket_mb=0.01", "engine.schedule=p3"],
     "allreduce-a-replica-lost": [*ALLREDUCE, *LOSS],
     "sgp": ["algorithm=sgp"],
     "osgp-overlap": ["algorithm=osgp"],

@@ -15,7 +15,7 @@ from stalebench.engines.overlap import Layout
 from stalebench.engines.rounds import round_bytes
 from stalebench.runtime.link import FORWARD, LinkClock
 from stalebench.runtime.network import Network
-from stalebench.runtime.sim import pieces_s
+from stalebench.runtime.sim import p3_stall_s, pieces_s
 
 TAIL = 7  # 3·N + 1 slots for N = 2
 
@@ -65,6 +65,25 @@ def test_p3_sends_the_made_piece_nearest_the_input_first_when_the_link_frees():
     assert layout.order(slow, 1.0, p3=False) == [2, 1, 0]
     # a link that is never busy sends every piece as it is made
     assert layout.order(latency_only(0), 1.0, p3=True) == [2, 1, 0]
+
+
+def test_the_next_forward_waits_for_p3_slices_layer_by_layer_in_the_simulator():
+    # the pieces above, a step of 1 s, each all-reduce 0.5 s, sent [2, 0, 1]: the last
+    # layer's summed at 1.056, the first's (with the statistics) at 1.556, the middle one's
+    # at 2.056. The next forward begins with the statistics at 1.556, runs the first layer
+    # (1/9 s) to 1.667, waits for the middle one to 2.056, runs it and the last (in since
+    # 1.056): ends at 2.278, 0.944 s past the step and its own forward of 1/3 s; fifo's
+    # update waits for every piece, the last at 2.056: 1.056 s past the step
+    layout = Layout.build([100, 100, 100], 2, 100, p3=True)
+    slow, ready, bounds = latency_only(250), layout.ready_at(), list(layout.pieces)
+    assert [k for _, k in layout.forward()] == [[0], [1], [2]]
+    assert [share for share, _ in layout.forward()] == pytest.approx([FORWARD / 3] * 3)
+    p3 = p3_stall_s(slow, bounds, [2, 0, 1], ready, layout.forward(), 1.0)
+    assert p3 == pytest.approx(1.5 + 5 / 9 + 2 / 9 - 1.0 - FORWARD)
+    assert pieces_s(slow, bounds, [2, 1, 0], ready, 1.0) == pytest.approx(1.5 + 5 / 9 - 1.0)
+    # a link that is never busy: every piece is in before the forward reaches its layer
+    free = latency_only(0)
+    assert p3_stall_s(free, bounds, [2, 1, 0], ready, layout.forward(), 1.0) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -503,17 +503,6 @@ CASES = [
         [
             "engine=allreduce",
             "algorithm=bsp",
-            "engine.bucket_mb=1",
-            "engine.schedule=p3",
-            "runtime=sim",
-        ],
-        "engine.schedule=p3 runs in runtime=real only: the simulator models "
-        "engine.schedule=fifo's buckets, not a forward pass waiting for each layer",
-    ),
-    (
-        [
-            "engine=allreduce",
-            "algorithm=bsp",
             "algorithm/update=staleness_aware",
             "engine.bucket_mb=1",
             "engine.schedule=p3",

@@ -13,8 +13,11 @@ round), its faults and step times by the compute step.
 `engine.schedule=p3` the next forward pass too (`Rounds`, stalebench.engines.overlap): in
 real processes backward hooks post each piece as it is made (`World.pieces`); in the
 simulator the round's all-reduce lasts what the buckets take behind the modelled backward
-(fifo only, not P3). Under P3 a round is applied by layer in the next round's forward
-pass, and closed (reported, its stop decided) after that step.
+(fifo), or what the next forward pass waits for P3's slices, sent by priority, as it
+reaches each layer (p3). Under P3 in real processes a round is applied by layer in the
+next round's forward pass, and closed (reported, its stop decided) after that step; in the
+simulator it is applied whole at its end, which for the element-wise rules P3 takes is the
+θ the forward pass reaches layer by layer.
 """
 
 from __future__ import annotations
@@ -78,11 +81,6 @@ class AllReduceEngine(DataParallel):
     def validate(self, splits) -> None:
         super().validate(splits)
         if self.cfg.schedule == "p3":
-            if self.run.runtime == "sim":
-                raise ConfigError(
-                    "engine.schedule=p3 runs in runtime=real only: the simulator models "
-                    "engine.schedule=fifo's buckets, not a forward pass waiting for each layer"
-                )
             update = self.run.algorithm.update.name
             if not UPDATES.get(update)[0].elementwise:
                 elementwise = UPDATES.names_with("elementwise")

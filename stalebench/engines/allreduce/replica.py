@@ -93,7 +93,7 @@ def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
             reduce_start = world.now()
             if rounds is not None:
                 rounds.finish()  # the tail completes the first piece
-            if p3:
+            if p3 and hooked:  # on a virtual clock: one all-reduce, the forward's wait
                 continue
             if hooked:  # the pieces went as backward made them
                 yield from rounds.pieces.settle()
