@@ -107,12 +107,18 @@ class Layout:
             for k in range(len(self.pieces))
         ]
 
-    def forward(self) -> list[tuple[float, list[int]]]:
-        """Each parameter tensor's share of a step in the forward pass (`Pace`'s model:
-        FORWARD of the step, by the tensors' sizes) and the pieces holding it, in forward
-        order (θ's)."""
+    def forward(self, modules: list[list[int]] | None = None) -> list[tuple[float, list[int]]]:
+        """Each module's share of a step in the forward pass (`Pace`'s model: FORWARD of
+        the step, by its tensors' sizes) and the pieces holding its tensors, in forward
+        order; `modules`: each module's parameter tensors, in that order (default: each
+        tensor a module of its own, in θ's order)."""
         total = sum(self.sizes)
-        return [(FORWARD * s / total, self.holding(i)) for i, s in enumerate(self.sizes)]
+        modules = modules if modules is not None else [[i] for i in range(len(self.sizes))]
+        return [
+            (FORWARD * sum(self.sizes[i] for i in own) / total,
+             sorted({k for i in own for k in self.holding(i)}))
+            for own in modules
+        ]  # fmt: skip
 
     def order(self, network: Network, step_s: float, p3: bool) -> list[int]:
         """The order every rank all-reduces the pieces in. fifo: as backward makes them.
@@ -155,15 +161,15 @@ class Rounds:
         self.left_in[0] += 1
         self.fresh = list(self.left_in)
         order = layout.order(world.network, nominal, self.p3)
-        forward = layout.forward() if self.p3 else None  # what a virtual P3 round waits for
+        owners = [(m, [index[id(p)] for p in m.parameters(recurse=False)]) for m in net.modules()]
+        owners = [(m, own) for m, own in owners if own]  # each waits for its tensors, then runs
+        forward = layout.forward([own for _, own in owners]) if self.p3 else None  # virtual P3
         self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at(), forward)
         if not self.pieces.hooked:
             return
         if self.p3:
-            for module in net.modules():
-                own = [index[id(p)] for p in module.parameters(recurse=False)]
-                if own:
-                    module.register_forward_pre_hook(lambda m, a, own=own: self.apply(own))
+            for module, own in owners:
+                module.register_forward_pre_hook(lambda m, a, own=own: self.apply(own))
         self.pace = world.pace(net, net_params)  # after P3's waits, before the gradient hooks
         for i, p in enumerate(net_params):
             p.register_hook(lambda g, i=i: self.made(i, g))
