@@ -321,3 +321,15 @@ def test_a_ranks_collectives_run_one_after_another_and_complete_when_the_last_ra
         # the all-reduce ends at 0.2 + 0.5 (rank 2's start), the gather 0.25 after it
         assert now == pytest.approx(0.95)
         assert waited == pytest.approx([0.7 - (0.1 * r + 0.05), 0.25])
+
+
+def test_a_cost_only_message_holds_its_header_is_charged_whole_and_forgotten_with_it(tmp_path):
+    # sim.numerics=false: a message buffer (World.message) of 1,000 float32 slots holds its
+    # 8 header slots, the wire charges its 4,000 bytes, and the simulator keeps no record of
+    # it once the buffer is gone (a pipeline makes one for every message)
+    sim = simulator(tmp_path, "sim.numerics=false")
+    buf = sim.buffer(1000, 8)
+    assert buf.numel() == 8 and sim.nbytes(buf) == 4000 and len(sim.wire) == 1
+    del buf
+    assert sim.wire == {}
+    assert simulator(tmp_path / "values").buffer(1000, 8).numel() == 1000  # with values: whole
