@@ -258,22 +258,26 @@ def metrics_table(events: list[dict[str, Any]]):
     from its start event) are on every row, so that tables of many runs concatenate."""
     import pandas as pd
 
-    types: dict[str, set[type]] = {}
-    for e in events:
-        for k, v in e.items():
-            if v is not None:
-                types.setdefault(k, set()).add(type(v))
     df = pd.DataFrame(events)
-    for col, seen in types.items():
-        if seen == {int}:
+    for col in df.columns:
+        kind = df[col].dtype.kind  # pandas has read ints with gaps as floats, bools as objects
+        if kind in "iu" or kind == "f" and _all_of(events, col, int):
             df[col] = df[col].astype("Int64")
-        elif seen == {bool}:
+        elif kind == "b" or kind == "O" and _all_of(events, col, bool):
             df[col] = df[col].astype("boolean")
     start = next((e for e in events if e.get("event") == "start"), None)
     for key in LABELS if start else ():
         if key in df and df[key].notna().sum() <= 1:  # the start event's only
             df[key] = pd.Series([start.get(key)] * len(df), dtype=df[key].dtype)
     return df
+
+
+def _all_of(events: list[dict[str, Any]], key: str, kind: type) -> bool:
+    """Whether every value of `key` that is set is of type `kind` (exactly: a bool is not
+    an int here); stops at the first that is not, and False where none is set."""
+    values = (e[key] for e in events if e.get(key) is not None)
+    first = next(values, None)
+    return type(first) is kind and all(type(v) is kind for v in values)
 
 
 def load_writers() -> None:

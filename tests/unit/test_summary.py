@@ -530,3 +530,22 @@ def test_pipeline_weight_gap_and_stage_delay_by_hand():
     # workers that are not stages (no `one_stream`) have neither
     s = summarize(updates, meta, "completed", None, 0.6)
     assert "weight_gap" not in s and "stage_delay" not in s
+
+
+def test_the_table_types_a_field_by_what_every_event_set_it_to(tmp_path):
+    # ints with gaps stay integers (Int64), bools with gaps booleans, a field both int and
+    # float a float
+    events = [
+        {"kind": "system", "t": 0.0, "event": "start", "flag": True, "mixed": 1},
+        {**update(0.5, 1, 0, 1, lag=0, compute_s=0.1, clock_gap=0), "flag": None, "mixed": 2.5},
+        {**update(1.0, 0, 0, 2, lag=2, compute_s=0.1, clock_gap=0), "none": None},
+    ]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    summary = finalize(tmp_path, META, "completed", None, 0.6)
+    assert summary["status"] == "completed", summary["error"]
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    dtypes = {col: str(df[col].dtype) for col in df.columns}
+    assert dtypes["worker"] == dtypes["lag"] == "Int64" and dtypes["flag"] == "boolean"
+    assert dtypes["t"] == dtypes["mixed"] == "float64"
+    assert df["worker"].isna().tolist() == [True, False, False]
+    assert df["worker"].tolist()[1:] == [1, 0] and df["flag"].tolist()[0] is True
