@@ -65,6 +65,10 @@ Op = Generator[Any, Any, T]  # what a world's waiting operation is: `yield from`
 Pause = Callable[[float, float], None]  # pause(at, seconds)
 PATIENT = timedelta(days=1)  # a receive that waits as long as the run lasts (a spare's)
 OVERRUN_KEY = "overrun"  # the store's keys of each rank's steps that ran long (`tell_overrun`)
+# how long the ranks wait in the store for each other to be past their warm-up, before the
+# start's all-reduce (which then says who is missing): a loaded machine's imports and first
+# steps are no silence during the run, which timeout_s bounds
+WARM_UP_S = 300.0
 
 
 def nbytes(buf: torch.Tensor) -> int:
@@ -455,9 +459,24 @@ class RealWorld(World):
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.transport.mailbox(src, dst, size, header)
 
+    def _warm(self) -> None:
+        """Wait in the store until every rank is past its warm-up (at most `WARM_UP_S`, or
+        until one is marked dead), so that the start's all-reduce, bounded by timeout_s,
+        does not time out on a rank that is only slow to start."""
+        if self.store is None:
+            return
+        self.store.set(f"warm/{self.rank}", "1")
+        keys = [f"warm/{r}" for r in range(self.size)]
+        deadline = time.monotonic() + WARM_UP_S
+        while not self.store.check(keys) and time.monotonic() < deadline:
+            if any(self.store.check([f"dead/{r}"]) for r in range(self.size)):
+                return  # the all-reduce says so
+            time.sleep(0.01)
+
     @blocking
     def begin(self, warm_up: Callable[[], Any]) -> None:
         warm_up()
+        self._warm()
         start = torch.zeros(3 + 2 * self.size, dtype=torch.float64)
         if self.rank == 0:
             at, version, due, ranks = self._start_of()
