@@ -107,13 +107,11 @@ class Layout:
             for k in range(len(self.pieces))
         ]
 
-    def forward(self, modules: list[list[int]] | None = None) -> list[tuple[float, list[int]]]:
+    def forward(self, modules: list[list[int]]) -> list[tuple[float, list[int]]]:
         """Each module's share of a step in the forward pass (`Pace`'s model: FORWARD of
         the step, by its tensors' sizes) and the pieces holding its tensors, in forward
-        order; `modules`: each module's parameter tensors, in that order (default: each
-        tensor a module of its own, in θ's order)."""
+        order; `modules`: each module's parameter tensors, in that order."""
         total = sum(self.sizes)
-        modules = modules if modules is not None else [[i] for i in range(len(self.sizes))]
         return [
             (FORWARD * sum(self.sizes[i] for i in own) / total,
              sorted({k for i in own for k in self.holding(i)}))

@@ -98,7 +98,7 @@ def summarize(
             max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
-        **_stages(updates, num_workers, any(e.get("one_stream") for e in events[:1])),
+        **_stages(updates, num_workers, bool((start_event(events) or {}).get("one_stream"))),
         **_consensus(updates),
     }
     if meta.get("numerics") is False:  # a cost-only run: what needs values is absent
@@ -265,11 +265,17 @@ def metrics_table(events: list[dict[str, Any]]):
             df[col] = df[col].astype("Int64")
         elif kind == "b" or kind == "O" and _all_of(events, col, bool):
             df[col] = df[col].astype("boolean")
-    start = next((e for e in events if e.get("event") == "start"), None)
+    start = start_event(events)
     for key in LABELS if start else ():
         if key in df and df[key].notna().sum() <= 1:  # the start event's only
             df[key] = pd.Series([start.get(key)] * len(df), dtype=df[key].dtype)
     return df
+
+
+def start_event(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's start event (its labels), if it has one."""
+    starts = (e for e in events if e.get("kind") == "system" and e.get("event") == "start")
+    return next(starts, None)
 
 
 def _all_of(events: list[dict[str, Any]], key: str, kind: type) -> bool:

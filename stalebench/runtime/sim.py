@@ -317,10 +317,10 @@ def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0) 
 
 def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s: float = 0.0):
     """P3: how long the next forward pass waits for the pieces (`piece_ends`), which it
-    applies tensor by tensor as it reaches them. It begins once the piece holding the
-    round's statistics (made last, sent first) is in, then each tensor's forward, its
-    share of a step of `step_s` (`forward`: (share, the pieces holding it) in forward
-    order), once its pieces are; returns the seconds it waited in all."""
+    applies module by module as it reaches them. It begins once the piece holding the
+    round's statistics (made last, sent first) is in, then each module's forward, its
+    share of a step of `step_s` (`forward`: (share, the pieces holding its tensors) in
+    forward order), once its pieces are; returns the seconds it waited in all."""
     ends = piece_ends(network, bounds, order, ready, step_s, slow_s)
     t, waited = step_s, 0.0
     for share, holding in [(0.0, [0]), *forward]:

@@ -337,8 +337,8 @@ class World:
         virtual clock a step takes no time and nothing is posted (`hooked` false): the
         round is one all-reduce of `buf` lasting `comm_s(step_s, slow_s)` past the step,
         what the pieces, made at `ready` (fractions of the step) and all-reduced one after
-        another in `order`, would take — or, given `forward` (P3: each parameter tensor's
-        share of a step in the forward pass, in its order, and the pieces holding it), what
+        another in `order`, would take — or, given `forward` (P3: each module's share of a
+        step in the forward pass, in its order, and the pieces holding its tensors), what
         the next forward pass waits for them; `wait` is refused."""
         raise NotImplementedError
 
@@ -467,9 +467,10 @@ class RealWorld(World):
             return
         self.store.set(f"warm/{self.rank}", "1")
         keys = [f"warm/{r}" for r in range(self.size)]
-        deadline = time.monotonic() + WARM_UP_S
+        deadline, polls = time.monotonic() + WARM_UP_S, 0
         while not self.store.check(keys) and time.monotonic() < deadline:
-            if any(self.store.check([f"dead/{r}"]) for r in range(self.size)):
+            polls += 1  # a dead rank looked for every 0.5 s (a request a rank: not each poll)
+            if polls % 50 == 0 and any(self.store.check([f"dead/{r}"]) for r in range(self.size)):
                 return  # the all-reduce says so
             time.sleep(0.01)
 

@@ -76,14 +76,16 @@ def test_the_next_forward_waits_for_p3_slices_layer_by_layer_in_the_simulator():
     # update waits for every piece, the last at 2.056: 1.056 s past the step
     layout = Layout.build([100, 100, 100], 2, 100, p3=True)
     slow, ready, bounds = latency_only(250), layout.ready_at(), list(layout.pieces)
-    assert [k for _, k in layout.forward()] == [[0], [1], [2]]
-    assert [share for share, _ in layout.forward()] == pytest.approx([FORWARD / 3] * 3)
-    p3 = p3_stall_s(slow, bounds, [2, 0, 1], ready, layout.forward(), 1.0)
+    assert [k for _, k in layout.forward([[0], [1], [2]])] == [[0], [1], [2]]
+    assert [share for share, _ in layout.forward([[0], [1], [2]])] == pytest.approx(
+        [FORWARD / 3] * 3
+    )
+    p3 = p3_stall_s(slow, bounds, [2, 0, 1], ready, layout.forward([[0], [1], [2]]), 1.0)
     assert p3 == pytest.approx(1.5 + 5 / 9 + 2 / 9 - 1.0 - FORWARD)
     assert pieces_s(slow, bounds, [2, 1, 0], ready, 1.0) == pytest.approx(1.5 + 5 / 9 - 1.0)
     # a link that is never busy: every piece is in before the forward reaches its layer
     free = latency_only(0)
-    assert p3_stall_s(free, bounds, [2, 1, 0], ready, layout.forward(), 1.0) == 0.0
+    assert p3_stall_s(free, bounds, [2, 1, 0], ready, layout.forward([[0], [1], [2]]), 1.0) == 0.0
     # tensors 0 and 1 one module (a layer's weight and bias): it waits for both pieces
     # before it runs (to 2.056), then its 2/9 s and the last tensor's 1/9: 1.056 s past
     # the step and the forward

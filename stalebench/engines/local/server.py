@@ -65,7 +65,7 @@ class Server:
     def __init__(self, job: Job, world: World):
         self.cfg, self.world, self.m = job.cfg, world, job.num_workers
         world.hub = True
-        self.record = world.record
+        self.record, self.numerics = world.record, job.numerics  # false: cost-only
         self.net = Net(job, job.host)  # its own: in the simulator workers share one
         self.theta = self.net.flat.detach().clone()
         self.arrivals = Arrivals(job, self.theta)
@@ -130,8 +130,7 @@ class Server:
         record = self.record
         compute, loss, paused, rtt, norm, err = push.d.tolist()
         clock, read, steps = push.i.tolist()
-        numerics = self.record.job.numerics  # false: a cost-only push, which has no Δ
-        delta = self.wire.decode(push.delta) if numerics else None
+        delta = self.wire.decode(push.delta) if self.numerics else None  # cost-only: no Δ
         lag = self.arrivals.apply(w, delta, read, steps, compute)
         t, version = self.world.now(), self.arrivals.version
         if paused > 0:
@@ -140,7 +139,7 @@ class Server:
         fields = async_event(w, clock, version, lag, stats, steps, rtt, self.message_bytes)
         record.events.emit("update", t, **fields)
         record.snapshots.maybe(t, version, self.theta)
-        return "diverged" if numerics and diverged(loss, self.theta) else "completed"
+        return "diverged" if self.numerics and diverged(loss, self.theta) else "completed"
 
     def reply(self, w: int, kind: int, steps: int) -> Op[None]:
         out = self.replies[w + 1]
@@ -148,7 +147,7 @@ class Server:
         if kind == STOP:
             self.active.discard(w)
             self.listener.close(w)
-        elif self.record.job.numerics:  # a cost-only reply: its header (θ has no values)
+        elif self.numerics:  # a cost-only reply: its header (θ has no values)
             out[REPLY:] = self.theta
         try:
             yield from self.world.send(out, w + 1)
