@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from stalebench.job import Job
+from stalebench.runtime.launch import OVERRUN_LIMIT
 from tests.conftest import compose, fast_with, run_job
 
 SIM = ["runtime=sim", "cluster.num_workers=4", "budget.max_updates=12"]
@@ -138,7 +139,7 @@ def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
 def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path, mode):
     common = [
         *mode, "algorithm.outer.inner_steps=6", "cluster.num_workers=3",
-        "cluster.compute_ms=20", "cluster.slowdown=[1,1,2]", "budget.max_updates=6",
+        "cluster.compute_ms=50", "cluster.slowdown=[1,1,2]", "budget.max_updates=6",
         "eval.every_updates=3",
     ]  # fmt: skip
     real = run_job(tmp_path / "real", common)
@@ -154,9 +155,15 @@ def test_the_simulator_and_real_processes_agree_on_step_rates_and_bytes(tmp_path
             out[e["worker"]] = (steps + e["inner_steps"], seconds + e["compute_s"])
         return [steps / seconds for steps, seconds in (out[w] for w in sorted(out))]
 
-    # 50, 50 and 25 steps/s in the profile; the real steps are padded up to it
-    assert rates(simulated) == pytest.approx([50.0, 50.0, 25.0])
-    assert rates(real) == pytest.approx(rates(simulated), rel=0.15)
+    # 20, 20 and 10 steps/s in the profile; the real steps are padded up to it, unless the
+    # machine could not keep it (a loaded 2-core CI host: one worker's steps 24 ms against
+    # a 20 ms profile), which the run must then say in summary.json
+    assert rates(simulated) == pytest.approx([20.0, 20.0, 10.0])
+    overrun = real.summary["overrun"]
+    if overrun["fraction"] <= OVERRUN_LIMIT:
+        assert rates(real) == pytest.approx(rates(simulated), rel=0.15), overrun
+    else:  # slower than drawn, never faster
+        assert all(r <= s * (1 + 1e-9) for r, s in zip(rates(real), rates(simulated), strict=True))
 
 
 @pytest.mark.timeout(60)
