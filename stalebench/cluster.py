@@ -41,6 +41,11 @@ DEVICES = {
     d.name: d
     for d in (
         Device(
+            "p4000",
+            {"fp32": 5.3},
+            "NVIDIA Quadro P4000 datasheet: FP32 5.3 TFLOPS (no tensor cores)",
+        ),
+        Device(
             "v100",
             {"fp32": 15.7, "fp16": 125.0},
             "NVIDIA Tesla V100 datasheet (SXM2): FP32 15.7, Tensor (FP16) 125 TFLOPS",
@@ -104,7 +109,7 @@ class ClusterConfig(ComponentConfig):
     # compute time of one step on a speed-1 worker: constant, gamma, lognormal or trace
     compute: str = "constant"
     compute_ms: float = 0.0  # its mean (ms); 0 = real compute only (real runtime)
-    # or the mean from the run's model: its FLOPs per step on this device (v100, a100, h100)
+    # or the mean from the run's model: its FLOPs per step on this device (p4000, v100, a100, h100)
     # at `precision`, at `utilization` of the dense peak (stalebench.runtime.compute); set
     # before any process starts, into compute_ms
     device: str = ""

@@ -33,7 +33,11 @@ How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
   training time, a throughput) against ours, as a ratio: it holds when every usable run of
   `a` (at least `min_seeds`) lands within `tolerance` of it (ours / theirs in
   [1 / tolerance, tolerance]), does not hold when none does; a count, not a test (a
-  cost-only run at the paper's scale is deterministic: its seeds agree).
+  cost-only run at the paper's scale is deterministic: its seeds agree). With `b`, ours is
+  a's gain over b on the same seed, the published "x % faster": a / b − 1 where the metric
+  is better higher (a throughput), b / a − 1 where lower (a time). With `over`, ours is a
+  seed's best over the values of that key among its runs, the published "as much as": a
+  seed lacking a usable run at any of them is lost.
 """
 
 from __future__ import annotations
@@ -93,7 +97,9 @@ class ClaimConfig:
     c: dict[str, Any] = dataclasses.field(default_factory=dict)
     where: dict[str, Any] = dataclasses.field(default_factory=dict)  # added to a, b and c
     per: str = ""  # a key: one verdict per value of it among the selected runs
-    over: str = ""  # trend: the key the trend runs along (e.g. num_workers)
+    # trend: the key the trend runs along (e.g. num_workers); reproduces: the key whose
+    # values ours is the best over (a published "as much as")
+    over: str = ""
     value: float = 0.0  # the bound of ratio, threshold and gap_closed; reproduces: theirs
     # reproduces: how far ours may be from the published `value`, as a ratio (> 1): ours /
     # theirs within [1 / tolerance, tolerance]
@@ -147,6 +153,9 @@ class ClaimConfig:
         if self.kind == "trend" and not self.over:
             raise bad("over", self.over, "a key (e.g. num_workers) for kind=trend")
         if self.kind == "reproduces":
+            if self.per or self.c:
+                raise bad("per" if self.per else "c", self.per or self.c,
+                          "unset for kind=reproduces (one claim per published number)")  # fmt: skip
             if not self.value > 0:
                 raise bad("value", self.value, "the published number (> 0) for kind=reproduces")
             if not self.tolerance > 1:

@@ -18,6 +18,10 @@ class ShapeConfig(DatasetConfig):
     num_classes: int = 1000
     num_train: int = 1_281_167  # ImageNet-1k's training images
     num_test: int = 50_000  # and its validation images
+    # false: float inputs of input_shape and one class each; true: sequences of token ids
+    # (input_shape: [length]) whose labels are the next token at every position, over a
+    # vocabulary of num_classes tokens (a translation or language model's batch)
+    tokens: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -28,6 +32,11 @@ class ShapeConfig(DatasetConfig):
             )
         if self.num_classes < 2:
             raise ConfigError(f"dataset.num_classes must be >= 2, got {self.num_classes}")
+        if self.tokens and len(self.input_shape) != 1:
+            raise ConfigError(
+                f"dataset.tokens=true needs dataset.input_shape=[length], got "
+                f"{list(self.input_shape)}"
+            )
 
 
 @DATASETS.register("shape", ShapeConfig)
@@ -39,6 +48,10 @@ class Shape(Dataset):
 
         c, meta = self.cfg, torch.device("meta")
         shape = [int(s) for s in c.input_shape]
+        if c.tokens:  # token ids in, the next token at every position out
+            x = lambda n: torch.empty(n, *shape, dtype=torch.int64, device=meta)  # noqa: E731
+            return Splits(x(c.num_train), x(c.num_train), x(c.num_test), x(c.num_test),
+                          vocab=c.num_classes)  # fmt: skip
         x = lambda n: torch.empty(n, *shape, device=meta)  # noqa: E731
         y = lambda n: torch.empty(n, dtype=torch.int64, device=meta)  # noqa: E731
         return Splits(x(c.num_train), y(c.num_train), x(c.num_test), y(c.num_test),

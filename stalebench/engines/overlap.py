@@ -27,6 +27,7 @@ from stalebench.algorithms.base import UPDATES
 from stalebench.evaluation import objective
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
+from stalebench.runtime.compute import minibatch, tensor_flops
 from stalebench.runtime.link import FORWARD
 from stalebench.runtime.network import Network
 from stalebench.runtime.record import gradient
@@ -44,13 +45,23 @@ class Layout:
     offsets: tuple[int, ...]  # each parameter tensor's first slot
     sizes: tuple[int, ...]
     pieces: tuple[tuple[int, int], ...]
+    # each tensor's part of the step's computation (`runtime.compute.tensor_flops`: its
+    # layer's FLOPs); by default its size (a linear layer's FLOPs are its weights')
+    work: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.work:
+            object.__setattr__(self, "work", tuple(float(s) for s in self.sizes))
 
     @classmethod
-    def build(cls, sizes: list[int], num_workers: int, piece: int, p3: bool) -> Layout:
+    def build(
+        cls, sizes: list[int], num_workers: int, piece: int, p3: bool, work: list[float] = ()
+    ) -> Layout:
         """fifo: buckets of whole tensors, filled from the last tensor back (the order
         backward makes them), closed once they hold `piece` elements; p3: every tensor cut
         into slices of at most `piece` elements, neighbouring slices merged while they fit
-        in one (a layer's bias travels with its weights: a piece pays a latency)."""
+        in one (a layer's bias travels with its weights: a piece pays a latency). `work`:
+        each tensor's part of the step's computation (default: its size)."""
         tail = 3 * num_workers + 1
         offsets = [tail + sum(sizes[:i]) for i in range(len(sizes))]
         end = tail + sum(sizes)
@@ -71,7 +82,7 @@ class Layout:
                     held = 0
         bounds = [*sorted(cuts - {tail}), end]
         pieces = tuple(zip([0, *bounds[:-1]], bounds, strict=True))
-        return cls(tail, tuple(offsets), tuple(sizes), pieces)
+        return cls(tail, tuple(offsets), tuple(sizes), pieces, tuple(work))
 
     @property
     def size(self) -> int:
@@ -96,11 +107,11 @@ class Layout:
 
     def ready_at(self) -> list[float]:
         """When, in steps, backward has made each piece (`Pace`'s model: the forward pass
-        takes FORWARD of a step, each tensor's gradient its share of the rest, from the last
-        tensor back; the tail is written at the end)."""
-        total, made, at = sum(self.sizes), 0, {}
+        takes FORWARD of a step, each tensor's gradient its share of the rest by `work`,
+        from the last tensor back; the tail is written at the end)."""
+        total, made, at = sum(self.work), 0.0, {}
         for i in reversed(range(len(self.sizes))):
-            made += self.sizes[i]
+            made += self.work[i]
             at[i] = FORWARD + (1 - FORWARD) * made / total
         return [
             1.0 if k == 0 else max(at[i] for i in range(len(self.sizes)) if k in self.holding(i))
@@ -109,11 +120,11 @@ class Layout:
 
     def forward(self, modules: list[list[int]]) -> list[tuple[float, list[int]]]:
         """Each module's share of a step in the forward pass (`Pace`'s model: FORWARD of
-        the step, by its tensors' sizes) and the pieces holding its tensors, in forward
+        the step, by its tensors' `work`) and the pieces holding its tensors, in forward
         order; `modules`: each module's parameter tensors, in that order."""
-        total = sum(self.sizes)
+        total = sum(self.work)
         return [
-            (FORWARD * sum(self.sizes[i] for i in own) / total,
+            (FORWARD * sum(self.work[i] for i in own) / total,
              sorted({k for i in own for k in self.holding(i)}))
             for own in modules
         ]  # fmt: skip
@@ -141,7 +152,9 @@ class Rounds:
         self.net_params = net_params = list(net.parameters())
         sizes = [p.numel() for p in net_params]
         piece = max(1, int(eng.bucket_mb * 2**20 / 4))
-        self.layout = layout = Layout.build(sizes, n, piece, self.p3)
+        x, _ = minibatch(job.cfg, job.splits)  # the step's computation, layer by layer
+        work = tensor_flops(net, net_params, x)
+        self.layout = layout = Layout.build(sizes, n, piece, self.p3, work)
         if msg.slots != layout.size:  # a `runtime.wire.Message`
             raise ValueError(f"a round's message of {msg.slots} slots for {layout.size}")
         self.buf = msg.buf  # the tail, then θ's gradient (the step's `out` where not hooked)
@@ -168,7 +181,9 @@ class Rounds:
         if self.p3:
             for module, own in owners:
                 module.register_forward_pre_hook(lambda m, a, own=own: self.apply(own))
-        self.pace = world.pace(net, net_params)  # after P3's waits, before the gradient hooks
+        self.pace = world.pace(
+            net, net_params, layout.work
+        )  # after P3's waits, before the gradient hooks
         for i, p in enumerate(net_params):
             p.register_hook(lambda g, i=i: self.made(i, g))
         self.net = net

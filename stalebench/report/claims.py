@@ -30,9 +30,11 @@ The rule, stated once (RULE below says it in one line):
 - `diverges` and `fails` are counts, not tests: holds when every usable run of `a` (at
   least `min_seeds`) diverged / ended within `value` of chance accuracy, does not hold when
   none did;
-- `reproduces` is a count too: holds when every usable run of `a` (at least `min_seeds`)
-  lands within the claim's `tolerance` of the published number (ours / theirs in
-  [1 / tolerance, tolerance]), does not hold when none does, inconclusive when some do.
+- `reproduces` is a count too: holds when every usable seed's number (at least
+  `min_seeds`) lands within the claim's `tolerance` of the published number (ours / theirs
+  in [1 / tolerance, tolerance]), does not hold when none does, inconclusive when some do;
+  the number is a's metric, or with `b` a's gain over b, and with `over` its best over
+  that key's values (a published "as much as").
 """
 
 from __future__ import annotations
@@ -743,28 +745,70 @@ def _tally(claim: ClaimConfig, runs: int, n: int, k: int, word: str, notes: list
 
 
 def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
-    """reproduces: each usable run of a's metric against the published number (`value`),
-    as the ratio ours / theirs; a count of the runs within `tolerance` of it, not a test. A
-    diverged run has not run the paper's course: it measures nothing here."""
+    """reproduces: each seed's number against the published one (`value`), as the ratio
+    ours / theirs; a count of the seeds within `tolerance` of it, not a test. A seed's
+    number is a's metric; with `b`, a's gain over b's run of the same seed; with `over`,
+    its best over that key's values. A diverged, failed or unmeasured run has not run the
+    paper's course: it measures nothing here, and loses its seed."""
     runs = select(rows, {**claim.where, **claim.a})
-    one_per_seed(runs, claim, "a")
-    ours = {id(r): value(r, claim.metric, curves) for r in runs}
-    usable = [r for r in runs if r.get("status") == "completed" and not _nan(ours[id(r)])]
-    notes = [f"seed {r.get('seed')}: {r.get('status')}"
-             + (f", no {claim.metric}" if r.get("status") == "completed" else "")
-             for r in runs if r not in usable]  # fmt: skip
-    ratios = [float(ours[id(r)]) / claim.value for r in usable]
+    points = [{}]
+    if claim.over:
+        found = {r.get(claim.over) for r in runs} - {None}
+        points = [{claim.over: v} for v in sorted(found, key=_order)]
+    numbers: dict[Any, list[float | None]] = {}  # seed -> its number at each point
+    notes: list[str] = []
+
+    def usable(row: dict | None, seed: Any, name: str, at: str) -> float | None:
+        x = None if row is None else value(row, claim.metric, curves)
+        if row is None or row.get("status") != "completed" or _nan(x):
+            why = (
+                "no run"
+                if row is None
+                else row.get("status")
+                + (f", no {claim.metric}" if row.get("status") == "completed" else "")
+            )
+            side = f"{name} " if claim.b else ""
+            notes.append(f"{side}seed {seed}{at}: {why}")
+            return None
+        return float(x)
+
+    for k, point in enumerate(points):
+        at = f" at {claim.over}={point[claim.over]}" if point else ""
+        a = one_per_seed(select(runs, point), claim, "a")
+        b = one_per_seed(select(rows, {**claim.where, **claim.b, **point}), claim, "b")
+        for seed in a:
+            numbers.setdefault(seed, [None] * len(points))
+            x = usable(a[seed], seed, "a", at)
+            if claim.b and x is not None:
+                y = usable(b.get(seed), seed, "b", at)
+                if y is not None and (y if claim.better == "higher" else x) == 0:
+                    notes.append(f"seed {seed}{at}: a gain over 0 is undefined")
+                    y = None
+                x = None if y is None else (x / y if claim.better == "higher" else y / x) - 1
+            numbers[seed][k] = x
+    best = max if claim.better == "higher" or claim.b else min
+    ours = {seed: best(xs) for seed, xs in numbers.items() if None not in xs}
+    ratios = [x / claim.value for x in ours.values()]
     lo, hi = 1 / claim.tolerance, claim.tolerance
     n, k = len(ratios), sum(lo <= q <= hi for q in ratios)
-    verdict = _tally(claim, len(runs), n, k, "within the tolerance", notes)
+    verdict = _tally(claim, len(numbers), n, k, "within the tolerance", notes)
     shown = ""
     if ratios:
-        mean = float(np.mean([float(ours[id(r)]) for r in usable]))
-        spread = f" (runs {min(ratios):.3g} to {max(ratios):.3g})" if n > 1 and max(
-            ratios) - min(ratios) > RESOLUTION * max(ratios) else ""  # fmt: skip
-        shown = (f"{claim.metric} {mean:.4g} against {claim.value:.4g}: ours / theirs "
+        mean = float(np.mean(list(ours.values())))
+        name = f"{claim.metric} gain of a over b" if claim.b else claim.metric
+        if claim.over:
+            means = [np.mean([xs[j] for xs in numbers.values() if xs[j] is not None] or [np.nan])
+                     for j in range(len(points))]  # fmt: skip
+            where = ", ".join(
+                f"{p[claim.over]}: {m:.3g}" for p, m in zip(points, means, strict=True)
+            )
+            name = f"the best {name} over {claim.over} ({where})"
+        unit = "seeds" if claim.b or claim.over else "runs"  # a seed is one run of a alone
+        spread = f" ({unit} {min(ratios):.3g} to {max(ratios):.3g})" if n > 1 and max(
+            ratios) - min(ratios) > RESOLUTION * max(abs(q) for q in ratios) else ""  # fmt: skip
+        shown = (f"{name} {mean:.4g} against {claim.value:.4g}: ours / theirs "
                  f"{mean / claim.value:.3g}{spread}, tolerance ×{claim.tolerance:g}; "
-                 f"{k} of {n} runs within it")  # fmt: skip
+                 f"{k} of {n} {unit} within it")  # fmt: skip
     return {"verdict": verdict, "ours": shown, "n": n, "notes": "; ".join(notes), "tests": []}
 
 

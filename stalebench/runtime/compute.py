@@ -69,6 +69,43 @@ def step_flops(model, x, y) -> int:
     return int(counter.get_total_flops())
 
 
+def tensor_flops(net, params, x) -> list[float]:
+    """Each of `params`' part of `net`'s forward pass on the minibatch `x`, in FLOPs: those of
+    the module that holds it (its own, less its children's), split among that module's
+    tensors by size. Counted by torch's FLOP counter with every parameter and buffer
+    swapped for a meta tensor of its shape, so nothing is computed or copied. A layer's
+    backward costs about twice its forward (its input's gradient and its weights'), so the
+    same parts time the backward pass. A model none of whose operations the counter knows
+    is timed by its tensors' sizes instead."""
+    import torch
+    from torch.func import functional_call
+    from torch.utils.flop_counter import FlopCounterMode
+
+    state = {name: torch.empty_like(t, device="meta")
+             for name, t in [*net.named_parameters(), *net.named_buffers()]}  # fmt: skip
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        functional_call(net, state, (x.to("meta"),))
+    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    root = type(net).__name__
+    total = {
+        id(m): counts.get(f"{root}.{fqn}" if fqn else root, 0) for fqn, m in net.named_modules()
+    }
+    index = {id(p): i for i, p in enumerate(params)}
+    work = [0.0] * len(params)
+    for module in net.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) in index]
+        if not own:
+            continue
+        flops = total[id(module)] - sum(total[id(c)] for c in module.children())
+        size = sum(p.numel() for p in own)
+        for p in own:
+            work[index[id(p)]] = max(flops, 0) * p.numel() / size
+    if not sum(work):
+        return [float(p.numel()) for p in params]
+    return work
+
+
 def step_ms(flops: int, device: str, precision: str, utilization: float) -> float:
     """A step's mean time (ms) on `device`: its FLOPs at `utilization` of the peak."""
     return flops / (DEVICES[device].tflops[precision] * 1e12 * utilization) * 1000.0

@@ -14,7 +14,8 @@ collectives (DDP).
 communication is the modelled computation, not a sleep after it: each module with
 parameters lasts at least its share of the forward pass (⅓ of the step), each parameter's
 gradient comes at least its share of the backward pass (⅔) after the one before; a share is
-the fraction of the parameters (the FLOPs of a linear layer; an approximation for others).
+its part of the step's computation (`work`: its layer's FLOPs, `runtime.compute.tensor_flops`,
+as the simulator's `Layout` has it), or by default its fraction of the parameters.
 """
 
 from __future__ import annotations
@@ -102,17 +103,24 @@ class Pace:
     that must run before a module's paced forward (a wait for its parameters) before this,
     and gradient hooks that must see the paced gradient after it."""
 
-    def __init__(self, net: torch.nn.Module, params: Sequence[torch.Tensor]):
-        total = sum(p.numel() for p in params)
+    def __init__(
+        self,
+        net: torch.nn.Module,
+        params: Sequence[torch.Tensor],
+        work: Sequence[float] | None = None,
+    ):
+        work = [float(p.numel()) for p in params] if work is None else list(work)
+        total, of = sum(work), {id(p): w for p, w in zip(params, work, strict=True)}
         self.step_s, self.mark = 0.0, 0.0
         self.began: dict[int, float] = {}
         for module in net.modules():
-            own = sum(p.numel() for p in module.parameters(recurse=False))
+            own = [p for p in module.parameters(recurse=False) if id(p) in of]
             if own:
                 module.register_forward_pre_hook(self._begin)
-                module.register_forward_hook(self._ender(FORWARD * own / total))
+                share = sum(of[id(p)] for p in own) / total
+                module.register_forward_hook(self._ender(FORWARD * share))
         for p in params:
-            p.register_hook(self._arrive(p.numel() / total))
+            p.register_hook(self._arrive(of[id(p)] / total))
 
     def start(self, step_s: float) -> None:
         self.step_s = step_s

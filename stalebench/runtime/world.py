@@ -342,11 +342,11 @@ class World:
         the next forward pass waits for them; `wait` is refused."""
         raise NotImplementedError
 
-    def pace(self, net: torch.nn.Module, params: list[torch.Tensor]) -> Any:
+    def pace(self, net: torch.nn.Module, params: list[torch.Tensor], work=None) -> Any:
         """Hooks on `net` that spread a step's modelled time over its forward and backward
-        passes, so that pieces posted from backward overlap the modelled computation
-        (`runtime.link.Pace`: `start(step_s)`, `backward()`); None where a step takes no
-        time (the simulator)."""
+        passes, by each tensor's `work` (default: its size), so that pieces posted from
+        backward overlap the modelled computation (`runtime.link.Pace`: `start(step_s)`,
+        `backward()`); None where a step takes no time (the simulator)."""
         return None
 
 
@@ -640,10 +640,10 @@ class RealWorld(World):
 
         return Pieces(self.net, buf, bounds, order)
 
-    def pace(self, net, params):
+    def pace(self, net, params, work=None):
         from stalebench.runtime.link import Pace
 
-        return Pace(net, params)
+        return Pace(net, params, work)
 
     def _complete(self, pending: Any) -> float:
         start = time.perf_counter()

@@ -163,3 +163,44 @@ def test_what_needs_values_is_refused_by_key_before_any_process(overrides, says)
     cfg = compose(fast_with([*overrides, "budget.max_updates=5"]))
     with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
         experiment.prepare(cfg)
+
+
+@pytest.mark.timeout(240)
+def test_p3_at_resnet50_outruns_its_baseline_on_a_slow_link(tmp_path):
+    """P3's sweep arms at ResNet-50's tensors and per-layer FLOPs on 4 P4000s over 2 Gbit/s
+    (a round's ring all-reduce longer than its backward pass): the baseline's next forward
+    waits for the first layer's gradient, sent last; P3's sends it first and overlaps the
+    rest with the forward pass, so it makes more rounds a second, of the same bytes."""
+    common = [
+        "+sweep/arms/p3_model=resnet50", "model=resnet50", "dataset=shape",  # past FAST's
+        "+sweep.params.lr=0.1", "runtime=sim",
+        "sim.numerics=false", "dataset.batch_size=32", "cluster=homogeneous",
+        "cluster.num_workers=4", "cluster.device=p4000", "cluster.push_bandwidth_gbps=2",
+        "cluster.pull_bandwidth_gbps=2", "budget.max_updates=8", "budget.max_wall_s=0",
+    ]  # fmt: skip
+    base = run_job(tmp_path / "base", ["+sweep/arms/p3=baseline", *common])
+    p3 = run_job(tmp_path / "p3", ["+sweep/arms/p3=p3", *common])
+    for run in (base, p3):
+        assert run.summary["status"] == "completed", run.summary["error"]
+    assert base.summary["bytes_sent"] == p3.summary["bytes_sent"] > 0
+    gain = p3.summary["throughput_updates_per_s"] / base.summary["throughput_updates_per_s"]
+    assert gain > 1.1
+
+
+@pytest.mark.timeout(120)
+def test_a_translation_model_runs_cost_only_on_token_shapes(tmp_path):
+    """dataset=shape with tokens=true: Sockeye's model (27,734,558 parameters at P3's
+    vocabularies) on sequences of token ids, without values; each round moves its bytes."""
+    from stalebench.engines.rounds import ring_volume, round_bytes
+
+    run = run_job(tmp_path, [
+        "+sweep/arms/p3_model=sockeye", "model=sockeye_rnn", "dataset=shape", "runtime=sim",
+        "sim.numerics=false",
+        "engine=allreduce", "algorithm=bsp", "cluster=homogeneous", "cluster.num_workers=2",
+        "cluster.device=v100", "dataset.batch_size=8", "budget.max_updates=3",
+        "budget.max_wall_s=0",
+    ])  # fmt: skip
+    s = run.summary
+    assert s["status"] == "completed", s["error"]
+    assert s["bytes_sent"] == 3 * ring_volume(round_bytes(27_734_558, 2), 2)
+    assert s["compute"]["compute_ms"] > 0  # the LSTMs' FLOPs, counted on the meta device

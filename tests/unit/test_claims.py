@@ -306,3 +306,65 @@ def test_reproduces_counts_the_runs_within_the_tolerance_of_the_published_number
 def test_a_reproduces_claim_states_the_published_number_and_a_tolerance(fields, message):
     with pytest.raises(ConfigError, match=message):
         claim_from_dict({**PUBLISHED, **fields}, "sweep.claims[0]")
+
+
+# kind=reproduces with b and over: a published "as much as x % faster" (here 25 %): a's gain
+# over b on each seed, at its best over the values of `over`
+GAIN = {**PUBLISHED, "metric": "throughput", "better": "higher", "value": 0.25,
+        "a": {"algorithm": "x"}, "b": {"algorithm": "y"}, "over": "bw", "min_seeds": 2}  # fmt: skip
+
+
+def gain_rows(points, seeds=(0, 1), metric="throughput", skip=()):
+    """Rows of arms x and y at each bw of `points` ({bw: (x's metric, y's)}) and seed; the
+    (arm, seed, bw) in `skip` have no run."""
+    return [{"algorithm": arm, "seed": seed, "bw": bw, metric: v, "status": "completed"}
+            for seed in seeds for bw, pair in points.items()
+            for arm, v in zip("xy", pair, strict=True)
+            if (arm, seed, bw) not in skip]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "points", "skip", "verdict", "ours"),
+    [
+        (
+            {},
+            {1: (1.1, 1.0), 4: (1.3, 1.0), 16: (1.05, 1.0)},
+            (),
+            "holds",
+            "the best throughput gain of a over b over bw (1: 0.1, 4: 0.3, 16: 0.05) 0.3 against "
+            "0.25: ours / theirs 1.2",
+        ),
+        ({"over": ""}, {4: (1.3, 1.0)}, (), "holds", "throughput gain of a over b 0.3"),
+        ({}, {1: (1.1, 1.0), 4: (1.5, 1.0)}, (), "does not hold", "ours / theirs 2"),
+        ({}, {1: (0.9, 1.0), 4: (0.95, 1.0)}, (), "does not hold", "ours / theirs -0.2"),
+        # a time: the gain is b / a − 1 (b took 1.3 × a's time: a is 30 % faster)
+        (
+            {"metric": "wall_time_s", "better": "lower"},
+            {1: (1.0, 1.3)},
+            (),
+            "holds",
+            "ours / theirs 1.2",
+        ),
+        # seed 1 has no b at bw=16, where its best might have been: lost, not dropped
+        (
+            {},
+            {1: (1.1, 1.0), 4: (1.3, 1.0), 16: (1.05, 1.0)},
+            (("y", 1, 16),),
+            "inconclusive",
+            "1 of 1 seeds",
+        ),
+    ],
+    ids=["best-over", "one-point", "too-high", "slower", "a-time", "a-seed-lost"],
+)
+def test_reproduces_takes_a_gain_over_b_at_its_best_over_a_key(fields, points, skip, verdict, ours):
+    claim = claim_from_dict({**GAIN, **fields}, "sweep.claims[0]")
+    rows = gain_rows(points, metric=claim.metric, skip=skip)
+    got = C.judge(claim, rows, None)
+    assert got["verdict"] == verdict and ours in got["ours"], got
+    if skip:
+        assert "b seed 1 at bw=16: no run" in got["notes"]
+
+
+def test_a_reproduces_claim_is_one_published_number():
+    with pytest.raises(ConfigError, match="per must be unset for kind=reproduces"):
+        claim_from_dict({**GAIN, "per": "model.name"}, "sweep.claims[0]")

@@ -13,6 +13,7 @@ from stalebench.algorithms.updates import MomentumConfig, SGDConfig
 from stalebench.cluster import ClusterConfig
 from stalebench.engines.overlap import Layout
 from stalebench.engines.rounds import round_bytes
+from stalebench.runtime.compute import tensor_flops
 from stalebench.runtime.link import FORWARD, LinkClock
 from stalebench.runtime.network import Network
 from stalebench.runtime.sim import p3_stall_s, pieces_s
@@ -151,3 +152,72 @@ def test_the_simulated_buckets_end_when_the_last_is_through():
     # one bucket: the one-message round's all-reduce (gradient and tail) after the whole step
     message = round_bytes(300, 2)
     assert buckets_s(net, [100, 100, 100], 1, 1.0) == pytest.approx(net.allreduce_s(message))
+
+
+class ConvThenLinear(torch.nn.Module):
+    """A convolution that holds few parameters and most of the FLOPs, then a linear layer
+    that holds most of the parameters and few of the FLOPs (VGG's shape in small)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16 * 16 * 16, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+
+
+def test_a_tensors_work_is_its_layers_flops_not_its_size():
+    net = ConvThenLinear()
+    params = list(net.parameters())  # conv.weight, conv.bias, fc.weight, fc.bias
+    work = tensor_flops(net, params, torch.zeros(4, 3, 16, 16))
+    conv = 2 * 4 * 16 * 16 * 16 * 3 * 9  # FLOPs (2 a multiply-add) over a batch of 4
+    fc = 2 * 4 * 16 * 16 * 16 * 10
+    assert sum(work[:2]) == pytest.approx(conv) and sum(work[2:]) == pytest.approx(fc)
+    assert work[0] / work[1] == pytest.approx(16 * 3 * 9 / 16)  # a layer's split by size
+    # by size the linear layer is 98.9 % of the step; by its FLOPs, 27 %
+    assert (
+        sum(work[2:]) / sum(work)
+        == pytest.approx(fc / (conv + fc))
+        == pytest.approx(0.27, abs=0.01)
+    )
+    assert sum(p.numel() for p in params[2:]) / sum(p.numel() for p in params) > 0.98
+    # the real parameters are left as they were, and nothing is computed on them
+    assert all(not p.is_meta for p in net.parameters())
+
+
+def test_a_model_whose_operations_have_no_flop_count_is_timed_by_size():
+    net = torch.nn.Sequential(torch.nn.Embedding(10, 4))
+    params = list(net.parameters())
+    assert tensor_flops(net, params, torch.zeros(2, 3, dtype=torch.long)) == [40.0]
+
+
+def test_backward_and_the_next_forward_follow_the_work_not_the_sizes():
+    # 3 tensors of equal size; the first does 6 parts of the work, the others 1 and 1
+    layout = Layout.build([100, 100, 100], 2, 100, p3=True, work=[6.0, 1.0, 1.0])
+    back = 1 - FORWARD
+    # backward makes tensor 2 first (1/8 of it), tensor 1 next, tensor 0 last
+    assert layout.ready_at() == pytest.approx([1.0, FORWARD + back * 2 / 8, FORWARD + back / 8])
+    assert [s for s, _ in layout.forward([[0], [1], [2]])] == pytest.approx(
+        [FORWARD * 6 / 8, FORWARD / 8, FORWARD / 8]
+    )
+
+
+@pytest.mark.parametrize("sizes", [[640, 32, 128, 4], [100, 10, 100, 10, 50000, 7]])
+@pytest.mark.parametrize("ms", [0.0, 2.0, 250.0])
+def test_a_forward_that_waits_layer_by_layer_for_fifo_pieces_waits_as_fifo_does(sizes, ms):
+    """MXNet's baseline (P3's): one piece a tensor, sent as backward makes them; the next
+    forward pass takes each layer once its piece is in. On one FIFO link the first layer's
+    piece is made last and so sent last: the forward pass waits for it exactly as long as
+    the fifo round waits for all its pieces, and then never again."""
+    net = Network(
+        ClusterConfig(name="p", num_workers=2, push_latency_ms=ms, pull_latency_ms=ms,
+                      push_bandwidth_gbps=0.01, pull_bandwidth_gbps=0.01)
+    )  # fmt: skip
+    work = [float(s * (i + 1)) for i, s in enumerate(sizes)]
+    layout = Layout.build(sizes, 2, 1, p3=False, work=work)
+    assert len(layout.pieces) == len(sizes)  # one a tensor
+    order, ready = layout.order(net, 1.0, p3=False), layout.ready_at()
+    forward = layout.forward([[i] for i in range(len(sizes))])
+    layerwise = p3_stall_s(net, list(layout.pieces), order, ready, forward, 0.5)
+    assert layerwise == pieces_s(net, list(layout.pieces), order, ready, 0.5) > 0
