@@ -6,6 +6,8 @@ test_conformance.py runs them too, with every other barrier.)"""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from tests.conftest import SUMMARY_FIELDS, assert_valid_and_learning, run_job
@@ -24,8 +26,17 @@ def check(summary, events, workers):
     assert_valid_and_learning(events)
     pauses = [e for e in events if e["kind"] == "worker" and e["event"] == "pause"]
     assert [(e["worker"], e["duration_s"]) for e in pauses] == [(1, pytest.approx(0.15, 0.2))]
-    slow = {e["worker"] for e in events if e["kind"] == "update" and e["compute_s"] > 0.012}
-    assert slow and slow <= set(range(workers // 2, workers))  # the profile's slow half
+    # the profile's slow half (15 ms steps against 5; DBS then shrinks their batches): a
+    # slow worker has steps past 12 ms, a fast one's typical step (its median, which one
+    # step stretched by a loaded machine does not move: a 5 ms step at 13 ms on CI's 2
+    # cores) is short
+    steps: dict[int, list[float]] = {}
+    for e in events:
+        if e["kind"] == "update" and e.get("worker", -1) >= 0:
+            steps.setdefault(e["worker"], []).append(e["compute_s"])
+    half = workers // 2
+    assert any(max(s) > 0.012 for w, s in steps.items() if w >= half), steps
+    assert all(statistics.median(s) < 0.012 for w, s in steps.items() if w < half), steps
 
 
 @pytest.mark.timeout(90)
