@@ -793,8 +793,10 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
     n, k = len(ratios), sum(lo <= q <= hi for q in ratios)
     verdict = _tally(claim, len(numbers), n, k, "within the tolerance", notes)
     shown = ""
+    reproduced = {"paper": claim.value, "ours": None, "ratio": None, "tolerance": claim.tolerance}
     if ratios:
         mean = float(np.mean(list(ours.values())))
+        reproduced.update(ours=mean, ratio=mean / claim.value)
         name = f"{claim.metric} gain of a over b" if claim.b else claim.metric
         if claim.over:
             means = [np.mean([xs[j] for xs in numbers.values() if xs[j] is not None] or [np.nan])
@@ -809,7 +811,8 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
         shown = (f"{name} {mean:.4g} against {claim.value:.4g}: ours / theirs "
                  f"{mean / claim.value:.3g}{spread}, tolerance ×{claim.tolerance:g}; "
                  f"{k} of {n} {unit} within it")  # fmt: skip
-    return {"verdict": verdict, "ours": shown, "n": n, "notes": "; ".join(notes), "tests": []}
+    return {"verdict": verdict, "ours": shown, "n": n, "notes": "; ".join(notes), "tests": [],
+            "reproduced": reproduced}  # fmt: skip
 
 
 def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
@@ -1088,6 +1091,7 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
             [f"{k}={v}" for k, v in claim.where.items()]
             + ([f"every {claim.per}"] if claim.per else [])
             + ([f"every step of {claim.over}"] if claim.kind == "trend" else [])
+            + ([f"best over {claim.over}"] if claim.kind == "reproduces" and claim.over else [])
         ),
         "metric": claim.metric
         + (
@@ -1120,6 +1124,9 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
         "looks": j.get("looks", 1),
         "alpha": j.get("alpha", ALPHA),
         "mde": _finite(mde) if mde is not None else None,
+        # reproduces: the published number, ours (the seeds' mean), ours / theirs (None
+        # with no usable seed), the tolerance; None for the other kinds
+        "reproduced": j.get("reproduced"),
         "steps": [
             {
                 "label": t.label,
@@ -1169,6 +1176,30 @@ def _seeds(r: dict[str, Any]) -> str:
     if r.get("mde") is not None:
         parts.append(f"MDE {r['mde']:.3g}")
     return "; ".join(parts)
+
+
+def published_table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame | None:
+    """A sweep's `reproduces` claims side by side with the papers' numbers: paper, ours,
+    ours / paper, the tolerance and the verdict; None when it has none."""
+    rows = [r for r in results if r["sweep"] == sweep and r.get("kind") == "reproduces"]
+    if not rows:
+        return None
+    got = [r.get("reproduced") or {} for r in rows]
+
+    def cell(x: Any, form: str) -> str:
+        return "—" if x is None else format(x, form)
+
+    return pd.DataFrame(
+        {
+            "claim": [r["id"] for r in rows],
+            "metric": [r["metric"] + (f" ({r['scope']})" if r["scope"] else "") for r in rows],
+            "paper": [cell(g.get("paper"), ".4g") for g in got],
+            "ours": [cell(g.get("ours"), ".4g") for g in got],
+            "ours / paper": [cell(g.get("ratio"), ".3g") for g in got],
+            "tolerance": [f"×{g['tolerance']:g}" if g.get("tolerance") else "—" for g in got],
+            "verdict": [r["verdict"] for r in rows],
+        }
+    )
 
 
 def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:

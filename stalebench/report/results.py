@@ -121,6 +121,8 @@ VERDICT_SCHEMA = {
     "looks": Field(NUMBER, required=False),
     "alpha": Field(NUMBER, required=False),
     "mde": Field(NUMBER + NULL, required=False),
+    # kind=reproduces: the published number, ours, ours / paper and the tolerance
+    "reproduced": Field(OBJECT + NULL, required=False),
 }
 _JSON_NAMES = {
     str: "a string",
@@ -706,6 +708,9 @@ def section(result: dict[str, Any]) -> list[str]:
     lines = [f"## {name}", "", to_markdown(facts).rstrip("\n"), ""]
     lines += [*tuning_summary(result.get("tuning")), ""]
     lines += [f"Verdicts: {claims_mod.tally(verdicts, name)}.", ""]
+    published = claims_mod.published_table(paper, name)
+    if published is not None:  # a paper's numbers against ours, row by row
+        lines += ["Published against ours:", "", to_markdown(published).rstrip("\n"), ""]
     if paper:
         lines += [to_markdown(claims_mod.table(paper, name)).rstrip("\n"), ""]
     if checks:

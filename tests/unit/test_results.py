@@ -592,3 +592,26 @@ def test_the_second_stages_runs_are_counted_apart(sweep_dir, checkout):
     assert prov["wall_time"]["seconds"] == 220.0  # 200, then 220 → 240 (idle 210 → 220)
     block = R.render_block(R.load(checkout))
     assert "2 (+ 2 in later looks, + 4 tuning)" in block
+
+
+def test_a_sweeps_published_numbers_are_a_table_of_their_own():
+    """kind=reproduces: the paper's number, ours, ours / paper and the tolerance, a row a
+    claim; a claim without a usable seed has a dash, not a zero; no table without one."""
+    from stalebench.report.results import section
+
+    def published(claim_id, ours, verdict_):
+        return verdict("toy", claim_id, verdict_, kind="reproduces", metric="throughput",
+                       scope="model.name=vgg19, best over bw", test="count",
+                       reproduced={"paper": 0.66, "ours": ours, "tolerance": 1.5,
+                                   "ratio": None if ours is None else ours / 0.66})  # fmt: skip
+
+    result = {"name": "toy", "claims": [published("vgg", 0.33, "does not hold"),
+                                        published("none", None, "inconclusive"),
+                                        verdict("toy", "plain", "holds")]}  # fmt: skip
+    text = "\n".join(section(result))
+    assert "Published against ours:" in text
+    metric = "throughput (model.name=vgg19, best over bw)"
+    assert f"| vgg | {metric} | 0.66 | 0.33 | 0.5 | ×1.5 |" in text
+    assert f"| none | {metric} | 0.66 | — | — | ×1.5 |" in text
+    plain = {"name": "toy", "claims": [verdict("toy", "plain", "holds")]}
+    assert "Published against ours" not in "\n".join(section(plain))
