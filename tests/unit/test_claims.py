@@ -291,7 +291,8 @@ def test_reproduces_counts_the_runs_within_the_tolerance_of_the_published_number
     runs, verdict, ours
 ):
     claim = claim_from_dict({**PUBLISHED, "min_seeds": 2}, "sweep.claims[0]")
-    got = C.judge(claim, published_rows(*runs), None)
+    other = [{**r, "algorithm": "y"} for r in published_rows(*runs)]  # another arm's runs
+    got = C.judge(claim, published_rows(*runs) + other, None)
     assert got["verdict"] == verdict and ours in got["ours"] and got["tests"] == []
     if any(len(r) == 3 for r in runs):  # the lost run is named, not dropped
         assert "seed 2: " in got["notes"] and "lost runs" in got["notes"]
