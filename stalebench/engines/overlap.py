@@ -181,9 +181,8 @@ class Rounds:
         if self.p3:
             for module, own in owners:
                 module.register_forward_pre_hook(lambda m, a, own=own: self.apply(own))
-        self.pace = world.pace(
-            net, net_params, layout.work
-        )  # after P3's waits, before the gradient hooks
+        # after P3's waits, before the gradient hooks
+        self.pace = world.pace(net, net_params, layout.work)
         for i, p in enumerate(net_params):
             p.register_hook(lambda g, i=i: self.made(i, g))
         self.net = net

@@ -20,6 +20,7 @@ machine in question (`stalebench calibrate`).
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
@@ -75,8 +76,9 @@ def tensor_flops(net, params, x) -> list[float]:
     tensors by size. Counted by torch's FLOP counter with every parameter and buffer
     swapped for a meta tensor of its shape, so nothing is computed or copied. A layer's
     backward costs about twice its forward (its input's gradient and its weights'), so the
-    same parts time the backward pass. A model none of whose operations the counter knows
-    is timed by its tensors' sizes instead."""
+    same parts time the backward pass. A model none of whose operations the counter knows,
+    or that cannot run on the meta device (an operation without a meta kernel: the log says
+    which), is timed by its tensors' sizes instead."""
     import torch
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
@@ -84,8 +86,17 @@ def tensor_flops(net, params, x) -> list[float]:
     state = {name: torch.empty_like(t, device="meta")
              for name, t in [*net.named_parameters(), *net.named_buffers()]}  # fmt: skip
     counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        functional_call(net, state, (x.to("meta"),))
+    try:
+        with counter, torch.no_grad():
+            functional_call(net, state, (x.to("meta"),))
+    except Exception as exc:  # a plugin's operation without a meta kernel
+        logging.getLogger("stalebench").warning(
+            "the layers' FLOPs could not be counted on the meta device (%s: %s): a step's "
+            "time is spread over its layers by their sizes",
+            type(exc).__name__,
+            exc,
+        )
+        return [float(p.numel()) for p in params]
     counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
     root = type(net).__name__
     total = {

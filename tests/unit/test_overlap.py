@@ -221,3 +221,20 @@ def test_a_forward_that_waits_layer_by_layer_for_fifo_pieces_waits_as_fifo_does(
     forward = layout.forward([[i] for i in range(len(sizes))])
     layerwise = p3_stall_s(net, list(layout.pieces), order, ready, forward, 0.5)
     assert layerwise == pieces_s(net, list(layout.pieces), order, ready, 0.5) > 0
+
+
+class NoMetaKernel(torch.nn.Linear):
+    """A layer whose forward cannot run on the meta device (a plugin's own operation)."""
+
+    def forward(self, x):
+        if x.is_meta:
+            raise NotImplementedError("no meta kernel")
+        return super().forward(x)
+
+
+def test_a_model_that_cannot_run_on_meta_is_timed_by_size_and_says_so(caplog):
+    net = torch.nn.Sequential(NoMetaKernel(4, 3))
+    params = list(net.parameters())
+    with caplog.at_level("WARNING", logger="stalebench"):
+        assert tensor_flops(net, params, torch.zeros(2, 4)) == [12.0, 3.0]
+    assert "could not be counted on the meta device (NotImplementedError" in caplog.text
