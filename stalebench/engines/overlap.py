@@ -152,8 +152,10 @@ class Rounds:
         self.net_params = net_params = list(net.parameters())
         sizes = [p.numel() for p in net_params]
         piece = max(1, int(eng.bucket_mb * 2**20 / 4))
-        x, _ = minibatch(job.cfg, job.splits)  # the step's computation, layer by layer
-        work = tensor_flops(net, net_params, x)
+        # the step's computation, layer by layer: every replica's model is the job's, so
+        # the simulator's replicas count it once (0.5 s for ResNet-50)
+        x, _ = minibatch(job.cfg, job.splits)
+        work = world.shared("layer work", lambda: tensor_flops(net, net_params, x))
         self.layout = layout = Layout.build(sizes, n, piece, self.p3, work)
         if msg.slots != layout.size:  # a `runtime.wire.Message`
             raise ValueError(f"a round's message of {msg.slots} slots for {layout.size}")
