@@ -761,17 +761,16 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
 
     def usable(row: dict | None, seed: Any, name: str, at: str) -> float | None:
         x = None if row is None else value(row, claim.metric, curves)
-        if row is None or row.get("status") != "completed" or _nan(x):
-            why = (
-                "no run"
-                if row is None
-                else row.get("status")
-                + (f", no {claim.metric}" if row.get("status") == "completed" else "")
-            )
-            side = f"{name} " if claim.b else ""
-            notes.append(f"{side}seed {seed}{at}: {why}")
-            return None
-        return float(x)
+        if row is None:
+            why = "no run"
+        elif row.get("status") != "completed":
+            why = row.get("status")
+        elif _nan(x):
+            why = f"completed, no {claim.metric}"
+        else:
+            return float(x)
+        notes.append(f"{name} seed {seed}{at}: {why}" if claim.b else f"seed {seed}{at}: {why}")
+        return None
 
     for k, point in enumerate(points):
         at = f" at {claim.over}={point[claim.over]}" if point else ""
