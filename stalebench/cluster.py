@@ -61,6 +61,20 @@ DEVICES = {
             "NVIDIA H100 datasheet (SXM5): FP32 67, TF32 495, BF16/FP16 989 TFLOPS dense "
             "(the sheet's 989/1979 are with sparsity)",
         ),
+        # CPU nodes: cores × base clock × 32 fp32 FLOP a cycle (Haswell's AVX2, two 8-wide
+        # FMA units a core); the all-core AVX clock is lower, so these are upper bounds
+        Device(
+            "xeon_e5_2697v3",
+            {"fp32": 2.3296},
+            "a node of two Intel Xeon E5-2697 v3 (Haswell-EP; Intel ARK: 14 cores, 2.6 GHz "
+            "base): 2 × 14 × 2.6 GHz × 32 FLOP a cycle = 2.33 TFLOP/s FP32",
+        ),
+        Device(
+            "c4_8xlarge",
+            {"fp32": 1.6704},
+            "an AWS EC2 c4.8xlarge (36 vCPUs: 18 cores of Intel Xeon E5-2666 v3, Haswell, "
+            "2.9 GHz base): 18 × 2.9 GHz × 32 FLOP a cycle = 1.67 TFLOP/s FP32",
+        ),
     )
 }
 
@@ -109,7 +123,8 @@ class ClusterConfig(ComponentConfig):
     # compute time of one step on a speed-1 worker: constant, gamma, lognormal or trace
     compute: str = "constant"
     compute_ms: float = 0.0  # its mean (ms); 0 = real compute only (real runtime)
-    # or the mean from the run's model: its FLOPs per step on this device (p4000, v100, a100, h100)
+    # or the mean from the run's model: its FLOPs per step on this device (p4000, v100, a100,
+    # h100; CPU nodes xeon_e5_2697v3, c4_8xlarge)
     # at `precision`, at `utilization` of the dense peak (stalebench.runtime.compute); set
     # before any process starts, into compute_ms
     device: str = ""

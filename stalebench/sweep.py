@@ -35,7 +35,8 @@ How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
   [1 / tolerance, tolerance]), does not hold when none does; a count, not a test (a
   cost-only run at the paper's scale is deterministic: its seeds agree). With `b`, ours is
   a's gain over b on the same seed, the published "x % faster": a / b − 1 where the metric
-  is better higher (a throughput), b / a − 1 where lower (a time). With `over`, ours is a
+  is better higher (a throughput), b / a − 1 where lower (a time); with `relative:
+  factor`, the factor a / b (or b / a), the published speed-up "53X". With `over`, ours is a
   seed's best over the values of that key among its runs, the published "as much as": a
   seed lacking a usable run at any of them is lost.
 """
@@ -63,6 +64,8 @@ DIRECTIONS = ("lower", "higher")
 # lost run of `a` keeps the claim from holding, one of `b` keeps it from failing)
 FAILURES = ("inconclusive", "worst")
 SCALES = ("small", "full")
+# reproduces with b: a's number relative to b's, as a gain (a / b − 1) or a factor (a / b)
+RELATIVES = ("gain", "factor")
 # metrics whose "better" direction is implied, so a claim cannot get it backwards
 TARGET_KEYS = {"loss": "lower", "perplexity": "lower", "accuracy": "higher"}
 
@@ -104,6 +107,10 @@ class ClaimConfig:
     # reproduces: how far ours may be from the published `value`, as a ratio (> 1): ours /
     # theirs within [1 / tolerance, tolerance]
     tolerance: float = 0.0
+    # reproduces with b: ours is a's gain over b (`gain`: a / b − 1, or b / a − 1 for a
+    # lower-is-better metric, a published "+25 %") or the factor (`factor`: a / b, or b / a;
+    # a published speed-up, "53X")
+    relative: str = "gain"
     published: str = ""  # the paper's number or wording, beside ours
     source: str = ""  # where the published value comes from
     origin: str = ""  # paper | recalled | self-check (ORIGINS)
@@ -160,6 +167,10 @@ class ClaimConfig:
                 raise bad("value", self.value, "the published number (> 0) for kind=reproduces")
             if not self.tolerance > 1:
                 raise bad("tolerance", self.tolerance, "a ratio > 1 for kind=reproduces")
+            if self.relative not in RELATIVES:
+                raise bad("relative", self.relative, f"one of {', '.join(RELATIVES)}")
+            if self.relative != "gain" and not self.b:
+                raise bad("relative", self.relative, "gain (the default) for a claim without b")
         if self.metric == "time_to_target":
             if self.target is None:
                 raise bad("target", None, "{split, key, value} for metric=time_to_target")

@@ -33,8 +33,9 @@ The rule, stated once (RULE below says it in one line):
 - `reproduces` is a count too: holds when every usable seed's number (at least
   `min_seeds`) lands within the claim's `tolerance` of the published number (ours / theirs
   in [1 / tolerance, tolerance]), does not hold when none does, inconclusive when some do;
-  the number is a's metric, or with `b` a's gain over b, and with `over` its best over
-  that key's values (a published "as much as").
+  the number is a's metric, or with `b` a's gain over b (`relative: factor`: the factor
+  a / b, a published speed-up), and with `over` its best over that key's values (a
+  published "as much as").
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ RULE = (
     "min_seeds usable seeds; `per` and `trend` steps joint (every one must hold); a "
     "diverged run never reaches a target and is unusable for other metrics; a final "
     "accuracy or loss is the mean over the last 10% of the evaluations (final_tail); "
-    "`reproduces`: every usable seed's number (a's metric, or a's gain over b; with `over`, "
+    "`reproduces`: every usable seed's number (a's metric, or a's gain or factor over b; "
+    "with `over`, "
     "its best over that key's values) within the claim's tolerance of the published "
     "number, as the ratio ours / theirs (a count, not a test)."
 )
@@ -748,7 +750,8 @@ def _tally(claim: ClaimConfig, runs: int, n: int, k: int, word: str, notes: list
 def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
     """reproduces: each seed's number against the published one (`value`), as the ratio
     ours / theirs; a count of the seeds within `tolerance` of it, not a test. A seed's
-    number is a's metric; with `b`, a's gain over b's run of the same seed; with `over`,
+    number is a's metric; with `b`, a's gain (or factor: `relative`) over b's run of the
+    same seed; with `over`,
     its best over that key's values. A diverged, failed or unmeasured run has not run the
     paper's course: it measures nothing here, and loses its seed."""
     runs = select(rows, {**claim.where, **claim.a})
@@ -785,7 +788,8 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
                 if y is not None and (y if claim.better == "higher" else x) == 0:
                     notes.append(f"seed {seed}{at}: a gain over 0 is undefined")
                     y = None
-                x = None if y is None else (x / y if claim.better == "higher" else y / x) - 1
+                x = None if y is None else (x / y if claim.better == "higher" else y / x) - (
+                    claim.relative == "gain")
             numbers[seed][k] = x
     best = max if claim.better == "higher" or claim.b else min
     ours = {seed: best(xs) for seed, xs in numbers.items() if None not in xs}
@@ -798,7 +802,7 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
     if ratios:
         mean = float(np.mean(list(ours.values())))
         reproduced.update(ours=mean, ratio=mean / claim.value)
-        name = f"{claim.metric} gain of a over b" if claim.b else claim.metric
+        name = f"{claim.metric} {claim.relative} of a over b" if claim.b else claim.metric
         if claim.over:
             means = [np.mean([xs[j] for xs in numbers.values() if xs[j] is not None] or [np.nan])
                      for j in range(len(points))]  # fmt: skip
@@ -1092,7 +1096,7 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
             [f"{k}={v}" for k, v in claim.where.items()]
             + ([f"every {claim.per}"] if claim.per else [])
             + ([f"every step of {claim.over}"] if claim.kind == "trend" else [])
-            + (["a's gain over b"] if claim.kind == "reproduces" and claim.b else [])
+            + ([f"a's {claim.relative} over b"] if claim.kind == "reproduces" and claim.b else [])
             + ([f"best over {claim.over}"] if claim.kind == "reproduces" and claim.over else [])
         ),
         "metric": claim.metric

@@ -354,8 +354,27 @@ def gain_rows(points, seeds=(0, 1), metric="throughput", skip=()):
             "inconclusive",
             "1 of 1 seeds",
         ),
+        # a speed-up (relative: factor): a / b itself, as a published "53X": 1.3 / 1.0
+        # against 1.25
+        (
+            {"relative": "factor", "value": 1.25, "over": ""},
+            {4: (1.3, 1.0)},
+            (),
+            "holds",
+            "throughput factor of a over b 1.3 against 1.25: ours / theirs 1.04",
+        ),
+        # a time's factor is b / a: b took 4 × a's time, a speed-up of 4 against 8
+        (
+            {"relative": "factor", "value": 8.0, "over": "", "metric": "wall_time_s",
+             "better": "lower"},
+            {4: (1.0, 4.0)},
+            (),
+            "does not hold",
+            "ours / theirs 0.5",
+        ),
     ],
-    ids=["best-over", "one-point", "too-high", "slower", "a-time", "a-seed-lost"],
+    ids=["best-over", "one-point", "too-high", "slower", "a-time", "a-seed-lost", "factor",
+         "a-time-factor"],
 )
 def test_reproduces_takes_a_gain_over_b_at_its_best_over_a_key(fields, points, skip, verdict, ours):
     claim = claim_from_dict({**GAIN, **fields}, "sweep.claims[0]")
@@ -364,6 +383,16 @@ def test_reproduces_takes_a_gain_over_b_at_its_best_over_a_key(fields, points, s
     assert got["verdict"] == verdict and ours in got["ours"], got
     if skip:
         assert "b seed 1 at bw=16: no run" in got["notes"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"relative": "ratio"}, "relative must be one of gain, factor, got 'ratio'"),
+     ({"relative": "factor", "b": {}}, "relative must be gain .* without b, got 'factor'")],
+)  # fmt: skip
+def test_a_reproduces_claim_names_how_a_is_set_against_b(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        claim_from_dict({**GAIN, **fields}, "sweep.claims[0]")
 
 
 def test_a_reproduces_claim_is_one_published_number():
