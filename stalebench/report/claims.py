@@ -788,8 +788,8 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
                 if y is not None and (y if claim.better == "higher" else x) == 0:
                     notes.append(f"seed {seed}{at}: a gain over 0 is undefined")
                     y = None
-                x = None if y is None else (x / y if claim.better == "higher" else y / x) - (
-                    claim.relative == "gain")
+                factor = None if y is None else x / y if claim.better == "higher" else y / x
+                x = factor - 1 if factor is not None and claim.relative == "gain" else factor
             numbers[seed][k] = x
     best = max if claim.better == "higher" or claim.b else min
     ours = {seed: best(xs) for seed, xs in numbers.items() if None not in xs}

@@ -365,16 +365,29 @@ def gain_rows(points, seeds=(0, 1), metric="throughput", skip=()):
         ),
         # a time's factor is b / a: b took 4 × a's time, a speed-up of 4 against 8
         (
-            {"relative": "factor", "value": 8.0, "over": "", "metric": "wall_time_s",
-             "better": "lower"},
+            {
+                "relative": "factor",
+                "value": 8.0,
+                "over": "",
+                "metric": "wall_time_s",
+                "better": "lower",
+            },
             {4: (1.0, 4.0)},
             (),
             "does not hold",
             "ours / theirs 0.5",
         ),
     ],
-    ids=["best-over", "one-point", "too-high", "slower", "a-time", "a-seed-lost", "factor",
-         "a-time-factor"],
+    ids=[
+        "best-over",
+        "one-point",
+        "too-high",
+        "slower",
+        "a-time",
+        "a-seed-lost",
+        "factor",
+        "a-time-factor",
+    ],
 )
 def test_reproduces_takes_a_gain_over_b_at_its_best_over_a_key(fields, points, skip, verdict, ours):
     claim = claim_from_dict({**GAIN, **fields}, "sweep.claims[0]")
