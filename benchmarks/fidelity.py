@@ -107,6 +107,7 @@ def calibrated(probe: dict, host: dict, cores: int) -> list[str]:
         f"cluster.host_cores={cores}",
         f"cluster.overhead_ms={host['overhead_ms']:.4f}",
         f"cluster.hub_ms={host['hub_ms']:.4f}",
+        f"cluster.wake_ms={host.get('wake_ms', 0.0):.4f}",
     ]
 
 
@@ -218,7 +219,8 @@ def render(result: dict) -> str:
     alone, two = ({str(k): v for k, v in p["contention"].items()}.get(k) for k in ("1", "2"))
     hosts = (
         "; ".join(
-            f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step"
+            f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step, "
+            f"wake {h.get('wake_ms', 0.0):.2f} ms"
             for family, h in result.get("hosts", {}).items()
         )
         or "not probed"

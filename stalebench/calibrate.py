@@ -14,11 +14,13 @@ What it measures, each the median of repeats after a warm-up:
   the simulator on the profile measured so far: a hub's CPU per message as the real run
   measured it (`hub_ms`: receiving, the server's apply and bookkeeping, replying), and what
   each step cost beyond what the simulator priced (`overhead_ms`: the loop around the
-  step, its messages' handling).
+  step, its messages' handling); then the same job with one rank more than the cores, and
+  the simulator bisected to its step: what a rank that blocked on a message waits for a
+  core once it is in (`wake_ms`: the scheduler's latency, which oversubscribed cores add).
 
 The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's,
 `host_cores` this machine's cores (the ranks of a run share them: the simulator stretches
-their work when more are busy than cores), `hub_ms` and `overhead_ms`; the measurements
+their work when more are busy than cores), `hub_ms`, `overhead_ms` and `wake_ms`; the measurements
 kept in a comment. It is written to `<conf>/cluster/<name>.yaml`, `<conf>`
 being `$STALEBENCH_CONF` or `~/.config/stalebench` (`plugins.user_conf`), a folder on
 Hydra's search path.
@@ -173,6 +175,7 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int):
         push_latency_ms=m["latency_ms"], pull_latency_ms=m["latency_ms"],
         push_bandwidth_gbps=m["bandwidth_gbps"], pull_bandwidth_gbps=m["bandwidth_gbps"],
         host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0), hub_ms=m.get("hub_ms", 0.0),
+        wake_ms=m.get("wake_ms", 0.0),
     )  # fmt: skip
     return run
 
@@ -184,7 +187,9 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     the machine did in its 2 seconds), and the simulator on the profile measured so far
     with that run's hub CPU per message: `hub_ms` (0 without a hub), and `overhead_ms`,
     what a step of the real run took beyond the simulator's (0 when the simulator is the
-    slower)."""
+    slower). Then `repeats` real runs with one rank more than the cores (at least one
+    worker more), and `wake_ms` bisected until the simulator's step on them is the real
+    one's (0 when the engine takes no more workers)."""
     import tempfile
 
     from stalebench import experiment
@@ -205,27 +210,63 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     def step_s(summary: dict[str, Any]) -> float:
         return summary["wall_time_s"] / max(summary["gradients"], 1)
 
-    for workers in (1, 2):
+    def real_runs(workers: int) -> list[dict[str, Any]]:
         real = profiled(cfg, m, cores, workers)
         real.cluster.compute_ms = 0.0  # nothing emulated
         for key in ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps",
                     "pull_bandwidth_gbps"):  # fmt: skip
             setattr(real.cluster, key, 0.0)
+        return sorted((run(copy.deepcopy(real), "real") for _ in range(repeats)), key=step_s)
+
+    found: dict[str, Any] = {}
+    for workers in (1, 2):
         try:
-            runs = [run(copy.deepcopy(real), "real") for _ in range(repeats)]
+            runs = real_runs(workers)
         except ConfigError:  # the engine takes more workers
             continue
         if workers == 1 and "hub" not in runs[0]:
             continue  # one worker alone sends nothing: its messages' cost is not in it
-        got = sorted(runs, key=step_s)[len(runs) // 2]
+        got = runs[len(runs) // 2]
         hub_ms = (got.get("hub") or {}).get("cpu_ms", 0.0)
         sim = run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
         per_step = {"real": step_s(got), "sim": step_s(sim)}
         overhead = max(0.0, (per_step["real"] - per_step["sim"]) * workers)
-        return {"probe_workers": workers, "hub_ms": hub_ms, "overhead_ms": 1000 * overhead,
-                "probe_step_ms": {k: 1000 * v for k, v in per_step.items()},
-                "probe_real_step_ms": [round(1000 * step_s(r), 4) for r in runs]}  # fmt: skip
-    raise RuntimeError(f"calibrate's probe: engine={cfg.engine.name} takes neither 1 nor 2 workers")
+        found = {"probe_workers": workers, "probe_hub": "hub" in got, "hub_ms": hub_ms,
+                 "overhead_ms": 1000 * overhead,
+                 "probe_step_ms": {k: 1000 * v for k, v in per_step.items()},
+                 "probe_real_step_ms": [round(1000 * step_s(r), 4) for r in runs]}  # fmt: skip
+        break
+    if not found:
+        raise RuntimeError(
+            f"calibrate's probe: engine={cfg.engine.name} takes neither 1 nor 2 workers"
+        )
+    # the scheduler's latency: the same job with one rank more than the cores
+    more = max(found["probe_workers"] + 1, cores + 1 - found["probe_hub"])
+    try:
+        real_s = step_s(real_runs(more)[repeats // 2])
+    except ConfigError:  # the engine takes no more workers
+        return {**found, "wake_ms": 0.0}
+
+    def sim_s(wake_ms: float) -> float:
+        return step_s(run(profiled(cfg, {**m, **found, "wake_ms": wake_ms}, cores, more), "sim"))
+
+    wake_ms = fit(sim_s, real_s, 1000 * real_s * more)
+    steps = {"real": 1000 * real_s, "sim": 1000 * sim_s(wake_ms)}
+    return {**found, "wake_ms": wake_ms, "wake_probe_workers": more, "wake_probe_step_ms": steps}
+
+
+def fit(f, target: float, hi: float, steps: int = 8) -> float:
+    """The x in [0, hi] at which the nondecreasing `f` reaches `target`, by bisection
+    (`steps` halvings): 0 when f(0) already does, hi when f(hi) does not."""
+    if f(0.0) >= target:
+        return 0.0
+    if f(hi) < target:
+        return hi
+    lo = 0.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
@@ -244,6 +285,13 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"emulated): a step every {m['probe_step_ms']['real']:.3f} ms a worker, the "
         f"simulator {m['probe_step_ms']['sim']:.3f} ms before overhead_ms; the hub's "
         f"CPU {m['hub_ms']:.3f} ms a message",
+        *(
+            [f"# the wake-up probe ({m['wake_probe_workers']} workers, more ranks than "
+             f"cores): a step every {m['wake_probe_step_ms']['real']:.3f} ms a worker, the "
+             f"simulator {m['wake_probe_step_ms']['sim']:.3f} ms with wake_ms"]  # fmt: skip
+            if "wake_probe_workers" in m
+            else []
+        ),
         f"preset: {name}",
         "compute: constant",
         f"compute_ms: {m['step_ms']:.4f}",
@@ -254,6 +302,7 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"host_cores: {cores}",
         f"overhead_ms: {m['overhead_ms']:.4f}",
         f"hub_ms: {m['hub_ms']:.4f}",
+        f"wake_ms: {m.get('wake_ms', 0.0):.4f}",
         "",
     ])  # fmt: skip
 

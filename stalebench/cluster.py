@@ -163,6 +163,9 @@ class ClusterConfig(ComponentConfig):
     host_cores: int = 0  # the cores the run's ranks share (0: a core per rank, no sharing)
     overhead_ms: float = 0.0  # a rank's CPU per step beyond the step (its loop around it)
     hub_ms: float = 0.0  # a hub's CPU per message it takes (the server's apply, bookkeeping)
+    # while the run's ranks outnumber host_cores: what a rank that blocked on a message (a
+    # reply, a collective's end) waits for a core once it is in (the scheduler's latency)
+    wake_ms: float = 0.0
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
@@ -196,6 +199,7 @@ class ClusterConfig(ComponentConfig):
             "compute_ms",
             "overhead_ms",
             "hub_ms",
+            "wake_ms",
             "push_latency_ms",
             "pull_latency_ms",
             "push_bandwidth_gbps",

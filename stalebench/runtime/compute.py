@@ -33,11 +33,19 @@ class Host:
     each, nothing shared). A rank's CPU work of `seconds` starting at `start` (a step, a
     hub's handling of a message) is stretched by the ranks busy then, itself included, over
     the cores, when they outnumber them: processor sharing, with the share fixed when the
-    work starts (a rank that starts later does not slow it after the fact)."""
+    work starts (a rank that starts later does not slow it after the fact). While the
+    run's ranks outnumber the cores, a rank that blocked on a message (a reply, a
+    collective's end) waits `wake_s` more for a core once it is in (`wake`): the
+    scheduler's latency, which a fluid share of the cores does not have."""
 
-    def __init__(self, cores: int, size: int):
+    def __init__(self, cores: int, size: int, wake_s: float = 0.0):
         self.cores = cores
         self.busy = [(0.0, 0.0)] * size  # each rank's latest CPU work: (start, end)
+        self.wake_s = wake_s if 0 < cores < size else 0.0
+
+    def wake(self) -> float:
+        """What a rank that blocked waits for a core once its message is in (seconds)."""
+        return self.wake_s
 
     def run(self, rank: int, start: float, seconds: float) -> float:
         if not self.cores:

@@ -213,12 +213,21 @@ class SimWorld(World):
             arrival = self.down.take(arrival, self.network.push_wire_s(size))
         elif not pull:
             arrival = self.network.peer_through(self.down, arrival, size)
-        waited = max(arrival - self.clock, 0.0)
-        self.clock = max(self.clock, arrival)
+        waited = self.resume(arrival)
         if self.hub:
             self.clock += self.handle()
         elif pull:
             self._pay(self.network.pull_s(size))
+        return waited
+
+    def resume(self, at: float) -> float:
+        """Go on at `at`, once what this rank waited for is in; the seconds waited. A rank
+        that blocked (`at` is later than its clock) then waits for a core too, while the
+        run's ranks outnumber the host's (`cluster.wake_ms`)."""
+        if at <= self.clock:
+            return 0.0
+        waited = at - self.clock + self.sim.host.wake()
+        self.clock += waited
         return waited
 
     def handle(self) -> float:
@@ -292,9 +301,7 @@ class SimWorld(World):
         return self._ended(handle)
 
     def _ended(self, handle: Collective) -> float:
-        waited = max(handle.done - self.clock, 0.0)
-        self.clock = max(self.clock, handle.done)
-        return waited
+        return self.resume(handle.done)
 
 
 def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0):
@@ -435,7 +442,8 @@ class SimListener(Listener):
             if world.hub and not isinstance(message, BaseException):  # its downlink's queue
                 wire = world.network.push_wire_s(world.sim.nbytes(message))
                 at = max(at, world.down.take(arrival, wire))
-            world.clock, peer = at, self.peer_of[src]
+            world.resume(at)
+            peer = self.peer_of[src]
             if world.hub and not isinstance(message, BaseException):
                 world.clock += world.handle()
             for step in deferred if read else ():
@@ -461,7 +469,8 @@ class Simulator:
         self.record.virtual_time = True
         self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
         self.topology.calendars = Calendars.local(self.topology.links, size)
-        self.host = Host(job.profile.cfg.host_cores, size)  # the ranks' shared cores
+        cluster = job.profile.cfg
+        self.host = Host(cluster.host_cores, size, cluster.wake_ms / 1000)  # the shared cores
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
         for world in self.worlds:
             world.every_s = checkpoint.every_s(job.cfg)

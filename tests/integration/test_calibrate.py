@@ -31,6 +31,15 @@ def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
     assert c.host_cores == cores()
     assert 0 < c.hub_ms < 1000 and c.overhead_ms >= 0
     assert "the probe (a real run of the job, 1 worker(s)" in written.read_text()
+    # the wake-up: the job again with one rank more than the cores, the simulator fitted
+    assert c.wake_ms >= 0 and "the wake-up probe" in written.read_text()
+
+
+def test_fit_bisects_to_the_target():
+    line = lambda x: 2.0 + x  # noqa: E731
+    assert calibrate.fit(line, 5.0, 10.0) == pytest.approx(3.0, abs=10.0 / 256)
+    assert calibrate.fit(line, 1.0, 10.0) == 0.0  # reached at 0 already
+    assert calibrate.fit(line, 50.0, 10.0) == 10.0  # not within [0, hi]
 
 
 def test_a_bigger_model_calibrates_to_a_longer_step():

@@ -1,5 +1,5 @@
 """The simulator's host model (stalebench.runtime.compute.Host, cluster.host_cores,
-overhead_ms, hub_ms): what processes on one machine pay beyond the profile's steps and
+overhead_ms, hub_ms, wake_ms): what processes on one machine pay beyond the profile's steps and
 messages."""
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ def test_ranks_busy_beyond_the_cores_share_them():
     assert host.run(0, 1.5, 1.0) == pytest.approx(1.5)
     # a rank idle between its works counts for nothing then
     assert host.run(1, 3.0, 1.0) == 1.0
+
+
+def test_a_rank_waits_for_a_core_only_while_the_ranks_outnumber_the_cores():
+    assert Host(2, 3, 0.005).wake() == 0.005
+    assert Host(2, 2, 0.005).wake() == 0.0  # a core each
+    assert Host(0, 3, 0.005).wake() == 0.0  # no cores given: nothing shared
 
 
 SERVER = [
@@ -77,3 +83,18 @@ def test_a_real_server_times_its_handling_of_a_message(tmp_path):
     allreduce = run_job(tmp_path / "ar", ["algorithm=bsp", "engine=allreduce",
                                           "budget.max_updates=10"])  # fmt: skip
     assert "hub" not in allreduce.summary  # no hub
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_blocked_on_a_message_waits_for_a_core(tmp_path):
+    # one worker stepping 10 ms and its server, two ranks: on one core each that blocked
+    # waits 5 ms for it once its message is in (the server for the gradient, the worker for
+    # the reply): a cycle of 10 + 5 + 5 ms, 50 updates a second; on two cores none waits
+    one = [*SERVER, "cluster.num_workers=1", "cluster.wake_ms=5"]
+    assert rate(run_job(tmp_path / "free", one[:-1])) == pytest.approx(100, rel=0.02)
+    assert rate(run_job(tmp_path / "woken", [*one, "cluster.host_cores=1"])) == pytest.approx(
+        50, rel=0.02
+    )
+    assert rate(run_job(tmp_path / "cores", [*one, "cluster.host_cores=2"])) == pytest.approx(
+        100, rel=0.02
+    )
