@@ -214,9 +214,15 @@ def render(result: dict) -> str:
                  if r["error"] is not None and r["oversubscribed"] == flag]
           for flag in (True, False)}  # fmt: skip
     med = {k: statistics.median(v) if v else None for k, v in by.items()}
+    misses = sorted((r for r in result["rows"] if r["error"] is not None),
+                    key=lambda r: -abs(r["error"]))[:3]  # fmt: skip
+    worst = "; ".join(
+        f"{r['family']} {r['algorithm']} on {r['workers']} workers: time to target "
+        f"{fmt(r['error'])}, updates/s {fmt(r['updates_per_s_error'])}"
+        for r in misses
+    )
     p = result["probe"]
     steps = ", ".join(f"{k}: {v:.2f} ms" for k, v in p["contention"].items())
-    alone, two = ({str(k): v for k, v in p["contention"].items()}.get(k) for k in ("1", "2"))
     hosts = (
         "; ".join(
             f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step, "
@@ -238,22 +244,20 @@ def render(result: dict) -> str:
         f"host: {m['cores']} cores shared by the run's busy ranks, and per family, from "
         "the median of three 2-second real probes of its first algorithm on the fewest "
         "workers whose ranks exchange messages (one with a server, else two), "
-        f"a hub's CPU per message and each step's cost beyond the simulator's ({hosts}).",
+        "a hub's CPU per message and each step's cost beyond the simulator's, and from "
+        "three more with one rank more than the cores, what a rank that blocked on a "
+        f"message waits for a core ({hosts}).",
         "",
         "Where it misses: the median |error| is "
         f"{fmt(med[False], '{:.0%}')} where the machine has a core for every process of the "
         f"run and {fmt(med[True], '{:.0%}')} where the processes outnumber the cores (every "
         "ps run: the server is a process). The host model shares the cores as a fluid among "
-        "the ranks busy when a step starts; real processes on oversubscribed cores also "
-        "wait for the scheduler each time a message wakes them (a reply, a ring all-reduce "
-        "step), a latency the model does not have. Measured by hand on this machine (ps "
-        "ASP, 3 s, nothing emulated): from 1 worker to 2 (2 processes to 3 on 2 cores) the "
-        "server's handling of a message went from 0.21 ms to 0.66 ms (its process's CPU a "
-        "message from 0.37 to 0.56 ms, while the three processes kept about 1.2 of the 2 "
-        "cores busy) and a worker's wait for its reply from 0.44 ms to 1.60 ms, while two "
-        "steps at once take what one takes "
-        f"(above: {alone:.2f} and {two:.2f} ms). Pricing that "
-        "wake-up is the host model's next step.",
+        "the ranks busy when a step starts, and a rank that blocked on a message (a reply, "
+        "a collective's end) waits `wake_ms` for a core once it is in while the ranks "
+        "outnumber the cores, fitted per family on a real probe with one rank more than the "
+        "cores. That wait is one constant; on real cores it grows with the processes "
+        "queued for them, which the model does not yet price. The largest misses: "
+        f"{worst}.",
         "",
     ]
     return "\n".join(lines)
