@@ -84,9 +84,8 @@ RULE = (
     "diverged run never reaches a target and is unusable for other metrics; a final "
     "accuracy or loss is the mean over the last 10% of the evaluations (final_tail); "
     "`reproduces`: every usable seed's number (a's metric, or a's gain or factor over b; "
-    "with `over`, "
-    "its best over that key's values) within the claim's tolerance of the published "
-    "number, as the ratio ours / theirs (a count, not a test)."
+    "with `over`, its best over that key's values) within the claim's tolerance of the "
+    "published number, as the ratio ours / theirs (a count, not a test)."
 )
 # whose a claim's value and margin are (`threshold_from`), as a table says it
 WHOSE = {"ours": "ours", "paper": "the paper's"}
@@ -751,9 +750,9 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
     """reproduces: each seed's number against the published one (`value`), as the ratio
     ours / theirs; a count of the seeds within `tolerance` of it, not a test. A seed's
     number is a's metric; with `b`, a's gain (or factor: `relative`) over b's run of the
-    same seed; with `over`,
-    its best over that key's values. A diverged, failed or unmeasured run has not run the
-    paper's course: it measures nothing here, and loses its seed."""
+    same seed; with `over`, its best over that key's values. A diverged, failed or
+    unmeasured run has not run the paper's course: it measures nothing here, and loses its
+    seed."""
     runs = select(rows, {**claim.where, **claim.a})
     points = [{}]
     if claim.over:
