@@ -1,0 +1,118 @@
+"""Which form of the host model's wake-up wait predicts unemulated runs it was not fitted
+on: a constant, or one that grows with the ranks beyond the cores.
+
+    python -m benchmarks.wake_form    # benchmarks/results/wake_form.json, a table printed
+
+`cluster.wake_ms` is one constant (`runtime.compute.Host`), fitted by `stalebench
+calibrate` on a run with one rank more than the cores. docs/fidelity.md shows it missing
+most where the most processes share each core (ps on 4 workers: 5 processes on 2 cores).
+The other form, chosen after seeing that table, is a wait proportional to the ranks beyond
+the cores (`queued`: wake_ms × (ranks − cores), the same as the constant at the probe).
+For a run of a given size it is a constant too, so both are the simulator as it is, run
+with the wake each form gives that size.
+
+Judged only on configurations the fidelity table and the calibration never ran: every
+family of benchmarks/fidelity.py at 6 workers, and the parameter server's at 3 (4
+processes). The rule, fixed before any run: `queued` replaces the constant if its median
+|error| of time to target over these rows is lower than the constant's; both are reported
+either way.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.fidelity import COMMON, FAMILIES, calibrated, run, time_to  # noqa: E402
+from stalebench import calibrate  # noqa: E402
+from stalebench.job import load_splits  # noqa: E402
+from stalebench.runtime.compute import cores  # noqa: E402
+from tests.conftest import compose  # noqa: E402
+
+HELD_OUT = {"ps": (3, 6), "allreduce": (6,), "local": (6,), "gossip": (6,)}
+RESULTS = ROOT / "benchmarks" / "results" / "wake_form.json"
+
+
+def main() -> None:
+    cfg = compose(COMMON)
+    have = cores()
+    probe = calibrate.measure(cfg, load_splits(cfg), have)
+    rows, hosts = [], {}
+    for family, arms in FAMILIES.items():
+        host = calibrate.probe(compose([*COMMON, *next(iter(arms.values()))]), probe, have)
+        hosts[family] = host
+        print(family, "host", host)
+        for n in HELD_OUT[family]:
+            ranks = n + (family == "ps")
+            for name, arm in arms.items():
+                base = [*COMMON, *arm, f"cluster.num_workers={n}"]
+                real = run(base)
+                first, last = real["curve"][0][1], real["curve"][-1][1]
+                target = first - 0.5 * (first - last)
+                row = {"family": family, "algorithm": name, "workers": n, "ranks": ranks,
+                       "target_loss": target, "real": real, "forms": {}}  # fmt: skip
+                t_real = time_to(real["curve"], target)
+                for form, scale in (("constant", 1), ("queued", max(ranks - have, 0))):
+                    wake = {**host, "wake_ms": host.get("wake_ms", 0.0) * scale}
+                    sim = run([*base, "runtime=sim", *calibrated(probe, wake, have)])
+                    t_sim = time_to(sim["curve"], target)
+                    row["forms"][form] = {
+                        "wake_ms": wake["wake_ms"],
+                        "sim": sim,
+                        "time_to_target": {"real": t_real, "sim": t_sim},
+                        "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
+                        "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
+                    }
+                rows.append(row)
+                print(family, name, n, {f: v["error"] for f, v in row["forms"].items()})
+    medians = {
+        form: statistics.median(
+            abs(r["forms"][form]["error"]) for r in rows if r["forms"][form]["error"] is not None
+        )
+        for form in ("constant", "queued")
+    }
+    result = {
+        "cores": have,
+        "probe": probe,
+        "hosts": hosts,
+        "rows": rows,
+        "median_abs_error": medians,
+        "chosen": "queued" if medians["queued"] < medians["constant"] else "constant",
+        "written": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    RESULTS.write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+
+
+def table(result: dict) -> str:
+    pct = lambda x: "—" if x is None else f"{x:+.0%}"  # noqa: E731
+    lines = [
+        "| family | algorithm | workers (processes) | time to target: real | constant | queued "
+        "| updates/s error: constant | queued |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        c, q = r["forms"]["constant"], r["forms"]["queued"]
+        real = c["time_to_target"]["real"]
+        lines.append(
+            f"| {r['family']} | {r['algorithm']} | {r['workers']} ({r['ranks']}) "
+            f"| {'—' if real is None else f'{real:.2f} s'} | {pct(c['error'])} "
+            f"| {pct(q['error'])} | {pct(c['updates_per_s_error'])} "
+            f"| {pct(q['updates_per_s_error'])} |"
+        )
+    m = result["median_abs_error"]
+    lines.append(
+        f"\nMedian |error| of time to target: constant {m['constant']:.0%}, queued "
+        f"{m['queued']:.0%}; chosen by the rule: {result['chosen']}."
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
