@@ -226,7 +226,7 @@ def render(result: dict) -> str:
     hosts = (
         "; ".join(
             f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step, "
-            f"wake {h.get('wake_ms', 0.0):.2f} ms"
+            f"wake {h.get('wake_ms', 0.0):.2f} ms a rank beyond the cores"
             for family, h in result.get("hosts", {}).items()
         )
         or "not probed"
@@ -253,10 +253,11 @@ def render(result: dict) -> str:
         f"run and {fmt(med[True], '{:.0%}')} where the processes outnumber the cores (every "
         "ps run: the server is a process). The host model shares the cores as a fluid among "
         "the ranks busy when a step starts, and a rank that blocked on a message (a reply, "
-        "a collective's end) waits `wake_ms` for a core once it is in while the ranks "
-        "outnumber the cores, fitted per family on a real probe with one rank more than the "
-        "cores. That wait is one constant; on real cores it grows with the processes "
-        "queued for them, which the model does not yet price. The largest misses: "
+        "a collective's end) waits `wake_ms` for a core once it is in for each rank beyond "
+        "the cores, fitted per family on a real probe with one rank more than the cores "
+        "(a wait growing with the ranks beyond the cores, rather than a constant one, was "
+        "chosen on configurations this table does not run: benchmarks/wake_form.py). The "
+        "largest misses: "
         f"{worst}.",
         "",
     ]

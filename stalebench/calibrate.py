@@ -16,7 +16,8 @@ What it measures, each the median of repeats after a warm-up:
   each step cost beyond what the simulator priced (`overhead_ms`: the loop around the
   step, its messages' handling); then the same job with one rank more than the cores, and
   the simulator bisected to its step: what a rank that blocked on a message waits for a
-  core once it is in (`wake_ms`: the scheduler's latency, which oversubscribed cores add).
+  core once it is in, for each rank beyond the cores (`wake_ms`: the scheduler's latency,
+  which oversubscribed cores add).
 
 The profile: `compute_ms` the step, both directions' latency and bandwidth gloo's,
 `host_cores` this machine's cores (the ranks of a run share them: the simulator stretches

@@ -164,7 +164,8 @@ class ClusterConfig(ComponentConfig):
     overhead_ms: float = 0.0  # a rank's CPU per step beyond the step (its loop around it)
     hub_ms: float = 0.0  # a hub's CPU per message it takes (the server's apply, bookkeeping)
     # while the run's ranks outnumber host_cores: what a rank that blocked on a message (a
-    # reply, a collective's end) waits for a core once it is in (the scheduler's latency)
+    # reply, a collective's end) waits for a core once it is in, for each rank beyond the
+    # cores (the scheduler's latency)
     wake_ms: float = 0.0
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,

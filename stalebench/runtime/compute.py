@@ -35,13 +35,15 @@ class Host:
     the cores, when they outnumber them: processor sharing, with the share fixed when the
     work starts (a rank that starts later does not slow it after the fact). While the
     run's ranks outnumber the cores, a rank that blocked on a message (a reply, a
-    collective's end) waits `wake_s` more for a core once it is in (`wake`): the
-    scheduler's latency, which a fluid share of the cores does not have."""
+    collective's end) waits for a core once it is in (`wake`): `wake_s` for each rank
+    beyond the cores, the scheduler's latency, which a fluid share of the cores does not
+    have. (A wait that grows with the ranks beyond the cores predicted held-out runs better
+    than a constant one: benchmarks/wake_form.py.)"""
 
     def __init__(self, cores: int, size: int, wake_s: float = 0.0):
         self.cores = cores
         self.busy = [(0.0, 0.0)] * size  # each rank's latest CPU work: (start, end)
-        self.wake_s = wake_s if 0 < cores < size else 0.0
+        self.wake_s = wake_s * (size - cores) if 0 < cores < size else 0.0
 
     def wake(self) -> float:
         """What a rank that blocked waits for a core once its message is in (seconds)."""
