@@ -95,6 +95,24 @@ def time_to(curve: list[tuple[float, float]], loss: float) -> float | None:
     return None
 
 
+def halfway(real: dict) -> float:
+    """A run's target loss: its training loss halfway from its first evaluation to its last."""
+    first, last = real["curve"][0][1], real["curve"][-1][1]
+    return first - 0.5 * (first - last)
+
+
+def against(real: dict, sim: dict, target: float) -> dict:
+    """The simulated run set against the real one: each one's time to `target`, the error
+    of the simulator's (None when either never reached it), and of its updates/s."""
+    t_real, t_sim = time_to(real["curve"], target), time_to(sim["curve"], target)
+    return {
+        "sim": sim,
+        "time_to_target": {"real": t_real, "sim": t_sim},
+        "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
+        "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
+    }
+
+
 def calibrated(probe: dict, host: dict, cores: int) -> list[str]:
     """The simulator's profile from the machine's measurements: a step alone, gloo's
     loopback, the cores the ranks share, and the family's host probe."""
@@ -133,18 +151,13 @@ def main() -> None:
             for name, arm in arms.items():
                 base = [*COMMON, *arm, f"cluster.num_workers={n}"]
                 real = run(base)
-                first, last = real["curve"][0][1], real["curve"][-1][1]
-                target = first - 0.5 * (first - last)
+                target = halfway(real)
                 sim = run([*base, "runtime=sim", *calibrated(probe, hosts[family], have)])
-                t_real, t_sim = time_to(real["curve"], target), time_to(sim["curve"], target)
                 rows.append({
                     "family": family, "algorithm": name, "workers": n,
                     "oversubscribed": n + (family == "ps") > have,
-                    "target_loss": target,
-                    "real": real, "sim": sim,
-                    "time_to_target": {"real": t_real, "sim": t_sim},
-                    "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
-                    "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
+                    "target_loss": target, "real": real,
+                    **against(real, sim, target),
                 })  # fmt: skip
                 print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
     result = {

@@ -3,13 +3,13 @@ on: a constant, or one that grows with the ranks beyond the cores.
 
     python -m benchmarks.wake_form    # benchmarks/results/wake_form.json, a table printed
 
-`cluster.wake_ms` is one constant (`runtime.compute.Host`), fitted by `stalebench
-calibrate` on a run with one rank more than the cores. docs/fidelity.md shows it missing
-most where the most processes share each core (ps on 4 workers: 5 processes on 2 cores).
-The other form, chosen after seeing that table, is a wait proportional to the ranks beyond
-the cores (`queued`: wake_ms × (ranks − cores), the same as the constant at the probe).
-For a run of a given size it is a constant too, so both are the simulator as it is, run
-with the wake each form gives that size.
+`cluster.wake_ms` is fitted by `stalebench calibrate` on a run with one rank more than the
+cores. It was first one constant wait (`constant`); docs/fidelity.md showed it missing most
+where the most processes share each core (ps on 4 workers: 5 processes on 2 cores). The
+other form, chosen after seeing that table, is a wait proportional to the ranks beyond the
+cores (`queued`: wake_ms × (ranks − cores), the same as the constant at the probe). This
+benchmark chose `queued`, which `runtime.compute.Host` now is; for a run of a given size
+either form is one wait, so `constant` is the simulator run with wake_ms / (ranks − cores).
 
 Judged only on configurations the fidelity table and the calibration never ran: every
 family of benchmarks/fidelity.py at 6 workers, and the parameter server's at 3 (4
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity import COMMON, FAMILIES, calibrated, run, time_to  # noqa: E402
+from benchmarks.fidelity import COMMON, FAMILIES, against, calibrated, halfway, run  # noqa: E402
 from stalebench import calibrate  # noqa: E402
 from stalebench.job import load_splits  # noqa: E402
 from stalebench.runtime.compute import cores  # noqa: E402
@@ -53,22 +53,15 @@ def main() -> None:
             for name, arm in arms.items():
                 base = [*COMMON, *arm, f"cluster.num_workers={n}"]
                 real = run(base)
-                first, last = real["curve"][0][1], real["curve"][-1][1]
-                target = first - 0.5 * (first - last)
+                target = halfway(real)
                 row = {"family": family, "algorithm": name, "workers": n, "ranks": ranks,
                        "target_loss": target, "real": real, "forms": {}}  # fmt: skip
-                t_real = time_to(real["curve"], target)
-                for form, scale in (("constant", 1), ("queued", max(ranks - have, 0))):
+                # the wait each form gives a rank, as the wake_ms the simulator multiplies
+                # by the ranks beyond the cores
+                for form, scale in (("constant", 1 / max(ranks - have, 1)), ("queued", 1)):
                     wake = {**host, "wake_ms": host.get("wake_ms", 0.0) * scale}
                     sim = run([*base, "runtime=sim", *calibrated(probe, wake, have)])
-                    t_sim = time_to(sim["curve"], target)
-                    row["forms"][form] = {
-                        "wake_ms": wake["wake_ms"],
-                        "sim": sim,
-                        "time_to_target": {"real": t_real, "sim": t_sim},
-                        "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
-                        "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
-                    }
+                    row["forms"][form] = {"wake_ms": wake["wake_ms"], **against(real, sim, target)}
                 rows.append(row)
                 print(family, name, n, {f: v["error"] for f, v in row["forms"].items()})
     medians = {
