@@ -279,6 +279,20 @@ def discordant(rows: list[dict]) -> list[dict]:
     return out
 
 
+def progress(row: dict) -> tuple[float, float] | None:
+    """The median number of updates each side's runs took to the target (None without
+    repeats, or where one never reached it): a time to target is this over the rate."""
+    out = []
+    for side in ("real", "sim"):
+        runs, times = row[side].get("runs"), row.get("times", {}).get(side)
+        if not runs or not times or None in times:
+            return None
+        out.append(
+            statistics.median(t * r["updates_per_s"] for t, r in zip(times, runs, strict=True))
+        )
+    return out[0], out[1]
+
+
 def noise(result: dict) -> str:
     """What the real runs themselves vary, and which rankings that variation decides."""
     repeats = result.get("repeats", 1)
@@ -288,6 +302,9 @@ def noise(result: dict) -> str:
             "run's curve, which varies from run to run more than its rate does."
         )
     widths = [b / a - 1 for a, b in filter(None, map(spread, result["rows"]))]
+    steps = [b / a - 1 for a, b in filter(None, map(progress, result["rows"]))]
+    rates = [r["updates_per_s_error"] for r in result["rows"]]
+    step_error = statistics.median(map(abs, steps)) if steps else None
     pairs = result["summary"].get("discordant", [])
     said = "; ".join(
         f"{d['family']}/{d['workers']} {' and '.join(d['pair'])} "
@@ -303,6 +320,13 @@ def noise(result: dict) -> str:
         "row's figures are the medians. The real runs of one configuration varied in time "
         f"to target by a median of {fmt_pct(statistics.median(widths) if widths else None)} "
         f"(slowest over fastest, largest {fmt_pct(max(widths) if widths else None)}). "
+        "A time to target is the updates a run took to reach it over its rate, and the two "
+        "parts miss apart: the simulated runs' updates to the target differ from the real "
+        f"ones' by a median |error| of {fmt_pct(step_error)} "
+        f"(the simulator needing more in {sum(x > 0 for x in steps)} of {len(steps)} rows), "
+        f"their rates by {fmt_pct(statistics.median(map(abs, rates)))}: the first is the "
+        "optimisation (the order gradients arrive in, the lag each one had), the second the "
+        "clock. "
         + (
             f"Pairs ranked in opposite orders: {said}."
             if pairs
@@ -329,17 +353,18 @@ def render(result: dict) -> str:
         f"{result['written']}).",
         "",
         "| family | algorithm | workers | time to target: real | real runs | sim | error "
-        "| updates/s: real | sim | error | mean lag: real | sim |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| updates to it: real | sim | updates/s: real | sim | error | mean lag: real | sim |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        t, sp = r["time_to_target"], spread(r)
+        t, sp, u = r["time_to_target"], spread(r), progress(r)
         lines.append(
             f"| {r['family']} | {r['algorithm']} | {r['workers']}"
             f"{' (oversubscribed)' if r['oversubscribed'] else ''} "
             f"| {fmt(t['real'], '{:.2f} s')} "
             f"| {'—' if sp is None else f'{sp[0]:.2f}–{sp[1]:.2f} s'} "
             f"| {fmt(t['sim'], '{:.2f} s')} | {fmt(r['error'])} "
+            f"| {'— | —' if u is None else f'{u[0]:.0f} | {u[1]:.0f}'} "
             f"| {r['real']['updates_per_s']:.0f} | {r['sim']['updates_per_s']:.0f} "
             f"| {fmt(r['updates_per_s_error'])} "
             f"| {r['real']['mean_lag']:.2f} | {r['sim']['mean_lag']:.2f} |"
