@@ -52,16 +52,17 @@ def prepare(cfg: RunConfig) -> Engine:
     """Everything that can be wrong with the input, checked before any process starts;
     returns the run's engine."""
     engine = engine_of(cfg)
+    imports = []  # what the run's parts import when first used (`imports`)
     for slot in PARTS:  # a part set to a name no registry knows
         part, registry = getattr(cfg.algorithm, slot), REGISTRIES.get(f"algorithm/{slot}")
         if part is not None and registry is not None:
-            registry.get(part.name)
+            imports += getattr(registry.get(part.name)[0], "imports", ())
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process
     if cfg.runtime == "real" and not nodes.under_torchrun():
         # its imports overlap the checks below (the data, the model); the engine's programs
         # too (registering it imports none of them), so no rank imports them after its fork
-        forkserver.start([type(engine).__module__, *engine.program_modules])
+        forkserver.start([type(engine).__module__, *engine.program_modules, *imports])
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller

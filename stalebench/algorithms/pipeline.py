@@ -13,7 +13,12 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from stalebench.algorithms.torch_optim import check_torch_fields, torch_optimizer, torch_step
+from stalebench.algorithms.torch_optim import (
+    IMPORTS,
+    check_torch_fields,
+    torch_optimizer,
+    torch_step,
+)
 from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry
 
@@ -147,6 +152,7 @@ class _Torch(StageOptimizer):
 
     torch_name = ""
     fixed: ClassVar[dict] = {}
+    imports: ClassVar[tuple[str, ...]] = IMPORTS
 
     def __init__(self, cfg: AdamConfig, w: torch.Tensor):
         super().__init__(cfg, w)

@@ -92,6 +92,12 @@ def torch_step(opt: torch.optim.Optimizer, tensors: Sequence[torch.Tensor], grad
             t.grad = None  # the caller's buffer is not kept past the step
 
 
+# what torch.optim imports the first time an optimizer is built (torch._dynamo: about 2 s
+# of CPU): a part that builds one says so (`imports`), and a real run's fork server imports
+# it once, before the ranks are forked from it, instead of every rank at its start
+IMPORTS = ("torch._dynamo",)
+
+
 class KeepsOptimizer:
     """An object that keeps a torch optimizer `opt`, made by its `_build()`: pickled (into a
     checkpoint, or a spare's welcome) with the optimizer's `state_dict()` in its place —
@@ -99,6 +105,7 @@ class KeepsOptimizer:
     object holds a defaultdict it refuses — and rebuilt over the same tensors when loaded."""
 
     opt: Any
+    imports: ClassVar[tuple[str, ...]] = IMPORTS
 
     def _build(self) -> Any:
         raise NotImplementedError

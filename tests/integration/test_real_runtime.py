@@ -3,6 +3,8 @@ docs/algorithms.md §12 on final parameters, and failure handling. Every test ha
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -40,6 +42,11 @@ def test_ssp_run_writes_the_run_directory(job):
     import pandas as pd
 
     assert len(pd.read_parquet(run_dir / "metrics.parquet")) == len(events)
+    # each rank froze what its start built, so no full collection walks it mid-run
+    for rank in range(5):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        frozen = re.search(rf"rank {rank}: (\d+) objects of its start kept out", log)
+        assert frozen and int(frozen.group(1)) > 10_000, log
 
 
 @pytest.mark.timeout(120)
