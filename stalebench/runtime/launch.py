@@ -147,7 +147,11 @@ def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error
     lock = run_dir / ".summary.lock"
     try:
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
+    except FileExistsError:  # another rank writes it: this one exits once it has, for
+        # torchrun stops the node's other ranks, the writer among them, when one exits
+        deadline = time.monotonic() + cfg.timeout_s
+        while lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return
     if not (run_dir / "summary.json").exists():
         reason = f"{engine.rank_name(0)} ended without a summary (its node lost?); here: {error}"

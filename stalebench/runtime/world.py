@@ -481,7 +481,7 @@ class RealWorld(World):
         warm_up()
         # what the rank built before its start (torch's modules, the job, the data) is
         # kept out of the collector's full passes, which cost nothing then (a full pass
-        # over torch with torch._dynamo: 280,000 objects, 0.4 s): one came about a second
+        # over torch with torch._dynamo: 280,000 objects, 0.4 s): one came a second or two
         # into a run, its rank stalled while its peers waited (DiLoCo on 2 workers: 6-12
         # rounds in that half second against 24-30 in the others; SGP: 39 updates
         # against about 150)
