@@ -121,29 +121,25 @@ def repeated(overrides: list[str], repeats: int) -> list[dict]:
 
 
 def median_run(runs: list[dict]) -> dict:
-    """What the row shows of a side's runs: the median of each figure, and every curve."""
+    """What the row shows of a side's runs: the median of each figure, and every run."""
     keys = ("updates", "wall_s", "updates_per_s", "mean_lag", "load_avg_1m_before")
-    return {
-        **{k: statistics.median(r[k] for r in runs) for k in keys},
-        "curve": runs[0]["curve"],
-        "runs": runs,
-    }
+    return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "runs": runs}
 
 
-def median_time(runs: list[dict], target: float) -> float | None:
-    """The median time to `target` over the runs, None when any of them never reached it."""
-    times = [time_to(r["curve"], target) for r in runs]
-    return None if None in times else statistics.median(times)
+def median(xs: list[float | None]) -> float | None:
+    """The median, None when any of `xs` is (a run that never reached the target)."""
+    return None if None in xs else statistics.median(xs)
 
 
-def against_runs(real: list[dict], sim: list[dict]) -> dict:
-    """A row from each side's repeated runs: the target the median over the real runs of
-    each one's halfway loss, each side's time to it the median over its runs, the spread of
-    the real ones beside it."""
+def against(real: list[dict], sim: list[dict]) -> dict:
+    """A row from each side's runs: the target the median over the real runs of each one's
+    halfway loss, each side's time to it the median over its runs (every run's kept), the
+    error of the simulator's (None when either side never reached it), and of its
+    updates/s."""
     target = statistics.median(halfway(r) for r in real)
     times = {side: [time_to(r["curve"], target) for r in runs]
              for side, runs in (("real", real), ("sim", sim))}  # fmt: skip
-    t_real, t_sim = median_time(real, target), median_time(sim, target)
+    t_real, t_sim = median(times["real"]), median(times["sim"])
     r, s = median_run(real), median_run(sim)
     return {
         "target_loss": target,
@@ -153,18 +149,6 @@ def against_runs(real: list[dict], sim: list[dict]) -> dict:
         "times": times,
         "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
         "updates_per_s_error": s["updates_per_s"] / r["updates_per_s"] - 1,
-    }
-
-
-def against(real: dict, sim: dict, target: float) -> dict:
-    """The simulated run set against the real one: each one's time to `target`, the error
-    of the simulator's (None when either never reached it), and of its updates/s."""
-    t_real, t_sim = time_to(real["curve"], target), time_to(sim["curve"], target)
-    return {
-        "sim": sim,
-        "time_to_target": {"real": t_real, "sim": t_sim},
-        "error": None if not (t_real and t_sim) else t_sim / t_real - 1,
-        "updates_per_s_error": sim["updates_per_s"] / real["updates_per_s"] - 1,
     }
 
 
@@ -211,7 +195,7 @@ def main() -> None:
                 rows.append({
                     "family": family, "algorithm": name, "workers": n,
                     "oversubscribed": n + (family == "ps") > have,
-                    **against_runs(real, repeated(simulated, repeats)),
+                    **against(real, repeated(simulated, repeats)),
                 })  # fmt: skip
                 print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
     result = {
@@ -318,13 +302,13 @@ def noise(result: dict) -> str:
     return (
         f"Each side ran each configuration {repeats} times (seeds 0 to {repeats - 1}); a "
         "row's figures are the medians. The real runs of one configuration varied in time "
-        f"to target by a median of {fmt_pct(statistics.median(widths) if widths else None)} "
-        f"(slowest over fastest, largest {fmt_pct(max(widths) if widths else None)}). "
+        f"to target by a median of {fmt(statistics.median(widths) if widths else None, '{:.0%}')} "
+        f"(slowest over fastest, largest {fmt(max(widths) if widths else None, '{:.0%}')}). "
         "A time to target is the updates a run took to reach it over its rate, and the two "
         "parts miss apart: the simulated runs' updates to the target differ from the real "
-        f"ones' by a median |error| of {fmt_pct(step_error)} "
+        f"ones' by a median |error| of {fmt(step_error, '{:.0%}')} "
         f"(the simulator needing more in {sum(x > 0 for x in steps)} of {len(steps)} rows), "
-        f"their rates by {fmt_pct(statistics.median(map(abs, rates)))}: the first is the "
+        f"their rates by {fmt(statistics.median(map(abs, rates)), '{:.0%}')}: the first is the "
         "optimisation (the order gradients arrive in, the lag each one had), the second the "
         "clock. "
         + (
@@ -335,14 +319,13 @@ def noise(result: dict) -> str:
     )
 
 
-def fmt_pct(x: float | None) -> str:
-    return "—" if x is None else f"{x:.0%}"
+def fmt(x: float | None, pattern: str = "{:+.0%}") -> str:
+    return "—" if x is None else pattern.format(x)
 
 
 def render(result: dict) -> str:
     """docs/fidelity.md: the table, generated from the results."""
     s, m = result["summary"], result["machine"]
-    fmt = lambda x, p="{:+.0%}": "—" if x is None else p.format(x)  # noqa: E731
     lines = [
         "# Fidelity: the simulator against unemulated real runs",
         "",
