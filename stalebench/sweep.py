@@ -376,9 +376,10 @@ class SweepConfig:
 
     @property
     def file(self) -> str:
-        """The sweep file its claims come from: sweeps/<name>.yaml, or <name>_full.yaml at
-        the full scale (a full variant keeps its small sweep's name)."""
-        return f"sweeps/{self.name or '<unnamed>'}{'_full' if self.scale == 'full' else ''}.yaml"
+        """The sweep file its claims come from: sweeps/<name>.yaml (a full variant names
+        itself `<small>_full`, as its file is named, so that its results, W&B group and
+        tallies are its own)."""
+        return f"sweeps/{self.name or '<unnamed>'}.yaml"
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:

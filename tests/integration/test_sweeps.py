@@ -81,7 +81,7 @@ def test_every_arm_of_every_sweep_composes_and_keeps_its_values(name):
         fixed = [f"{k}={v[0]}" for k, v in arms.items() if k != key]
         for option in options:
             cfg = compose([f"{key}={option}", *fixed, *others, f"+sweep={name}"])
-            assert cfg.sweep.name == name.removesuffix("_full")
+            assert cfg.sweep.name == name  # results/<name>/, its W&B group: one sweep's
             assert cfg.sweep.claims, name
             arm = SWEEPS / key.removeprefix("+sweep/") / f"{option}.yaml"
             for dotted, value in values_in(arm).items():
