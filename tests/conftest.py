@@ -58,10 +58,10 @@ FAST = [
     # the simulator against real processes); batched gradients, equal to float rounding,
     # are tested on their own (tests/unit/test_sim_batch.py)
     "sim.batch=off",
-    # the suite runs small real clusters on a shared machine, four pytest workers at once:
+    # the suite runs small real clusters on a shared machine, two pytest workers at once:
     # 4 FAST workers need ~1.95 of 2 cores at the profile's pace, so the pre-spawn check
     # (tests/integration/test_oversubscribe.py tests it) would refuse them whenever the
-    # other pytest workers load the machine; what these tests check is not the pace
+    # other pytest worker loads the machine; what these tests check is not the pace
     "oversubscribe=true",
 ]
 
