@@ -20,7 +20,7 @@ from multiprocessing import forkserver
 # before its start (`summary.load_writers`), a second on a busy machine that every other
 # rank would wait for at the start
 PRELOAD = ["torch", "torch.distributed", "stalebench.runtime.launch", "pandas", "pyarrow.parquet"]
-_serving: list[str] | None = None  # what the running server imported (`start`)
+_serving: list[str] | None = None  # what the running server imported (set by `context`)
 _retired: list[int] = []  # servers replaced, reaped once they have ended
 
 
