@@ -162,6 +162,7 @@ def measure(cfg, splits, cores: int) -> dict[str, Any]:
 
 
 PROBE_S = 2.0  # the probe's run, seconds
+HOST = ("hub_ms", "overhead_ms", "wake_ms")  # what `probe` fits
 PROBE_REPEATS = 3  # its real runs, the median taken
 
 
@@ -185,8 +186,9 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     """The host: `repeats` real runs of `cfg` for PROBE_S seconds each with nothing
     emulated (real compute, real gloo), on the fewest workers whose ranks exchange messages
     (1 with a hub, else 2), the median run taken (one run is at the mercy of whatever else
-    the machine did in its 2 seconds), and the simulator on the profile measured so far
-    with that run's hub CPU per message: `hub_ms` (0 without a hub), and `overhead_ms`,
+    the machine did in its 2 seconds), and the simulator on the machine's measurements in
+    `m` (not the host fields it may carry: another job's probe) with that run's hub CPU per
+    message: `hub_ms` (0 without a hub), and `overhead_ms`,
     what a step of the real run took beyond the simulator's (0 when the simulator is the
     slower). Then `repeats` real runs with one rank more than the cores (at least one
     worker more), and `wake_ms` bisected until the simulator's step on them is the real
@@ -219,6 +221,9 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
             setattr(real.cluster, key, 0.0)
         return sorted((run(copy.deepcopy(real), "real") for _ in range(repeats)), key=step_s)
 
+    # the machine alone: what this probe fits is fitted on a simulator without it (`m`
+    # may carry another job's host, as `measure` returns it)
+    m = {k: v for k, v in m.items() if k not in HOST}
     found: dict[str, Any] = {}
     for workers in (1, 2):
         try:

@@ -49,3 +49,31 @@ def test_a_bigger_model_calibrates_to_a_longer_step():
 
     splits = load_splits(cfg)
     assert calibrate.step_ms(big, splits) > 4 * calibrate.step_ms(cfg, splits)
+
+
+@pytest.mark.timeout(240)
+def test_the_host_probe_fits_on_the_machine_alone(monkeypatch):
+    """A probe given measurements that carry another job's host (what `measure` returns,
+    and benchmarks/fidelity.py passes on to each family's probe) fits its own host against
+    the simulator on the machine's numbers alone: a stale overhead_ms left in the baseline
+    would be missing from the overhead fitted."""
+    monkeypatch.setattr(calibrate, "PROBE_S", 0.5)
+    from stalebench import experiment
+    from stalebench.config import LoggerConfig
+
+    job = ["dataset=synthetic", "model=mlp", "model.hidden=[16]", "engine=allreduce",
+           "algorithm=bsp", "timeout_s=60"]  # fmt: skip
+    machine = {"step_ms": 1.0, "latency_ms": 0.1, "bandwidth_gbps": 10.0}
+    stale = {"hub_ms": 3.0, "overhead_ms": 40.0, "wake_ms": 20.0}
+    got = calibrate.probe(compose(job), {**machine, **stale}, 2, repeats=1)
+    assert got["probe_workers"] == 2 and got["hub_ms"] == 0.0  # no hub: nothing to take
+    cfg = calibrate.profiled(compose(job), {**machine, "hub_ms": 0.0}, 2, 2)
+    cfg.runtime, cfg.logger, cfg.oversubscribe = "sim", LoggerConfig(name="none"), True
+    cfg.budget.max_updates, cfg.budget.max_wall_s = 0, calibrate.PROBE_S
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.run_dir = tmp
+        summary = experiment.run(cfg)
+    bare = 1000 * summary["wall_time_s"] / summary["gradients"]
+    assert got["probe_step_ms"]["sim"] == pytest.approx(bare)  # the simulator is exact
