@@ -165,7 +165,21 @@ def calibrated(probe: dict, host: dict, cores: int) -> list[str]:
         f"cluster.overhead_ms={host['overhead_ms']:.4f}",
         f"cluster.hub_ms={host['hub_ms']:.4f}",
         f"cluster.wake_ms={host.get('wake_ms', 0.0):.4f}",
+        f"cluster.wake_form={host.get('wake_form', 'queued')}",
     ]
+
+
+# the host model's wake-up form (`cluster.wake_form`), as the page describes it
+WAKE = {
+    "queued": "beyond the cores",
+    "busy": "busy then (computing or handling a message), itself included, beyond the cores",
+}
+BEYOND = {"queued": "beyond the cores", "busy": "busy beyond the cores"}
+WHY = {
+    "queued": "a wait growing with the ranks beyond the cores, rather than a constant one",
+    "busy": "a wait growing with the ranks busy when it wakes, rather than with all the "
+    "run's ranks or a constant one",
+}
 
 
 def main() -> None:
@@ -367,10 +381,11 @@ def render(result: dict) -> str:
     rates = statistics.median(abs(r["updates_per_s_error"]) for r in result["rows"])
     p = result["probe"]
     steps = ", ".join(f"{k}: {v:.2f} ms" for k, v in p["contention"].items())
+    form = next(iter(result.get("hosts", {}).values()), {}).get("wake_form", "queued")
     hosts = (
         "; ".join(
             f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step, "
-            f"wake {h.get('wake_ms', 0.0):.2f} ms a rank beyond the cores"
+            f"wake {h.get('wake_ms', 0.0):.2f} ms a rank {BEYOND[form]}"
             for family, h in result.get("hosts", {}).items()
         )
         or "not probed"
@@ -397,11 +412,10 @@ def render(result: dict) -> str:
         f"run and {fmt(med[True], '{:.0%}')} where the processes outnumber the cores (every "
         "ps run: the server is a process). The host model shares the cores as a fluid among "
         "the ranks busy when a step starts, and a rank that blocked on a message (a reply, "
-        "a collective's end) waits `wake_ms` for a core once it is in for each rank beyond "
-        "the cores, fitted per family on a real probe with one rank more than the cores "
-        "(a wait growing with the ranks beyond the cores, rather than a constant one, was "
-        "chosen on configurations this table does not run: benchmarks/wake_form.py). The "
-        "largest misses: "
+        "a collective's end) waits `wake_ms` for a core once it is in for each rank "
+        f"{WAKE[form]}, fitted per family on a real probe with one rank more than the cores "
+        f"({WHY[form]}, was chosen on configurations this table does not run: "
+        "benchmarks/wake_form.py). The largest misses: "
         f"{worst}. The median |error| of updates/s is {fmt(rates, '{:.0%}')}.",
         "",
         noise(result),

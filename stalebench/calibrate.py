@@ -177,7 +177,7 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int):
         push_latency_ms=m["latency_ms"], pull_latency_ms=m["latency_ms"],
         push_bandwidth_gbps=m["bandwidth_gbps"], pull_bandwidth_gbps=m["bandwidth_gbps"],
         host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0), hub_ms=m.get("hub_ms", 0.0),
-        wake_ms=m.get("wake_ms", 0.0),
+        wake_ms=m.get("wake_ms", 0.0), wake_form=cfg.cluster.wake_form,
     )  # fmt: skip
     return run
 
@@ -193,25 +193,9 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     slower). Then `repeats` real runs with one rank more than the cores (at least one
     worker more), and `wake_ms` bisected until the simulator's step on them is the real
     one's (0 when the engine takes no more workers)."""
-    import tempfile
-
-    from stalebench import experiment
-    from stalebench.config import LoggerConfig
     from stalebench.errors import ConfigError
 
-    def run(cfg, runtime: str) -> dict[str, Any]:
-        cfg.runtime, cfg.logger, cfg.oversubscribe = runtime, LoggerConfig(name="none"), True
-        cfg.budget.max_updates, cfg.budget.max_wall_s = 0, PROBE_S
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg.run_dir = tmp
-            summary = experiment.run(cfg)
-        if summary["status"] != "completed":
-            raise RuntimeError(f"calibrate's probe ({runtime}) ended {summary['status']}: "
-                               f"{summary.get('error')}")  # fmt: skip
-        return summary
-
-    def step_s(summary: dict[str, Any]) -> float:
-        return summary["wall_time_s"] / max(summary["gradients"], 1)
+    run, step_s = _probe_run, _step_s
 
     def real_runs(workers: int) -> list[dict[str, Any]]:
         real = profiled(cfg, m, cores, workers)
@@ -251,14 +235,49 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     try:
         real_s = step_s(real_runs(more)[repeats // 2])
     except ConfigError:  # the engine takes no more workers
-        return {**found, "wake_ms": 0.0}
+        return {**found, "wake_ms": 0.0, "wake_form": cfg.cluster.wake_form}
+
+    found = {**found, "wake_probe_workers": more, "wake_probe_step_ms": {"real": 1000 * real_s}}
+    return {**found, **fit_wake(cfg, m, found, cores)}
+
+
+def fit_wake(cfg, m: dict[str, Any], host: dict[str, Any], cores: int) -> dict[str, Any]:
+    """`wake_ms` in `cfg`'s `cluster.wake_form`, bisected until the simulator's step on the
+    wake-up probe's workers is the real one's `host` holds (`probe`'s); with the step the
+    simulator then takes and the form."""
+    more, real_s = host["wake_probe_workers"], host["wake_probe_step_ms"]["real"] / 1000
+    machine = {k: v for k, v in m.items() if k not in HOST}
 
     def sim_s(wake_ms: float) -> float:
-        return step_s(run(profiled(cfg, {**m, **found, "wake_ms": wake_ms}, cores, more), "sim"))
+        on = profiled(cfg, {**machine, **host, "wake_ms": wake_ms}, cores, more)
+        return _step_s(_probe_run(on, "sim"))
 
     wake_ms = fit(sim_s, real_s, 1000 * real_s * more)
     steps = {"real": 1000 * real_s, "sim": 1000 * sim_s(wake_ms)}
-    return {**found, "wake_ms": wake_ms, "wake_probe_workers": more, "wake_probe_step_ms": steps}
+    return {"wake_ms": wake_ms, "wake_form": cfg.cluster.wake_form, "wake_probe_step_ms": steps}
+
+
+def _probe_run(cfg, runtime: str) -> dict[str, Any]:
+    """`cfg` for PROBE_S seconds in `runtime`, nothing logged; its summary."""
+    import tempfile
+
+    from stalebench import experiment
+    from stalebench.config import LoggerConfig
+
+    cfg.runtime, cfg.logger, cfg.oversubscribe = runtime, LoggerConfig(name="none"), True
+    cfg.budget.max_updates, cfg.budget.max_wall_s = 0, PROBE_S
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.run_dir = tmp
+        summary = experiment.run(cfg)
+    if summary["status"] != "completed":
+        raise RuntimeError(f"calibrate's probe ({runtime}) ended {summary['status']}: "
+                           f"{summary.get('error')}")  # fmt: skip
+    return summary
+
+
+def _step_s(summary: dict[str, Any]) -> float:
+    """A run's seconds per gradient."""
+    return summary["wall_time_s"] / max(summary["gradients"], 1)
 
 
 def fit(f, target: float, hi: float, steps: int = 8) -> float:
@@ -309,6 +328,7 @@ def profile_yaml(cfg, m: dict[str, Any], cores: int, name: str = NAME) -> str:
         f"overhead_ms: {m['overhead_ms']:.4f}",
         f"hub_ms: {m['hub_ms']:.4f}",
         f"wake_ms: {m.get('wake_ms', 0.0):.4f}",
+        f"wake_form: {cfg.cluster.wake_form}  # the form wake_ms was fitted in",
         "",
     ])  # fmt: skip
 

@@ -25,6 +25,7 @@ from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry, stored
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
+WAKE_FORMS = ("queued", "busy")  # `cluster.wake_form`: runtime.compute.Host.wake
 
 
 # named devices whose peak FLOP rate times a step from the run's model (`cluster.device`;
@@ -167,6 +168,10 @@ class ClusterConfig(ComponentConfig):
     # reply, a collective's end) waits for a core once it is in, for each rank beyond the
     # cores (the scheduler's latency)
     wake_ms: float = 0.0
+    # which ranks are beyond the cores at a wake: every rank of the run past host_cores
+    # (`queued`), or the ranks busy (computing, handling) then, the woken one included, past
+    # them (`busy`: a core left idle takes it at once)
+    wake_form: str = "queued"
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
@@ -196,6 +201,8 @@ class ClusterConfig(ComponentConfig):
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         if self.host_cores < 0:
             raise bad("host_cores", self.host_cores, ">= 0 (0: a core per rank)")
+        if self.wake_form not in WAKE_FORMS:
+            raise bad("wake_form", self.wake_form, f"one of {', '.join(WAKE_FORMS)}")
         for key in (
             "compute_ms",
             "overhead_ms",

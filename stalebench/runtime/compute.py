@@ -37,23 +37,34 @@ class Host:
     run's ranks outnumber the cores, a rank that blocked on a message (a reply, a
     collective's end) waits for a core once it is in (`wake`): `wake_s` for each rank
     beyond the cores, the scheduler's latency, which a fluid share of the cores does not
-    have. (A wait that grows with the ranks beyond the cores predicted held-out runs better
-    than a constant one: benchmarks/wake_form.py.)"""
+    have. Which ranks are beyond them is the `form`'s (`cluster.wake_form`): `queued`,
+    every rank of the run past the cores (a wait that grows with them predicted held-out
+    runs better than a constant one: benchmarks/wake_form.py); `busy`, the ranks busy when
+    it wakes, itself included, past the cores (a core that no rank is using takes it at
+    once)."""
 
-    def __init__(self, cores: int, size: int, wake_s: float = 0.0):
-        self.cores = cores
+    def __init__(self, cores: int, size: int, wake_s: float = 0.0, form: str = "queued"):
+        self.cores, self.form = cores, form
         self.busy = [(0.0, 0.0)] * size  # each rank's latest CPU work: (start, end)
-        self.wake_s = wake_s * (size - cores) if 0 < cores < size else 0.0
+        self.wake_s = wake_s if 0 < cores < size else 0.0
+        if form == "queued":
+            self.wake_s *= size - cores
 
-    def wake(self) -> float:
-        """What a rank that blocked waits for a core once its message is in (seconds)."""
-        return self.wake_s
+    def wake(self, rank: int = 0, at: float = 0.0) -> float:
+        """What `rank`, which blocked, waits for a core once its message is in at `at`
+        (seconds)."""
+        if self.form == "queued" or not self.wake_s:
+            return self.wake_s
+        return self.wake_s * max(0, self._busy(rank, at) - self.cores)
+
+    def _busy(self, rank: int, at: float) -> int:
+        """The ranks busy at `at`, `rank` included."""
+        return 1 + sum(a <= at < b for r, (a, b) in enumerate(self.busy) if r != rank)
 
     def run(self, rank: int, start: float, seconds: float) -> float:
         if not self.cores:
             return seconds
-        busy = 1 + sum(a <= start < b for r, (a, b) in enumerate(self.busy) if r != rank)
-        seconds *= max(1.0, busy / self.cores)
+        seconds *= max(1.0, self._busy(rank, start) / self.cores)
         self.busy[rank] = (start, start + seconds)
         return seconds
 

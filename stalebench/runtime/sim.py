@@ -226,7 +226,7 @@ class SimWorld(World):
         run's ranks outnumber the host's (`cluster.wake_ms`)."""
         if at <= self.clock:
             return 0.0
-        waited = at - self.clock + self.sim.host.wake()
+        waited = at - self.clock + self.sim.host.wake(self.rank, at)
         self.clock += waited
         return waited
 
@@ -470,7 +470,8 @@ class Simulator:
         self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
         self.topology.calendars = Calendars.local(self.topology.links, size)
         cluster = job.profile.cfg
-        self.host = Host(cluster.host_cores, size, cluster.wake_ms / 1000)  # the shared cores
+        # the shared cores
+        self.host = Host(cluster.host_cores, size, cluster.wake_ms / 1000, cluster.wake_form)
         self.worlds = [SimWorld(self, r, self.record if r == 0 else None) for r in range(size)]
         for world in self.worlds:
             world.every_s = checkpoint.every_s(job.cfg)

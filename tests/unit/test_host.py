@@ -35,6 +35,19 @@ def test_a_rank_waits_for_a_core_only_while_the_ranks_outnumber_the_cores():
     assert Host(0, 3, 0.005).wake() == 0.0  # no cores given: nothing shared
 
 
+def test_in_the_busy_form_a_rank_waits_only_for_the_ranks_busy_when_it_wakes():
+    host = Host(2, 4, 0.005, "busy")
+    host.run(0, 0.0, 1.0)
+    host.run(1, 0.0, 1.0)
+    # ranks 0 and 1 compute until 1.0: rank 2, woken at 0.5, is the third busy on two cores
+    assert host.wake(2, 0.5) == pytest.approx(0.005)
+    assert host.wake(0, 0.5) == 0.0  # rank 0 itself and rank 1: a core each
+    assert host.wake(2, 1.5) == 0.0  # nobody computing: a core idle takes it at once
+    host.run(3, 0.5, 1.0)  # three computing (rank 3 stretched to 1.5 s, until 2.0)
+    assert host.wake(2, 0.75) == pytest.approx(0.010)  # it makes four: two beyond the cores
+    assert Host(2, 2, 0.005, "busy").wake(0, 0.0) == 0.0  # a core each, ever
+
+
 SERVER = [
     "runtime=sim",
     "algorithm=asp",
@@ -99,3 +112,17 @@ def test_a_rank_that_blocked_on_a_message_waits_for_a_core(tmp_path):
     assert rate(run_job(tmp_path / "cores", [*one, "cluster.host_cores=2"])) == pytest.approx(
         100, rel=0.02
     )
+    # in the busy form the two never compete on the one core (each blocks while the other
+    # computes): none waits
+    busy = [*one, "cluster.host_cores=1", "cluster.wake_form=busy"]
+    assert rate(run_job(tmp_path / "busy", busy)) == pytest.approx(100, rel=0.02)
+
+
+def test_an_unknown_wake_form_is_refused_naming_the_key():
+    from stalebench.cluster import ClusterConfig
+    from stalebench.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"cluster\.wake_form must be one of queued, busy, got 'x'"
+    ):
+        ClusterConfig(wake_form="x")
