@@ -181,12 +181,21 @@ def _print_result(summary: dict, run_dir: str) -> None:
 
 
 def _overrun_line(overrun: dict | None) -> str:
-    """A real run's warning when too many of its steps ran longer than the profile drew."""
-    if not overrun or overrun["fraction"] <= overrun["limit"]:
+    """A real run's warning when too many of its steps ran longer than the profile drew, or
+    too many of its network waits woke late."""
+    if not overrun:
+        return ""
+    missed = []
+    if overrun["fraction"] > overrun["limit"]:
+        missed.append(f"{100 * overrun['fraction']:.0f} % of the {overrun['steps']} profiled "
+                      "steps ran longer than the profile drew")  # fmt: skip
+    if overrun.get("late_fraction", 0.0) > overrun["limit"]:
+        missed.append(f"{100 * overrun['late_fraction']:.0f} % of the {overrun['waits']} "
+                      "network waits woke late")  # fmt: skip
+    if not missed:
         return ""
     return (
-        f"\n  warning: {100 * overrun['fraction']:.0f} % of the {overrun['steps']} profiled "
-        "steps ran longer than the profile drew: this machine was not the cluster asked for "
+        f"\n  warning: {'; '.join(missed)}: this machine was not the cluster asked for "
         "(runtime=sim, fewer workers or a slower profile)"
     )
 

@@ -191,21 +191,32 @@ def tuning_section(dirs: list[str]) -> list[str]:
 
 def overrun_section(runs: pd.DataFrame) -> list[str]:
     """The real runs this machine could not run as the profile asked: more of their timed
-    steps ran longer than drawn than summary.json's `overrun.limit` allows (none: no
-    section)."""
+    steps ran longer than drawn, or more of their network waits woke late, than
+    summary.json's `overrun.limit` allows (none: no section)."""
     if "overrun_limit" not in runs:
         return []
-    over = runs[runs["overrun_fraction"] > runs["overrun_limit"]]
-    if over.empty:
+    late = runs.get("overrun_late_fraction", pd.Series(0.0, index=runs.index)).fillna(0.0)
+    steps = runs["overrun_fraction"] > runs["overrun_limit"]
+    waits = late > runs["overrun_limit"]
+    if not (steps | waits).any():
         return []
+
+    def why(row) -> str:
+        i, parts = row.Index, []
+        if steps[i]:
+            parts.append(f"{100 * row.overrun_fraction:.0f} % of its {row.overrun_steps:.0f} "
+                         "timed steps ran longer than drawn")  # fmt: skip
+        if waits[i]:
+            parts.append(f"{100 * late[i]:.0f} % of its {row.overrun_waits:.0f} network "
+                         "waits woke late")  # fmt: skip
+        return "; ".join(parts) + f" (limit {100 * row.overrun_limit:.0f} %)"
+
     return ["", "## Runs that were not the cluster asked for", "",
             "This machine could not keep these real runs to their profile: their times are "
             "this machine's, not the cluster's (runtime=sim, fewer workers or a slower "
             "profile).", "",
-            *(f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: "
-              f"{100 * row.overrun_fraction:.0f} % of its {row.overrun_steps:.0f} timed steps "
-              f"ran longer than drawn (limit {100 * row.overrun_limit:.0f} %)"
-              for row in over.itertuples())]  # fmt: skip
+            *(f"- `{row.run_dir}` — {row.algorithm}, seed {row.seed}: {why(row)}"
+              for row in runs.itertuples() if steps[row.Index] or waits[row.Index])]  # fmt: skip
 
 
 def per_run_display(runs: pd.DataFrame, settings: dict[str, str]) -> pd.DataFrame:

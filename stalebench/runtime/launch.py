@@ -41,8 +41,9 @@ from stalebench.runtime.world import OVERRUN_KEY, RealWorld, run_program
 log = logging.getLogger("stalebench")
 
 SHM = "/dev/shm"  # where same-host mailboxes live (Linux); elsewhere messages go over gloo
-# the fraction of a run's profiled steps that may run longer than drawn before the run says
-# it was not the cluster asked for (its result line; summary.json's `overrun`)
+# the fraction of a run's profiled steps that may run longer than drawn, or of its network
+# waits that may wake late, before the run says it was not the cluster asked for (its result
+# line; summary.json's `overrun`)
 OVERRUN_LIMIT = 0.05
 
 
@@ -237,27 +238,32 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
 
 def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir: Path):
     """summary.json's `overrun`: the steps the profile timed, on every rank, and how many of
-    them ran longer than drawn (this machine was not the cluster asked for: more than
-    `OVERRUN_LIMIT` of them and the run says so), absent when no step was timed; and its
-    `hub`: a hub's handling of a message as measured (from taking it to asking for the
-    next: the server's apply and bookkeeping) and its process's CPU per message (every
-    thread: receiving, handling, replying; what `cluster.hub_ms` prices in the simulator),
-    absent without a hub."""
-    steps = overran = handled = 0
+    them ran longer than drawn; the network's emulated waits (a message's or collective's
+    modelled time, slept), and how many woke late (`faults.Waits`): this machine was not
+    the cluster asked for when more than `OVERRUN_LIMIT` of either did, and the run says
+    so; absent when nothing was timed or waited. And its `hub`: a hub's handling of a
+    message as measured (from taking it to asking for the next: the server's apply and
+    bookkeeping) and its process's CPU per message (every thread: receiving, handling,
+    replying; what `cluster.hub_ms` prices in the simulator), absent without a hub."""
+    steps = overran = handled = waits = late = 0
     handling_s = cpu_s = 0.0
     for r in range(world):
         key = f"{OVERRUN_KEY}/{r}"
         with contextlib.suppress(Exception):
             if store.check([key]):
-                n, k, h, s, c = store.get(key).decode().split()
+                n, k, h, s, c, w, lw = store.get(key).decode().split()
                 steps, overran = steps + int(n), overran + int(k)
                 handled, handling_s = handled + int(h), handling_s + float(s)
                 cpu_s = max(cpu_s, float(c))  # the hub's (one hub a run)
-    if steps:
+                waits, late = waits + int(w), late + int(lw)
+    if steps or waits:
         summary["overrun"] = {
             "steps": steps,
             "overran": overran,
-            "fraction": round(overran / steps, 4),
+            "fraction": round(overran / steps, 4) if steps else 0.0,
+            "waits": waits,
+            "late": late,
+            "late_fraction": round(late / waits, 4) if waits else 0.0,
             "limit": OVERRUN_LIMIT,
         }
     if handled:
@@ -266,7 +272,7 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
             "handling_ms": round(1000 * handling_s / handled, 4),
             "cpu_ms": round(1000 * cpu_s, 4),
         }
-    if steps or handled:
+    if steps or waits or handled:
         write_json(run_dir / "summary.json", summary)
     return summary
 

@@ -43,12 +43,16 @@ class Link:
         self.next = 0  # the position in `order` of the next piece to issue
         self.pending: list[Pending | None] = [None] * len(bufs)
         self.ends = [0.0] * len(bufs)
+        self.seconds = [0.0] * len(bufs)  # each piece's modelled all-reduce, this round
 
     def post(self, piece: int, round_: int) -> None:
         self.made[piece] = round_
         while self.next < len(self.order) and self.made[self.order[self.next]] == round_:
             k = self.order[self.next]
-            self.ends[k] = self.clock.issue(4 * self.bufs[k].numel(), self.network.slow_s)
+            self.seconds[k] = self.network.network.allreduce_s(
+                4 * self.bufs[k].numel(), self.network.slow_s
+            )
+            self.ends[k] = self.clock.after(self.seconds[k])
             self.pending[k] = self.network.inner.all_reduce_start(self.bufs[k])
             self.next += 1
         if self.next == len(self.order):
@@ -59,7 +63,7 @@ class Link:
         if pending is not None:
             self.pending[piece] = None
             pending.wait()
-            pad_to(0.0, self.ends[piece])
+            self.network.waits.until(self.ends[piece], self.seconds[piece])
 
     def close(self) -> None:
         """Wait for what is still under way (every rank issued it)."""

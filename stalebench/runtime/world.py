@@ -52,7 +52,7 @@ import torch
 from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime import checkpoint
-from stalebench.runtime.faults import Faults, Shaped, pad_to
+from stalebench.runtime.faults import Faults, Shaped, Waits, pad_to
 from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.runtime.quorum import Live, Quorum, Rounds
 from stalebench.runtime.receiver import Inbox
@@ -403,9 +403,9 @@ class RealWorld(World):
     def close(self) -> None:
         """Close what this rank opened (its own events.jsonl handle), once a hub's sends
         still waiting for its uplink have left."""
-        self.tell_overrun()
         for departures in self.departures.values():
             departures.close()
+        self.tell_overrun()  # the uplink's waits too
         if self._events is not None and self.record is None:
             self._events.close()
 
@@ -448,15 +448,16 @@ class RealWorld(World):
         if at <= now and (key not in self.departures or self.departures[key].idle()):
             return self.transport.isend(buf, dst)
         if key not in self.departures:
-            self.departures[key] = Departures(self.transport)
-        self.departures[key].put(at, buf, dst)
+            self.departures[key] = Departures(self.transport, self.net.waits)
+        self.departures[key].put(at, buf, dst, at - now)
         return None
 
     def _deliver(self, size: int) -> None:
         """A message of `size` bytes that reached a hub now is through its downlink once
         the messages before it are (`Link.take`)."""
         now = time.perf_counter()
-        pad_to(now, self.down.take(now, self.network.push_wire_s(size)) - now)
+        through = self.down.take(now, self.network.push_wire_s(size))
+        self.net.waits.until(through, through - now)
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
         return self.transport.mailbox(src, dst, size, header)
@@ -531,12 +532,14 @@ class RealWorld(World):
         return out, time.perf_counter() - start
 
     def tell_overrun(self) -> None:
-        """This rank's profiled steps and those that ran longer than drawn, to the run's
-        store, where the launcher adds them up into summary.json (`overrun`)."""
+        """This rank's profiled steps and those that ran longer than drawn, its network
+        waits and those that woke late (`faults.Waits`), to the run's store, where the
+        launcher adds them up into summary.json (`overrun`)."""
         self.told_at = time.perf_counter()
-        if self.store is not None and (self.steps or self.handled):
+        waits = self.net.waits
+        if self.store is not None and (self.steps or self.handled or waits.count):
             told = (f"{self.steps} {self.overran} {self.handled} {self.handling_s!r} "
-                    f"{self.cpu_per_message_s()!r}")  # fmt: skip
+                    f"{self.cpu_per_message_s()!r} {waits.count} {waits.late}")  # fmt: skip
             with contextlib.suppress(Exception):  # the store gone: the run is ending
                 self.store.set(f"{OVERRUN_KEY}/{self.rank}", told)
 
@@ -566,7 +569,8 @@ class RealWorld(World):
             self.net.recv(buf, src, PATIENT if patient else None, pay=pull)
             if not pull:
                 now = time.perf_counter()
-                pad_to(now, self.network.peer_through(self.down, now, nbytes(buf)) - now)
+                through = self.network.peer_through(self.down, now, nbytes(buf))
+                self.net.waits.until(through, through - now)
         return max(time.perf_counter() - start - pull_s, 0.0)
 
     def asking(self) -> None:
@@ -672,8 +676,8 @@ class Departures:
     buffer is sent as it is then. A send that fails (the peer lost) is dropped: the hub's
     listener hears of the loss."""
 
-    def __init__(self, transport: Transport):
-        self.transport = transport
+    def __init__(self, transport: Transport, waits: Waits):
+        self.transport, self.waits = transport, waits
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="hub-uplink", daemon=True)
         self.thread.start()
@@ -681,8 +685,9 @@ class Departures:
     def idle(self) -> bool:
         return self.queue.unfinished_tasks == 0
 
-    def put(self, at: float, buf: torch.Tensor, dst: int) -> None:
-        self.queue.put((at, buf, dst))
+    def put(self, at: float, buf: torch.Tensor, dst: int, seconds: float) -> None:
+        """Send `buf` to `dst` at perf_counter's `at`, `seconds` from now in the model."""
+        self.queue.put((at, buf, dst, seconds))
 
     def _run(self) -> None:
         while True:
@@ -690,8 +695,8 @@ class Departures:
             try:
                 if item is None:
                     return
-                at, buf, dst = item
-                pad_to(0.0, at)
+                at, buf, dst, seconds = item
+                self.waits.until(at, seconds)
                 try:
                     self.transport.wait(self.transport.isend(buf, dst), dst)
                 except Exception:  # noqa: BLE001 (a lost peer: the listener reports it)

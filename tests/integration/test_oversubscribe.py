@@ -77,3 +77,36 @@ def test_a_generous_profile_is_kept(tmp_path):
     cfg.run_dir = str(tmp_path / "kept")
     summary = experiment.run(cfg)
     assert summary["overrun"]["fraction"] <= summary["overrun"]["limit"]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_counts_its_network_waits_and_those_that_woke_late(tmp_path):
+    net = ["cluster.push_latency_ms=2", "cluster.pull_latency_ms=2", "budget.max_updates=30"]
+    ps = run_job(tmp_path / "ps", net)
+    assert ps.summary["status"] == "completed", ps.summary["error"]
+    overrun = ps.summary["overrun"]
+    # every push slept the model's 2 ms on its worker, every reply's pull on its receiver
+    assert overrun["waits"] >= 2 * 30 and 0 <= overrun["late"] <= overrun["waits"]
+    assert overrun["late_fraction"] == round(overrun["late"] / overrun["waits"], 4)
+    allreduce = ["engine=allreduce", "algorithm=bsp", "budget.max_updates=10"]
+    rounds = run_job(tmp_path / "allreduce", [*net, *allreduce])
+    assert rounds.summary["status"] == "completed", rounds.summary["error"]
+    # each replica padded each round's all-reduce to the ring's 2(N - 1) × 2 ms
+    assert rounds.summary["overrun"]["waits"] >= 10 * rounds.summary["num_workers"]
+    # nothing modelled, nothing waited
+    free = run_job(tmp_path / "free", ["cluster.compute_ms=0", "budget.max_updates=10"])
+    assert "overrun" not in free.summary
+    # a run whose waits woke late says so, in its line and in the report (its summary.json
+    # as a machine whose cores were taken would have written it)
+    from stalebench.cli import _overrun_line
+    from stalebench.report.cli import build_report
+
+    late = {**overrun, "late": overrun["waits"] // 5, "late_fraction": 0.2}
+    assert "20 % of the" in _overrun_line(late) and "network waits woke late" in _overrun_line(late)
+    assert _overrun_line({**overrun, "late": 0, "late_fraction": 0.0}) == ""
+    summary = json.loads((ps.dir / "summary.json").read_text())
+    (ps.dir / "summary.json").write_text(json.dumps({**summary, "overrun": late}))
+    report = build_report([str(ps.dir), str(rounds.dir)], tmp_path / "report").read_text()
+    section = report.split("## Runs that were not the cluster asked for")[1]
+    assert str(ps.dir) in section and "network waits woke late" in section
+    assert str(rounds.dir) not in section

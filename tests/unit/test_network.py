@@ -173,3 +173,41 @@ def test_more_regions_than_the_wan_matrix_has_is_refused_naming_both():
     check_regions(cfg, 4)  # 2 racks, 2 regions: the matrix's size
     with pytest.raises(ConfigError, match=r"has 2 regions.*9 ranks fill 5 racks"):
         check_regions(cfg, 9)
+
+
+def test_an_emulated_wait_counts_and_a_wait_that_woke_late_is_late():
+    import sys
+    import threading
+    import time
+
+    from stalebench.runtime.faults import Waits
+
+    waits = Waits()
+    waits.until(time.perf_counter() - 1.0, 0.01)  # its end already past: no wait
+    waits.sleep(0.0)  # a free network: no wait
+    assert (waits.count, waits.late) == (0, 0)
+    waits.sleep(0.002)  # a short sleep, nothing else running: on time
+    assert waits.count == 1
+    # a thread that keeps the interpreter for 0.2 s at a time: the sleeper wakes on time but
+    # gets to run only once the thread lets go of it, far past its end
+    switch, spinning, stop = sys.getswitchinterval(), threading.Event(), threading.Event()
+
+    def spin() -> None:
+        spinning.set()
+        while not stop.is_set():
+            pass
+
+    sys.setswitchinterval(0.2)
+    try:
+        thread = threading.Thread(target=spin)
+        thread.start()
+        spinning.wait()
+        start = time.perf_counter()
+        waits.sleep(0.01)
+        woke = time.perf_counter() - start
+    finally:
+        stop.set()
+        sys.setswitchinterval(switch)
+        thread.join()
+    assert woke > 0.05  # the interpreter was the thread's
+    assert (waits.count, waits.late) == (2, 1)  # the wait woke late
