@@ -5,6 +5,7 @@ share, without torch: `parallel`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -123,6 +124,19 @@ class Net:
 
             self._vmapped = vmap(grad_and_value(loss))
         return self._vmapped
+
+
+def late_loss(record, world, rank: int, lost, t_end: float) -> None:
+    """A worker's loss heard only after the run ended at `t_end`: the run's loss, recorded
+    at its end, when the worker (`rank`) died before it (`World.died_at`: a death in the
+    run's last moments is heard once its process is gone); else only logged."""
+    died = world.died_at(rank)
+    if died is None or died > t_end:
+        logging.getLogger("stalebench").warning("server: after the end, %s", lost)
+        return
+    reason = (f"worker {lost.worker} died at {died:.3f} s (a fault injected by cluster.faults), "
+              "heard after the run's end")  # fmt: skip
+    record.events.emit("worker", t_end, worker=lost.worker, event="lost", reason=reason)
 
 
 def catch_up(profile, worker: int, batches, steps: int) -> None:

@@ -52,7 +52,7 @@ import torch
 from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime import checkpoint
-from stalebench.runtime.faults import Faults, Shaped, Waits, pad_to
+from stalebench.runtime.faults import Faults, Shaped, Waits, WorkerDied, pad_to
 from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.runtime.quorum import Live, Quorum, Rounds
 from stalebench.runtime.receiver import Inbox
@@ -67,6 +67,7 @@ Op = Generator[Any, Any, T]  # what a world's waiting operation is: `yield from`
 Pause = Callable[[float, float], None]  # pause(at, seconds)
 PATIENT = timedelta(days=1)  # a receive that waits as long as the run lasts (a spare's)
 OVERRUN_KEY = "overrun"  # the store's keys of each rank's steps that ran long (`tell_overrun`)
+DIED_KEY = "died"  # the store's keys of the ranks an injected fault killed: when (`died_at`)
 # how long the ranks wait in the store for each other to be past their warm-up, before the
 # start's all-reduce (which then says who is missing): a loaded machine's imports and first
 # steps are no silence during the run, which timeout_s bounds
@@ -210,6 +211,13 @@ class World:
         nothing another rank does (real processes sleep it; in the simulator it moves the
         rank's clock, and the rank's next waiting operation takes its turn)."""
         raise NotImplementedError
+
+    def died_at(self, rank: int) -> float | None:
+        """When `rank` died of an injected fault (run time), if it did: real processes say
+        so before they end, so that a death just before the run's end, heard only after
+        it, is still the run's loss; None in the simulator, which hears every loss at its
+        time."""
+        return None
 
     def compute(
         self, step: Callable[[], T], step_s: float, lazy: bool = False
@@ -517,7 +525,18 @@ class RealWorld(World):
             time.sleep(seconds)
 
         now = self.now()
-        return self.faults.strike(now, pause) - now
+        try:
+            return self.faults.strike(now, pause) - now
+        except WorkerDied as died:  # said before the process ends (`died_at`)
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.set(f"{DIED_KEY}/{self.rank}", repr(died.at_s))
+            raise
+
+    def died_at(self, rank: int) -> float | None:
+        if self.store is None or not self.store.check([f"{DIED_KEY}/{rank}"]):
+            return None
+        return float(self.store.get(f"{DIED_KEY}/{rank}").decode())
 
     @blocking
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):

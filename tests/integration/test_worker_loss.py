@@ -220,3 +220,27 @@ def test_a_real_spare_takes_the_place_of_a_dead_worker_and_of_a_silent_one(tmp_p
             u["t"] > e["t"] for u in events if u["kind"] == "update" and u["worker"] == w
         )
     assert "silent for" in next(e["reason"] for e in _lost(events) if e["worker"] == 2)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_just_before_the_end_is_the_runs_loss(tmp_path):
+    # worker 1 dies as it starts its step 5, once its 5th push is answered (among the run's
+    # first 20 updates); the others reach the 21st a few ms later, mostly before the server
+    # can hear of the loss (the dying process is not gone yet): heard after the end, it is
+    # still the run's (on the code before, 5 of 5 such runs lost no worker)
+    run = run_job(
+        tmp_path,
+        ["algorithm=asp", "budget.max_updates=21", "budget.max_wall_s=0"]
+        + ["cluster=homogeneous", "cluster.compute_ms=5", "timeout_s=20", STEP_DEATH],
+    )
+    assert run.summary["status"] == "completed", run.summary["error"]
+    pushed = [e for e in run.events if e["kind"] == "update" and e["worker"] == 1]
+    stop = [e for e in run.events if e["kind"] == "worker" and e["event"] == "stop"]
+    # it died unless the run ended before it started step 5 (its 5th push the last update,
+    # or not yet answered: then it was told to stop)
+    died = len(pushed) == 5 and 1 not in {e["worker"] for e in stop}
+    assert run.summary["workers_lost"] == ([1] if died else [])
+    lost = _lost(run.events)
+    if died and lost[0]["t"] >= max(e["t"] for e in run.events if e["kind"] == "update"):
+        assert lost[0]["reason"].startswith("worker 1 died at")  # heard after the end
+        assert lost[0]["reason"].endswith("heard after the run's end")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from stalebench.algorithms.base import UPDATES
-from stalebench.engines.common import GradientStep, Net, catch_up
+from stalebench.engines.common import GradientStep, Net, catch_up, late_loss
 from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError, with_traceback
@@ -109,9 +109,9 @@ class Server:
         while self.active and status != "failed":  # a push that crossed the end: discard it
             try:
                 item = yield from self.listener.next(self.active, read=False)
-            except WorkerLost as lost:  # lost after the run ended: nothing to undo
-                log.warning("server: after the end, %s", lost)
+            except WorkerLost as lost:  # heard after the end: the run's loss if before it
                 self.forget(lost.worker)
+                late_loss(self.record, world, self.rank[lost.worker], lost, t_end)
                 continue
             self.active.discard(item[0])
             yield from self._stop_ranks([self.rank[item[0]]])
