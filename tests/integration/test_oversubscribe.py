@@ -91,8 +91,10 @@ def test_a_run_counts_its_network_waits_and_those_that_woke_late(tmp_path):
     allreduce = ["engine=allreduce", "algorithm=bsp", "budget.max_updates=10"]
     rounds = run_job(tmp_path / "allreduce", [*net, *allreduce])
     assert rounds.summary["status"] == "completed", rounds.summary["error"]
-    # each replica padded each round's all-reduce to the ring's 2(N - 1) × 2 ms
-    assert rounds.summary["overrun"]["waits"] >= 10 * rounds.summary["num_workers"]
+    # each round's all-reduce padded to the ring's 2(N - 1) × 2 ms on the last replica to
+    # join at least (an earlier one whose real all-reduce ended past its own modelled end,
+    # waiting for that last one, has nothing left to wait: 38 of 40 once in a loaded suite)
+    assert rounds.summary["overrun"]["waits"] >= 10
     # nothing modelled, nothing waited
     free = run_job(tmp_path / "free", ["cluster.compute_ms=0", "budget.max_updates=10"])
     assert "overrun" not in free.summary

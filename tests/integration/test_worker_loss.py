@@ -244,3 +244,21 @@ def test_a_worker_that_dies_just_before_the_end_is_the_runs_loss(tmp_path):
     if died and lost[0]["t"] >= max(e["t"] for e in run.events if e["kind"] == "update"):
         assert lost[0]["reason"].startswith("worker 1 died at")  # heard after the end
         assert lost[0]["reason"].endswith("heard after the run's end")
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_dies_after_the_end_is_not_the_runs_loss(tmp_path):
+    # asynchronous local SGD, rounds of 10 inner steps: worker 0's every 20 ms, worker 1's
+    # every 30 ms (1.5x slower); the 3rd update is worker 0's at 40 ms, the end, while
+    # worker 1 is in its second round: it dies at its inner step 15, at 45 ms, after it
+    run = run_job(
+        tmp_path,
+        ["algorithm=async_diloco", "runtime=sim", "algorithm.outer.inner_steps=10"]
+        + ["budget.max_updates=3", "budget.max_wall_s=0", "cluster=homogeneous"]
+        + ["cluster.num_workers=2", "cluster.compute_ms=2", "cluster.slowdown=[1,1.5]"]
+        + ["cluster.faults=[{worker:1,at_step:15,action:die}]"],
+    )
+    assert run.summary["status"] == "completed", run.summary["error"]
+    updates = [(e["worker"], round(e["t"], 6)) for e in run.events if e["kind"] == "update"]
+    assert updates == [(0, 0.02), (1, 0.03), (0, 0.04)]
+    assert run.summary["workers_lost"] == [] and not _lost(run.events)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from stalebench.algorithms.local import OUTER
-from stalebench.engines.common import Net
+from stalebench.engines.common import Net, late_loss
 from stalebench.engines.local.round import Arrivals, Replica, Wire, async_event, segments
 from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
@@ -79,6 +79,7 @@ class Server:
         self.listener = world.listen({w: w + 1 for w in range(self.m)}, lambda r: [pushes[r]])
         self.active = set(range(self.m))  # workers not yet told to stop
         self.lost: set[int] = set()
+        self.ended_at: float | None = None  # the run's end, once past
 
     def run(self) -> Op[dict[str, Any]]:
         world, a, status, error = self.world, self.arrivals, "completed", None
@@ -94,7 +95,7 @@ class Server:
                     yield from self.reply(w, STOP, 0)
                     break
                 yield from self.reply(w, PARAMS, a.next_steps(w))
-            t_end = world.now()
+            t_end = self.ended_at = world.now()
             while self.active and (item := (yield from self.next(0.0, read=False))):
                 yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
         except Exception as exc:
@@ -115,6 +116,9 @@ class Server:
                 self.active.discard(lost.worker)
                 self.listener.close(lost.worker)
                 self.lost.add(lost.worker)
+                if self.ended_at is not None:  # heard after the end: the run's if before it
+                    late_loss(self.record, self.world, lost.worker + 1, lost, self.ended_at)
+                    continue
                 self.record.worker_lost(self.world.now(), lost, len(self.lost))
                 continue
             if item is None:
