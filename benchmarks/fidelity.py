@@ -221,11 +221,28 @@ def main() -> None:
         "rows": rows,
         "summary": summarize(rows),
         "written": time.strftime("%Y-%m-%d %H:%M"),
+        "history": [] if args.quick else earlier(RESULTS),
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1, default=str))
     DOCS.write_text(render(result))
     print(render(result))
+
+
+HISTORY = 5  # earlier runs whose headline figures a result keeps
+
+
+def earlier(path: Path) -> list[dict]:
+    """The headline figures of the run committed at `path` and of those it kept, newest
+    first: one table's figures move from run to run on the same code, and the page shows
+    by how much."""
+    if not path.exists():
+        return []
+    before = json.loads(path.read_text())
+    keys = ("median_abs_error", "max_abs_error", "unreached", "kendall_tau")
+    last = {"written": before["written"], "step_ms": before["probe"]["step_ms"],
+            "summary": {k: before["summary"][k] for k in keys}}  # fmt: skip
+    return [last, *before.get("history", [])][:HISTORY]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -337,6 +354,21 @@ def fmt(x: float | None, pattern: str = "{:+.0%}") -> str:
     return "—" if x is None else pattern.format(x)
 
 
+def history(result: dict) -> str:
+    """The earlier runs' headline figures, as a sentence (none: nothing)."""
+    runs = result.get("history", [])
+    if not runs:
+        return ""
+    pct = lambda x: fmt(x, "{:.0%}")  # noqa: E731
+    said = "; ".join(
+        f"{h['written']} (a step {h['step_ms']:.2f} ms): median "
+        f"{pct(h['summary']['median_abs_error'])}, largest {pct(h['summary']['max_abs_error'])}, "
+        "τ " + ", ".join(f"{k} {v:.2f}" for k, v in h["summary"]["kendall_tau"].items())
+        for h in runs
+    )
+    return f" The same table's earlier runs, newest first: {said}."
+
+
 def render(result: dict) -> str:
     """docs/fidelity.md: the table, generated from the results."""
     s, m = result["summary"], result["machine"]
@@ -395,7 +427,7 @@ def render(result: dict) -> str:
         f"Median |error| of time to target: {fmt(s['median_abs_error'], '{:.0%}')} "
         f"(target ≤ 10 %); largest {fmt(s['max_abs_error'], '{:.0%}')} (target ≤ 25 %); "
         f"runs that never reached the target: {s['unreached']}. Kendall τ of each "
-        f"family's ranking (target 1): {taus}.",
+        f"family's ranking (target 1): {taus}.{history(result)}",
         "",
         "What the simulator is given: the calibrated step alone "
         f"({p['step_ms']:.2f} ms here; with k processes stepping at once {steps}), gloo's "
