@@ -195,7 +195,7 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     one's (0 when the engine takes no more workers)."""
     from stalebench.errors import ConfigError
 
-    run, step_s = _probe_run, _step_s
+    m = _machine(m)
 
     def real_runs(workers: int) -> list[dict[str, Any]]:
         real = profiled(cfg, m, cores, workers)
@@ -203,11 +203,9 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
         for key in ("push_latency_ms", "pull_latency_ms", "push_bandwidth_gbps",
                     "pull_bandwidth_gbps"):  # fmt: skip
             setattr(real.cluster, key, 0.0)
-        return sorted((run(copy.deepcopy(real), "real") for _ in range(repeats)), key=step_s)
+        runs = (_probe_run(copy.deepcopy(real), "real") for _ in range(repeats))
+        return sorted(runs, key=_step_s)
 
-    # the machine alone: what this probe fits is fitted on a simulator without it (`m`
-    # may carry another job's host, as `measure` returns it)
-    m = {k: v for k, v in m.items() if k not in HOST}
     found: dict[str, Any] = {}
     for workers in (1, 2):
         try:
@@ -218,13 +216,13 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
             continue  # one worker alone sends nothing: its messages' cost is not in it
         got = runs[len(runs) // 2]
         hub_ms = (got.get("hub") or {}).get("cpu_ms", 0.0)
-        sim = run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
-        per_step = {"real": step_s(got), "sim": step_s(sim)}
+        sim = _probe_run(profiled(cfg, {**m, "hub_ms": hub_ms}, cores, workers), "sim")
+        per_step = {"real": _step_s(got), "sim": _step_s(sim)}
         overhead = max(0.0, (per_step["real"] - per_step["sim"]) * workers)
         found = {"probe_workers": workers, "probe_hub": "hub" in got, "hub_ms": hub_ms,
                  "overhead_ms": 1000 * overhead,
                  "probe_step_ms": {k: 1000 * v for k, v in per_step.items()},
-                 "probe_real_step_ms": [round(1000 * step_s(r), 4) for r in runs]}  # fmt: skip
+                 "probe_real_step_ms": [round(1000 * _step_s(r), 4) for r in runs]}  # fmt: skip
         break
     if not found:
         raise RuntimeError(
@@ -233,7 +231,7 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     # the scheduler's latency: the same job with one rank more than the cores
     more = max(found["probe_workers"] + 1, cores + 1 - found["probe_hub"])
     try:
-        real_s = step_s(real_runs(more)[repeats // 2])
+        real_s = _step_s(real_runs(more)[repeats // 2])
     except ConfigError:  # the engine takes no more workers
         return {**found, "wake_ms": 0.0, "wake_form": cfg.cluster.wake_form}
 
@@ -246,7 +244,7 @@ def fit_wake(cfg, m: dict[str, Any], host: dict[str, Any], cores: int) -> dict[s
     wake-up probe's workers is the real one's `host` holds (`probe`'s); with the step the
     simulator then takes and the form."""
     more, real_s = host["wake_probe_workers"], host["wake_probe_step_ms"]["real"] / 1000
-    machine = {k: v for k, v in m.items() if k not in HOST}
+    machine = _machine(m)
 
     def sim_s(wake_ms: float) -> float:
         on = profiled(cfg, {**machine, **host, "wake_ms": wake_ms}, cores, more)
@@ -255,6 +253,12 @@ def fit_wake(cfg, m: dict[str, Any], host: dict[str, Any], cores: int) -> dict[s
     wake_ms = fit(sim_s, real_s, 1000 * real_s * more)
     steps = {"real": 1000 * real_s, "sim": 1000 * sim_s(wake_ms)}
     return {"wake_ms": wake_ms, "wake_form": cfg.cluster.wake_form, "wake_probe_step_ms": steps}
+
+
+def _machine(m: dict[str, Any]) -> dict[str, Any]:
+    """The machine's measurements alone: what a probe fits is fitted on a simulator without
+    it (`m` may carry another job's host, as `measure` returns it)."""
+    return {k: v for k, v in m.items() if k not in HOST}
 
 
 def _probe_run(cfg, runtime: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ class Host:
         if form == "queued":
             self.wake_s *= size - cores
 
-    def wake(self, rank: int = 0, at: float = 0.0) -> float:
+    def wake(self, rank: int, at: float) -> float:
         """What `rank`, which blocked, waits for a core once its message is in at `at`
         (seconds)."""
         if self.form == "queued" or not self.wake_s:

@@ -29,10 +29,10 @@ def test_ranks_busy_beyond_the_cores_share_them():
 
 
 def test_a_rank_waits_for_a_core_only_while_the_ranks_outnumber_the_cores():
-    assert Host(2, 3, 0.005).wake() == 0.005
-    assert Host(2, 5, 0.005).wake() == pytest.approx(0.015)  # three ranks beyond the cores
-    assert Host(2, 2, 0.005).wake() == 0.0  # a core each
-    assert Host(0, 3, 0.005).wake() == 0.0  # no cores given: nothing shared
+    assert Host(2, 3, 0.005).wake(0, 0.0) == 0.005
+    assert Host(2, 5, 0.005).wake(0, 0.0) == pytest.approx(0.015)  # three beyond the cores
+    assert Host(2, 2, 0.005).wake(0, 0.0) == 0.0  # a core each
+    assert Host(0, 3, 0.005).wake(0, 0.0) == 0.0  # no cores given: nothing shared
 
 
 def test_in_the_busy_form_a_rank_waits_only_for_the_ranks_busy_when_it_wakes():
