@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stalebench import calibrate, experiment  # noqa: E402
-from stalebench.job import load_splits  # noqa: E402
+from stalebench.job import environment, load_splits  # noqa: E402
 from stalebench.metrics.events import read_events  # noqa: E402
 from stalebench.runtime.compute import cores  # noqa: E402
 from tests.conftest import compose  # noqa: E402
@@ -213,7 +213,12 @@ def main() -> None:
                 })  # fmt: skip
                 print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
     result = {
-        "machine": {"cores": have, "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {
+            "cores": have,
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "environment": environment(),  # the CPU, torch's build, the packages' versions
+        },
         "probe": probe,
         "hosts": hosts,
         "common": COMMON,

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import COMMON, FAMILIES, against, calibrated, halfway, run  # noqa: E402
 from stalebench import calibrate  # noqa: E402
-from stalebench.job import load_splits  # noqa: E402
+from stalebench.job import environment, load_splits  # noqa: E402
 from stalebench.runtime.compute import cores  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
@@ -90,6 +90,7 @@ def main() -> None:
         chosen = "busy"
     result = {
         "cores": have,
+        "environment": environment(),  # the CPU, torch's build, the packages' versions
         "probe": probe,
         "hosts": hosts,
         "rows": rows,
