@@ -163,22 +163,35 @@ def calibrated(probe: dict, host: dict, cores: int) -> list[str]:
         f"cluster.pull_bandwidth_gbps={probe['bandwidth_gbps']:.3f}",
         f"cluster.host_cores={cores}",
         f"cluster.overhead_ms={host['overhead_ms']:.4f}",
+        f"cluster.stall_ms={host.get('stall_ms', 0.0):.4f}",
         f"cluster.hub_ms={host['hub_ms']:.4f}",
         f"cluster.wake_ms={host.get('wake_ms', 0.0):.4f}",
         f"cluster.wake_form={host.get('wake_form', 'queued')}",
     ]
 
 
-# the host model's wake-up form (`cluster.wake_form`), as the page describes it
+# the host model's wake-up form (`cluster.wake_form`), as the page describes it: what a
+# rank that blocked waits for a core, the form's line in the hosts, and why it is the form
 WAKE = {
-    "queued": "beyond the cores",
-    "busy": "busy then (computing or handling a message), itself included, beyond the cores",
+    "queued": "`wake_ms` for a core once it is in for each rank beyond the cores",
+    "busy": "`wake_ms` for a core once it is in for each rank busy then (computing or "
+    "handling a message), itself included, beyond the cores",
+    "sqrt": "`wake_ms` × √(ranks beyond the cores) for a core once it is in",
 }
-BEYOND = {"queued": "beyond the cores", "busy": "busy beyond the cores"}
+BEYOND = {
+    "queued": "wake {:.2f} ms a rank beyond the cores",
+    "busy": "wake {:.2f} ms a rank busy beyond the cores",
+    "sqrt": "wake {:.2f} ms × √(ranks beyond the cores)",
+}
 WHY = {
-    "queued": "a wait growing with the ranks beyond the cores, rather than a constant one",
+    "queued": "a wait growing with the ranks beyond the cores, rather than a constant one, "
+    "was chosen on configurations this table does not run: benchmarks/wake_form.py",
     "busy": "a wait growing with the ranks busy when it wakes, rather than with all the "
-    "run's ranks or a constant one",
+    "run's ranks or a constant one, was chosen on configurations this table does not run: "
+    "benchmarks/wake_form.py",
+    "sqrt": "a wait growing as the square root of the ranks beyond the cores, rather than "
+    "in proportion to them, was chosen on configurations this table does not run: "
+    "benchmarks/host_form.py, every family at 5 workers",
 }
 
 
@@ -422,7 +435,7 @@ def render(result: dict) -> str:
     hosts = (
         "; ".join(
             f"{family}: hub {h['hub_ms']:.2f} ms, overhead {h['overhead_ms']:.2f} ms a step, "
-            f"wake {h.get('wake_ms', 0.0):.2f} ms a rank {BEYOND[form]}"
+            + BEYOND[form].format(h.get("wake_ms", 0.0))
             for family, h in result.get("hosts", {}).items()
         )
         or "not probed"
@@ -449,10 +462,8 @@ def render(result: dict) -> str:
         f"run and {fmt(med[True], '{:.0%}')} where the processes outnumber the cores (every "
         "ps run: the server is a process). The host model shares the cores as a fluid among "
         "the ranks busy when a step starts, and a rank that blocked on a message (a reply, "
-        "a collective's end) waits `wake_ms` for a core once it is in for each rank "
-        f"{WAKE[form]}, fitted per family on a real probe with one rank more than the cores "
-        f"({WHY[form]}, was chosen on configurations this table does not run: "
-        "benchmarks/wake_form.py). The largest misses: "
+        f"a collective's end) waits {WAKE[form]}, fitted per family on a real probe with "
+        f"one rank more than the cores ({WHY[form]}). The largest misses: "
         f"{worst}. The median |error| of updates/s is {fmt(rates, '{:.0%}')}.",
         "",
         noise(result),

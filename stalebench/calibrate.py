@@ -177,7 +177,8 @@ def profiled(cfg, m: dict[str, Any], cores: int, workers: int):
         push_latency_ms=m["latency_ms"], pull_latency_ms=m["latency_ms"],
         push_bandwidth_gbps=m["bandwidth_gbps"], pull_bandwidth_gbps=m["bandwidth_gbps"],
         host_cores=cores, overhead_ms=m.get("overhead_ms", 0.0), hub_ms=m.get("hub_ms", 0.0),
-        wake_ms=m.get("wake_ms", 0.0), wake_form=cfg.cluster.wake_form,
+        stall_ms=m.get("stall_ms", 0.0), wake_ms=m.get("wake_ms", 0.0),
+        wake_form=cfg.cluster.wake_form,
     )  # fmt: skip
     return run
 
@@ -188,11 +189,14 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
     (1 with a hub, else 2), the median run taken (one run is at the mercy of whatever else
     the machine did in its 2 seconds), and the simulator on the machine's measurements in
     `m` (not the host fields it may carry: another job's probe) with that run's hub CPU per
-    message: `hub_ms` (0 without a hub), and `overhead_ms`,
-    what a step of the real run took beyond the simulator's (0 when the simulator is the
-    slower). Then `repeats` real runs with one rank more than the cores (at least one
-    worker more), and `wake_ms` bisected until the simulator's step on them is the real
-    one's (0 when the engine takes no more workers)."""
+    message: `hub_ms` (0 without a hub), and `overhead_ms`, what a step of the real run took
+    beyond the simulator's (0 when the simulator is the slower), all of it on the shared
+    cores (the real run's CPU a step, summary.json's `cycle`, is kept beside it:
+    `probe_cycle_ms`; splitting off the part on no core as `cluster.stall_ms` did not
+    predict held-out runs better, benchmarks/host_form.py). Then `repeats` real
+    runs with one rank more than the cores (at least one worker more), and `wake_ms`
+    bisected until the simulator's step on them is the real one's (0 when the engine takes
+    no more workers)."""
     from stalebench.errors import ConfigError
 
     m = _machine(m)
@@ -220,7 +224,7 @@ def probe(cfg, m: dict[str, Any], cores: int, repeats: int = PROBE_REPEATS) -> d
         per_step = {"real": _step_s(got), "sim": _step_s(sim)}
         overhead = max(0.0, (per_step["real"] - per_step["sim"]) * workers)
         found = {"probe_workers": workers, "probe_hub": "hub" in got, "hub_ms": hub_ms,
-                 "overhead_ms": 1000 * overhead,
+                 "overhead_ms": 1000 * overhead, "probe_cycle_ms": got.get("cycle"),
                  "probe_step_ms": {k: 1000 * v for k, v in per_step.items()},
                  "probe_real_step_ms": [round(1000 * _step_s(r), 4) for r in runs]}  # fmt: skip
         break

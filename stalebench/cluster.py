@@ -25,7 +25,7 @@ from stalebench.errors import ConfigError
 from stalebench.registry import ComponentConfig, Registry, stored
 
 COMPUTE_MODELS = ("constant", "gamma", "lognormal", "trace")
-WAKE_FORMS = ("queued", "busy")  # `cluster.wake_form`: runtime.compute.Host.wake
+WAKE_FORMS = ("sqrt", "queued", "busy")  # `cluster.wake_form`: runtime.compute.Host.wake
 
 
 # named devices whose peak FLOP rate times a step from the run's model (`cluster.device`;
@@ -163,15 +163,19 @@ class ClusterConfig(ComponentConfig):
     # measures it; all 0 = an ideal host, the default)
     host_cores: int = 0  # the cores the run's ranks share (0: a core per rank, no sharing)
     overhead_ms: float = 0.0  # a rank's CPU per step beyond the step (its loop around it)
+    # a rank's time per step beyond the step and overhead_ms that takes no core (handing a
+    # message to its threads and back), not shared; `stalebench calibrate` leaves it 0
+    stall_ms: float = 0.0
     hub_ms: float = 0.0  # a hub's CPU per message it takes (the server's apply, bookkeeping)
     # while the run's ranks outnumber host_cores: what a rank that blocked on a message (a
     # reply, a collective's end) waits for a core once it is in, for each rank beyond the
     # cores (the scheduler's latency)
     wake_ms: float = 0.0
-    # which ranks are beyond the cores at a wake: every rank of the run past host_cores
-    # (`queued`), or the ranks busy (computing, handling) then, the woken one included, past
-    # them (`busy`: a core left idle takes it at once)
-    wake_form: str = "queued"
+    # how the wait grows with the ranks beyond the cores: as the square root of the run's
+    # ranks past host_cores (`sqrt`, the default), in proportion to them (`queued`), or to
+    # the ranks busy (computing, handling) then, the woken one included, past them (`busy`:
+    # a core left idle takes it at once); all give wake_ms with one rank beyond the cores
+    wake_form: str = "sqrt"
     faults: list[FaultConfig] = dataclasses.field(default_factory=list)
     # standby workers: each lost worker's place is taken by the next (its shard, speed,
     # clock and later faults; it reads the current θ), while any is left (engine=ps, under
@@ -206,6 +210,7 @@ class ClusterConfig(ComponentConfig):
         for key in (
             "compute_ms",
             "overhead_ms",
+            "stall_ms",
             "hub_ms",
             "wake_ms",
             "push_latency_ms",

@@ -21,6 +21,7 @@ machine in question (`stalebench calibrate`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import time
@@ -35,25 +36,28 @@ class Host:
     the cores, when they outnumber them: processor sharing, with the share fixed when the
     work starts (a rank that starts later does not slow it after the fact). While the
     run's ranks outnumber the cores, a rank that blocked on a message (a reply, a
-    collective's end) waits for a core once it is in (`wake`): `wake_s` for each rank
-    beyond the cores, the scheduler's latency, which a fluid share of the cores does not
-    have. Which ranks are beyond them is the `form`'s (`cluster.wake_form`): `queued`,
-    every rank of the run past the cores (a wait that grows with them predicted held-out
-    runs better than a constant one: benchmarks/wake_form.py); `busy`, the ranks busy when
-    it wakes, itself included, past the cores (a core that no rank is using takes it at
-    once)."""
+    collective's end) waits for a core once it is in (`wake`), the scheduler's latency,
+    which a fluid share of the cores does not have: `wake_s` with one rank beyond the
+    cores, growing with them as the `form` says (`cluster.wake_form`): `sqrt`, as the
+    square root of the run's ranks past the cores (it predicted held-out runs better than
+    growing in proportion: benchmarks/host_form.py); `queued`, in proportion to them (which
+    predicted better than a constant wait: benchmarks/wake_form.py); `busy`, in proportion
+    to the ranks busy when it wakes, itself included, past the cores (a core that no rank
+    is using takes it at once)."""
 
-    def __init__(self, cores: int, size: int, wake_s: float = 0.0, form: str = "queued"):
+    def __init__(self, cores: int, size: int, wake_s: float = 0.0, form: str = "sqrt"):
         self.cores, self.form = cores, form
         self.busy = [(0.0, 0.0)] * size  # each rank's latest CPU work: (start, end)
         self.wake_s = wake_s if 0 < cores < size else 0.0
         if form == "queued":
             self.wake_s *= size - cores
+        elif form == "sqrt":
+            self.wake_s *= math.sqrt(max(size - cores, 0))
 
     def wake(self, rank: int, at: float) -> float:
         """What `rank`, which blocked, waits for a core once its message is in at `at`
         (seconds)."""
-        if self.form == "queued" or not self.wake_s:
+        if self.form != "busy" or not self.wake_s:
             return self.wake_s
         return self.wake_s * max(0, self._busy(rank, at) - self.cores)
 

@@ -244,18 +244,25 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
     so; absent when nothing was timed or waited. And its `hub`: a hub's handling of a
     message as measured (from taking it to asking for the next: the server's apply and
     bookkeeping) and its process's CPU per message (every thread: receiving, handling,
-    replying; what `cluster.hub_ms` prices in the simulator), absent without a hub."""
-    steps = overran = handled = waits = late = 0
-    handling_s = cpu_s = 0.0
+    replying; what `cluster.hub_ms` prices in the simulator), absent without a hub. And its
+    `cycle`: a stepping rank's step and all it does until its next, over its steps from
+    its first to its last, the mean over the ranks that step: the process's CPU (every
+    thread) and the wall time a step, what `stalebench calibrate` splits a step's cost
+    beyond the simulator's by (`cluster.overhead_ms` on the cores, `cluster.stall_ms` off
+    them); absent in a run no rank stepped twice in."""
+    steps = overran = handled = waits = late = cycles = 0
+    handling_s = cpu_s = cycle_cpu_s = cycle_wall_s = 0.0
     for r in range(world):
         key = f"{OVERRUN_KEY}/{r}"
         with contextlib.suppress(Exception):
             if store.check([key]):
-                n, k, h, s, c, w, lw = store.get(key).decode().split()
+                n, k, h, s, c, w, lw, cn, cc, cw = store.get(key).decode().split()
                 steps, overran = steps + int(n), overran + int(k)
                 handled, handling_s = handled + int(h), handling_s + float(s)
                 cpu_s = max(cpu_s, float(c))  # the hub's (one hub a run)
                 waits, late = waits + int(w), late + int(lw)
+                cycles, cycle_cpu_s = cycles + int(cn), cycle_cpu_s + float(cc)
+                cycle_wall_s += float(cw)
     if steps or waits:
         summary["overrun"] = {
             "steps": steps,
@@ -272,7 +279,13 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
             "handling_ms": round(1000 * handling_s / handled, 4),
             "cpu_ms": round(1000 * cpu_s, 4),
         }
-    if steps or waits or handled:
+    if cycles:
+        summary["cycle"] = {
+            "steps": cycles,
+            "cpu_ms": round(1000 * cycle_cpu_s / cycles, 4),
+            "wall_ms": round(1000 * cycle_wall_s / cycles, 4),
+        }
+    if steps or waits or handled or cycles:
         write_json(run_dir / "summary.json", summary)
     return summary
 

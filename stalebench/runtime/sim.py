@@ -96,6 +96,7 @@ class SimWorld(World):
         self.profile, self.record = sim.job.profile, record
         self.network = Network(self.profile.cfg, sim.topology)
         self.overhead_s = self.profile.cfg.overhead_ms / 1000
+        self.stall_s = self.profile.cfg.stall_ms / 1000
         self.hub_s = self.profile.cfg.hub_ms / 1000
         self.up, self.down = Link(), Link()  # a hub's NIC both ways; a peer's downlink
         self.wire_s = 0.0
@@ -138,8 +139,10 @@ class SimWorld(World):
         return paused
 
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
-        # the host's share: the rank's loop around its step, the cores it shares
+        # the host's share: the rank's loop around its step, the cores it shares, and
+        # what it waits on no core
         step_s = self.sim.host.run(self.rank, self.clock, step_s + self.overhead_s)
+        step_s += self.stall_s
         self.clock += step_s
         if lazy:
             self._defer(step)

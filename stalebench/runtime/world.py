@@ -397,6 +397,10 @@ class RealWorld(World):
         # its first message taken to its last: (process_time, messages) at each end
         self.cpu_first: tuple[float, int] | None = None
         self.cpu_last: tuple[float, int] | None = None
+        # a stepping rank's process CPU (every thread) and wall time from its first step's
+        # start to its latest's: (process_time, perf_counter, steps) at each end
+        self.cycle_first: tuple[float, float, int] | None = None
+        self.cycle_last: tuple[float, float, int] | None = None
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
@@ -541,6 +545,9 @@ class RealWorld(World):
     @blocking
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         start = time.perf_counter()
+        self.cycle_last = (time.process_time(), start, 1 + (self.cycle_last or (0, 0, 0))[2])
+        if self.cycle_first is None:
+            self.cycle_first = self.cycle_last
         out = step()
         if step_s > 0:  # a step the profile times: did the machine keep to it?
             self.steps += 1
@@ -550,15 +557,25 @@ class RealWorld(World):
         pad_to(start, step_s)
         return out, time.perf_counter() - start
 
+    def cycle_s(self) -> tuple[int, float, float]:
+        """A stepping rank's steps between its first and latest, and its process CPU and
+        wall seconds over them ((0, 0, 0) before its second step)."""
+        if self.cycle_first is None or self.cycle_last[2] == self.cycle_first[2]:
+            return 0, 0.0, 0.0
+        (c0, w0, n0), (c1, w1, n1) = self.cycle_first, self.cycle_last
+        return n1 - n0, c1 - c0, w1 - w0
+
     def tell_overrun(self) -> None:
         """This rank's profiled steps and those that ran longer than drawn, its network
-        waits and those that woke late (`faults.Waits`), to the run's store, where the
-        launcher adds them up into summary.json (`overrun`)."""
+        waits and those that woke late (`faults.Waits`), its CPU and wall time over its
+        steps (`cycle_s`), to the run's store, where the launcher adds them up into
+        summary.json (`overrun`, `host`)."""
         self.told_at = time.perf_counter()
-        waits = self.net.waits
-        if self.store is not None and (self.steps or self.handled or waits.count):
+        waits, (cycles, cpu_s, wall_s) = self.net.waits, self.cycle_s()
+        if self.store is not None and (self.steps or self.handled or waits.count or cycles):
             told = (f"{self.steps} {self.overran} {self.handled} {self.handling_s!r} "
-                    f"{self.cpu_per_message_s()!r} {waits.count} {waits.late}")  # fmt: skip
+                    f"{self.cpu_per_message_s()!r} {waits.count} {waits.late} "
+                    f"{cycles} {cpu_s!r} {wall_s!r}")  # fmt: skip
             with contextlib.suppress(Exception):  # the store gone: the run is ending
                 self.store.set(f"{OVERRUN_KEY}/{self.rank}", told)
 

@@ -77,3 +77,20 @@ def test_the_host_probe_fits_on_the_machine_alone(monkeypatch):
         summary = experiment.run(cfg)
     bare = 1000 * summary["wall_time_s"] / summary["gradients"]
     assert got["probe_step_ms"]["sim"] == pytest.approx(bare)  # the simulator is exact
+
+
+@pytest.mark.timeout(240)
+def test_the_probe_puts_a_steps_cost_on_the_cores_and_keeps_its_cpu(monkeypatch):
+    """What a real step took beyond the simulator's is all `overhead_ms` (on the cores;
+    benchmarks/host_form.py kept that over splitting off a part on no core), and the real
+    run's CPU and wall time a step (summary.json's `cycle`) are kept beside it."""
+    monkeypatch.setattr(calibrate, "PROBE_S", 0.5)
+    job = ["dataset=synthetic", "model=mlp", "model.hidden=[16]", "engine=allreduce",
+           "algorithm=bsp", "timeout_s=60"]  # fmt: skip
+    machine = {"step_ms": 0.05, "latency_ms": 0.01, "bandwidth_gbps": 10.0}
+    got = calibrate.probe(compose(job), machine, 2, repeats=1)
+    cycle = got["probe_cycle_ms"]
+    assert cycle["steps"] > 0 and 0 < cycle["cpu_ms"] and 0 < cycle["wall_ms"]
+    steps = got["probe_step_ms"]
+    assert got["overhead_ms"] == pytest.approx(max(0.0, 2 * (steps["real"] - steps["sim"])))
+    assert "stall_ms" not in got

@@ -1,6 +1,6 @@
 """The simulator's host model (stalebench.runtime.compute.Host, cluster.host_cores,
-overhead_ms, hub_ms, wake_ms): what processes on one machine pay beyond the profile's steps and
-messages."""
+overhead_ms, stall_ms, hub_ms, wake_ms): what processes on one machine pay beyond the
+profile's steps and messages."""
 
 from __future__ import annotations
 
@@ -29,10 +29,19 @@ def test_ranks_busy_beyond_the_cores_share_them():
 
 
 def test_a_rank_waits_for_a_core_only_while_the_ranks_outnumber_the_cores():
-    assert Host(2, 3, 0.005).wake(0, 0.0) == 0.005
-    assert Host(2, 5, 0.005).wake(0, 0.0) == pytest.approx(0.015)  # three beyond the cores
-    assert Host(2, 2, 0.005).wake(0, 0.0) == 0.0  # a core each
-    assert Host(0, 3, 0.005).wake(0, 0.0) == 0.0  # no cores given: nothing shared
+    for form in ("sqrt", "queued"):
+        assert Host(2, 3, 0.005, form).wake(0, 0.0) == 0.005  # one beyond: wake_s
+        assert Host(2, 2, 0.005, form).wake(0, 0.0) == 0.0  # a core each
+        assert Host(0, 3, 0.005, form).wake(0, 0.0) == 0.0  # no cores given: nothing shared
+    assert Host(2, 5, 0.005, "queued").wake(0, 0.0) == pytest.approx(0.015)  # three: 3 ×
+
+
+def test_by_default_the_wait_grows_as_the_root_of_the_ranks_beyond_the_cores():
+    assert Host(2, 6, 0.005).wake(0, 0.0) == pytest.approx(0.010)  # four: 2 ×
+    assert Host(2, 11, 0.005).wake(0, 0.0) == pytest.approx(0.015)  # nine: 3 ×
+    from stalebench.cluster import ClusterConfig
+
+    assert ClusterConfig().wake_form == "sqrt"
 
 
 def test_in_the_busy_form_a_rank_waits_only_for_the_ranks_busy_when_it_wakes():
@@ -87,6 +96,31 @@ def test_ranks_sharing_cores_and_a_steps_overhead_slow_the_steps(tmp_path):
     assert loop == pytest.approx(alone / 1.5, rel=0.05)
 
 
+@pytest.mark.timeout(60)
+def test_a_stall_is_waited_on_no_core(tmp_path):
+    # four replicas, 10 ms steps, on two cores: a step of CPU stretched to 20 ms; 5 ms more
+    # of CPU (overhead_ms) stretched too, to 30 ms; 5 ms waited on no core (stall_ms) not,
+    # to 25 ms
+    base = [*SERVER, "algorithm=bsp", "engine=allreduce", "cluster.host_cores=2"]
+    shared = rate(run_job(tmp_path / "shared", base))
+    cpu = rate(run_job(tmp_path / "cpu", [*base, "cluster.overhead_ms=5"]))
+    stall = rate(run_job(tmp_path / "stall", [*base, "cluster.stall_ms=5"]))
+    assert cpu == pytest.approx(shared * 20 / 30, rel=0.05)
+    assert stall == pytest.approx(shared * 20 / 25, rel=0.05)
+
+
+@pytest.mark.timeout(90)
+def test_a_real_runs_steps_measure_their_cpu_apart_from_their_wall_time(tmp_path):
+    # a step padded to a 20 ms profile sleeps most of it: its wall time is the profile's,
+    # its process's CPU a fraction of it (the step itself, a few ms at most)
+    job = ["engine=allreduce", "algorithm=bsp", "cluster=homogeneous", "cluster.num_workers=2",
+           "cluster.compute_ms=20", "budget.max_updates=15"]  # fmt: skip
+    cycle = run_job(tmp_path / "padded", job).summary["cycle"]
+    assert cycle["steps"] >= 2 * 14  # each replica's steps after its first
+    assert cycle["wall_ms"] >= 20
+    assert 0 < cycle["cpu_ms"] < cycle["wall_ms"] / 2
+
+
 @pytest.mark.timeout(90)
 def test_a_real_server_times_its_handling_of_a_message(tmp_path):
     real = ["algorithm=asp", "cluster.num_workers=1", "budget.max_updates=30"]
@@ -123,6 +157,6 @@ def test_an_unknown_wake_form_is_refused_naming_the_key():
     from stalebench.errors import ConfigError
 
     with pytest.raises(
-        ConfigError, match=r"cluster\.wake_form must be one of queued, busy, got 'x'"
+        ConfigError, match=r"cluster\.wake_form must be one of sqrt, queued, busy, got 'x'"
     ):
         ClusterConfig(wake_form="x")
