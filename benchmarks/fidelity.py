@@ -442,8 +442,8 @@ def render(result: dict) -> str:
     )
     lines += [
         "",
-        f"Median |error| of time to target: {fmt(s['median_abs_error'], '{:.0%}')} "
-        f"(target ≤ 10 %); largest {fmt(s['max_abs_error'], '{:.0%}')} (target ≤ 25 %); "
+        f"Median |error| of time to target: {fmt(s['median_abs_error'], '{:.1%}')} "
+        f"(target ≤ 10 %); largest {fmt(s['max_abs_error'], '{:.1%}')} (target ≤ 25 %); "
         f"runs that never reached the target: {s['unreached']}. Kendall τ of each "
         f"family's ranking (target 1): {taus}.{history(result)}",
         "",
