@@ -168,8 +168,8 @@ class ClusterConfig(ComponentConfig):
     stall_ms: float = 0.0
     hub_ms: float = 0.0  # a hub's CPU per message it takes (the server's apply, bookkeeping)
     # while the run's ranks outnumber host_cores: what a rank that blocked on a message (a
-    # reply, a collective's end) waits for a core once it is in, for each rank beyond the
-    # cores (the scheduler's latency)
+    # reply, a collective's end) waits for a core once it is in (the scheduler's latency),
+    # with one rank beyond the cores
     wake_ms: float = 0.0
     # how the wait grows with the ranks beyond the cores: as the square root of the run's
     # ranks past host_cores (`sqrt`, the default), in proportion to them (`queued`), or to

@@ -247,9 +247,8 @@ def add_overrun(summary: dict[str, Any], store: dist.Store, world: int, run_dir:
     replying; what `cluster.hub_ms` prices in the simulator), absent without a hub. And its
     `cycle`: a stepping rank's step and all it does until its next, over its steps from
     its first to its last, the mean over the ranks that step: the process's CPU (every
-    thread) and the wall time a step, what `stalebench calibrate` splits a step's cost
-    beyond the simulator's by (`cluster.overhead_ms` on the cores, `cluster.stall_ms` off
-    them); absent in a run no rank stepped twice in."""
+    thread) and the wall time a step (what `stalebench calibrate` keeps beside the
+    `cluster.overhead_ms` it fits); absent in a run no rank stepped twice in."""
     steps = overran = handled = waits = late = cycles = 0
     handling_s = cpu_s = cycle_cpu_s = cycle_wall_s = 0.0
     for r in range(world):

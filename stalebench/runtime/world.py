@@ -569,7 +569,7 @@ class RealWorld(World):
         """This rank's profiled steps and those that ran longer than drawn, its network
         waits and those that woke late (`faults.Waits`), its CPU and wall time over its
         steps (`cycle_s`), to the run's store, where the launcher adds them up into
-        summary.json (`overrun`, `host`)."""
+        summary.json (`overrun`, `hub`, `cycle`)."""
         self.told_at = time.perf_counter()
         waits, (cycles, cpu_s, wall_s) = self.net.waits, self.cycle_s()
         if self.store is not None and (self.steps or self.handled or waits.count or cycles):
