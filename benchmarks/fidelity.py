@@ -207,8 +207,8 @@ def main() -> None:
     families, workers = (families, (2,)) if args.quick else (FAMILIES, WORKERS)
     repeats = 1 if args.quick else REPEATS
     cfg = compose(COMMON)
-    have = cores()
-    probe = calibrate.measure(cfg, load_splits(cfg), have)
+    have, splits = cores(), load_splits(cfg)
+    probe = calibrate.measure(cfg, splits, have)
     rows, hosts = [], {}
     for family, arms in families.items():
         first = next(iter(arms.values()))
@@ -217,11 +217,13 @@ def main() -> None:
         for n in workers:
             for name, arm in arms.items():
                 base = [*COMMON, *arm, f"cluster.num_workers={n}"]
+                # the machine's speed now: the step alone, as calibrated, again
+                step_at = calibrate.step_ms(cfg, splits, repeats=STEP_REPEATS)
                 real = repeated(base, repeats)
                 simulated = [*base, "runtime=sim", *calibrated(probe, hosts[family], have)]
                 rows.append({
                     "family": family, "algorithm": name, "workers": n,
-                    "oversubscribed": n + (family == "ps") > have,
+                    "oversubscribed": n + (family == "ps") > have, "step_ms_at": step_at,
                     **against(real, repeated(simulated, repeats)),
                 })  # fmt: skip
                 print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
@@ -248,6 +250,7 @@ def main() -> None:
 
 
 HISTORY = 5  # earlier runs whose headline figures a result keeps
+STEP_REPEATS = 50  # the step alone, timed again before each row's real runs
 
 
 def earlier(path: Path) -> list[dict]:
@@ -258,8 +261,9 @@ def earlier(path: Path) -> list[dict]:
         return []
     before = json.loads(path.read_text())
     keys = ("median_abs_error", "max_abs_error", "unreached", "kendall_tau")
+    form = next(iter(before.get("hosts", {}).values()), {}).get("wake_form", "queued")
     last = {"written": before["written"], "step_ms": before["probe"]["step_ms"],
-            "summary": {k: before["summary"][k] for k in keys}}  # fmt: skip
+            "wake_form": form, "summary": {k: before["summary"][k] for k in keys}}  # fmt: skip
     return [last, *before.get("history", [])][:HISTORY]
 
 
@@ -348,9 +352,17 @@ def noise(result: dict) -> str:
         )
         for d in pairs
     )
+    drift = [r["step_ms_at"] for r in result["rows"] if "step_ms_at" in r]
+    moved = (
+        f"The step alone, timed again before each row's real runs, took {min(drift):.2f}–"
+        f"{max(drift):.2f} ms (calibrated {result['probe']['step_ms']:.2f} ms): the "
+        "machine's own speed over the run. "
+        if drift
+        else ""
+    )
     return (
         f"Each side ran each configuration {repeats} times (seeds 0 to {repeats - 1}); a "
-        "row's figures are the medians. The real runs of one configuration varied in time "
+        f"row's figures are the medians. {moved}The real runs of one configuration varied in time "
         f"to target by a median of {fmt(statistics.median(widths) if widths else None, '{:.0%}')} "
         f"(slowest over fastest, largest {fmt(max(widths) if widths else None, '{:.0%}')}). "
         "A time to target is the updates a run took to reach it over its rate, and the two "
@@ -379,7 +391,8 @@ def history(result: dict) -> str:
         return ""
     pct = lambda x: fmt(x, "{:.0%}")  # noqa: E731
     said = "; ".join(
-        f"{h['written']} (a step {h['step_ms']:.2f} ms): median "
+        f"{h['written']} (a step {h['step_ms']:.2f} ms, wake_form "
+        f"{h.get('wake_form', 'queued')}): median "
         f"{pct(h['summary']['median_abs_error'])}, largest {pct(h['summary']['max_abs_error'])}, "
         "τ " + ", ".join(f"{k} {v:.2f}" for k, v in h["summary"]["kendall_tau"].items())
         for h in runs
