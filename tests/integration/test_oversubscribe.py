@@ -108,6 +108,11 @@ def test_a_run_counts_its_network_waits_and_those_that_woke_late(tmp_path):
     assert _overrun_line({**overrun, "late": 0, "late_fraction": 0.0}) == ""
     summary = json.loads((ps.dir / "summary.json").read_text())
     (ps.dir / "summary.json").write_text(json.dumps({**summary, "overrun": late}))
+    # and the all-reduce run's as a machine that kept up would have (a loaded machine's own
+    # waits can wake late: 14 % of 28 once, in a suite on a slow VM)
+    kept = json.loads((rounds.dir / "summary.json").read_text())
+    kept["overrun"] = {**kept["overrun"], "late": 0, "late_fraction": 0.0}
+    (rounds.dir / "summary.json").write_text(json.dumps(kept))
     report = build_report([str(ps.dir), str(rounds.dir)], tmp_path / "report").read_text()
     section = report.split("## Runs that were not the cluster asked for")[1]
     assert str(ps.dir) in section and "network waits woke late" in section
