@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -195,6 +196,13 @@ WHY = {
 }
 
 
+def calibration(cfg) -> tuple[int, Any, dict]:
+    """This machine's cores, `cfg`'s splits, and `stalebench calibrate`'s measurements of
+    `cfg` on them (its step, contention, loopback and host probe)."""
+    have, splits = cores(), load_splits(cfg)
+    return have, splits, calibrate.measure(cfg, splits, have)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -207,8 +215,7 @@ def main() -> None:
     families, workers = (families, (2,)) if args.quick else (FAMILIES, WORKERS)
     repeats = 1 if args.quick else REPEATS
     cfg = compose(COMMON)
-    have, splits = cores(), load_splits(cfg)
-    probe = calibrate.measure(cfg, splits, have)
+    have, splits, probe = calibration(cfg)
     rows, hosts = [], {}
     for family, arms in families.items():
         first = next(iter(arms.values()))

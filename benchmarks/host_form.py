@@ -43,10 +43,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fidelity import COMMON, FAMILIES, REPEATS, against, calibrated, repeated  # noqa: E402
+from benchmarks.fidelity import (  # noqa: E402
+    COMMON,
+    FAMILIES,
+    REPEATS,
+    against,
+    calibrated,
+    calibration,
+    repeated,
+)
 from stalebench import calibrate  # noqa: E402
-from stalebench.job import environment, load_splits  # noqa: E402
-from stalebench.runtime.compute import cores  # noqa: E402
+from stalebench.job import environment  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 WORKERS = 5  # no table or probe has run it
@@ -77,9 +84,7 @@ def median_error(rows: list[dict], variant: str) -> float:
 
 
 def main() -> None:
-    cfg = compose(COMMON)
-    have = cores()
-    probe = calibrate.measure(cfg, load_splits(cfg), have)
+    have, _, probe = calibration(compose(COMMON))
     rows, hosts = [], {}
     for family, arms in FAMILIES.items():
         hosts[family] = hosts_for(family, probe, have)

@@ -397,10 +397,11 @@ class RealWorld(World):
         # its first message taken to its last: (process_time, messages) at each end
         self.cpu_first: tuple[float, int] | None = None
         self.cpu_last: tuple[float, int] | None = None
-        # a stepping rank's process CPU (every thread) and wall time from its first step's
-        # start to its latest's: (process_time, perf_counter, steps) at each end
-        self.cycle_first: tuple[float, float, int] | None = None
-        self.cycle_last: tuple[float, float, int] | None = None
+        # a stepping rank's steps, and its process CPU (every thread) and wall time at its
+        # first step's start and at its latest's: (process_time, perf_counter)
+        self.cycles = 0
+        self.cycle_first: tuple[float, float] | None = None
+        self.cycle_last: tuple[float, float] | None = None
         self.t0 = time.perf_counter()
         self._shared: dict[str, Any] = {}
         self._events = record.events if record is not None else None
@@ -545,9 +546,8 @@ class RealWorld(World):
     @blocking
     def compute(self, step: Callable[[], T], step_s: float, lazy: bool = False):
         start = time.perf_counter()
-        self.cycle_last = (time.process_time(), start, 1 + (self.cycle_last or (0, 0, 0))[2])
-        if self.cycle_first is None:
-            self.cycle_first = self.cycle_last
+        self.cycle_last, self.cycles = (time.process_time(), start), self.cycles + 1
+        self.cycle_first = self.cycle_first or self.cycle_last
         out = step()
         if step_s > 0:  # a step the profile times: did the machine keep to it?
             self.steps += 1
@@ -560,10 +560,10 @@ class RealWorld(World):
     def cycle_s(self) -> tuple[int, float, float]:
         """A stepping rank's steps between its first and latest, and its process CPU and
         wall seconds over them ((0, 0, 0) before its second step)."""
-        if self.cycle_first is None or self.cycle_last[2] == self.cycle_first[2]:
+        if self.cycles < 2:
             return 0, 0.0, 0.0
-        (c0, w0, n0), (c1, w1, n1) = self.cycle_first, self.cycle_last
-        return n1 - n0, c1 - c0, w1 - w0
+        (c0, w0), (c1, w1) = self.cycle_first, self.cycle_last
+        return self.cycles - 1, c1 - c0, w1 - w0
 
     def tell_overrun(self) -> None:
         """This rank's profiled steps and those that ran longer than drawn, its network
