@@ -10,27 +10,33 @@ workers runs
    no latency or bandwidth (real gloo, no sleeps);
 2. in the simulator, on a profile calibrated here first (`stalebench.calibrate`): a step,
    gloo's loopback latency and bandwidth, and the host — this machine's cores, which the
-   simulator shares among the run's busy ranks, and, from short real probes (the median of
-   three) of the family's first algorithm on the fewest workers whose ranks exchange
-   messages, the hub's CPU per message and each step's cost beyond what the simulator
-   prices.
+   simulator shares among the run's busy ranks, and, from short real probes (one a round,
+   the median over the rounds) of the family's first algorithm on the fewest workers whose
+   ranks exchange messages, the hub's CPU per message and each step's cost beyond what the
+   simulator prices.
 Each side runs every configuration REPEATS times, seeds 0, 1, …, and a row's figures are
 the medians over them: one real run's time to target varied by up to ±40 % from run to run
 on the same code (allreduce on 2 workers: −9 %, +8 %, +45 % against the simulator in three
 tables), more than the targets allow, and the single-run tables could not tell the model's
-error from that. Compared: updates/s, time to a target loss (the median over the real runs
-of each one's training loss halfway from its first evaluation to its last, read on every
-curve, real and simulated), and the mean lag; each row keeps every run's time, so the
-spread of the real runs — what the same configuration does from run to run — is printed
-beside the error. The targets: median |error| of time-to-target ≤ 10 %, none over 25 %, and
-each family's algorithms ranked the same by both (Kendall τ = 1). The machine's cores and
-load are recorded with every run: more processes than cores is a cluster the calibration
-must capture.
+error from that. The real side runs in rounds (`rounds`): each round measures the machine
+and probes each family's host once, then runs every configuration once, in an order
+rotated from round to round; the calibration the simulator gets is the median over the
+rounds of each measurement (`central`). Compared: updates/s, time to a target loss (the
+median over the real runs of each one's training loss halfway from its first evaluation to
+its last, read on every curve, real and simulated), and the mean lag; each row keeps every
+run's time, so the spread of the real runs — what the same configuration does from run to
+run — is printed beside the error. The targets: median |error| of time-to-target ≤ 10 %,
+none over 25 %, and each family's algorithms ranked the same by both (Kendall τ = 1). The
+machine's cores and load are recorded with every run: more processes than cores is a
+cluster the calibration must capture.
 
-The protocol (REPEATS = 3, evaluations every 0.25 s on the whole training split, was 0.5 s
-on its first 1,000 samples) was fixed after the single-run tables and before the first
-table made with it, and nothing else changed: the configurations, the calibration, the
-target's rule and the targets are the single-run table's.
+The protocol: REPEATS = 3, evaluations every 0.25 s on the whole training split (was 0.5 s
+on its first 1,000 samples), was fixed after the single-run tables and before the first
+table made with it. Then on 2026-12-02, after six tables whose rows moved by about as much
+as the targets from run to run, and before the first table made with it: REPEATS = 5, the
+rounds, the calibration the median over them (was one measurement and three probes at the
+start, each family's probe before its rows), the simulated runs two at a time. Nothing else
+changed: the configurations, the host model, the target's rule and the targets.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ FAMILIES = {
     "gossip": {"sgp": ["algorithm=sgp"]},
 }
 WORKERS = (2, 4)
-REPEATS = 3  # runs of each configuration on each side, seeds 0, 1, ...; the medians compared
+REPEATS = 5  # rounds: runs of each configuration on each side, seeds 0, 1, ...; medians compared
 RESULTS = ROOT / "benchmarks" / "results" / "fidelity.json"
 DOCS = ROOT / "docs" / "fidelity.md"
 
@@ -213,27 +219,27 @@ def main() -> None:
         return
     families = {"ps": {"asp": FAMILIES["ps"]["asp"], "bsp": FAMILIES["ps"]["bsp"]}}
     families, workers = (families, (2,)) if args.quick else (FAMILIES, WORKERS)
-    repeats = 1 if args.quick else REPEATS
+    configs = [(family, name, n, [*COMMON, *arm, f"cluster.num_workers={n}"])
+               for family, arms in families.items() for n in workers
+               for name, arm in arms.items()]  # fmt: skip
     cfg = compose(COMMON)
-    have, splits, probe = calibration(cfg)
-    rows, hosts = [], {}
-    for family, arms in families.items():
-        first = next(iter(arms.values()))
-        hosts[family] = calibrate.probe(compose([*COMMON, *first]), probe, have)
-        print(family, "host", hosts[family])
-        for n in workers:
-            for name, arm in arms.items():
-                base = [*COMMON, *arm, f"cluster.num_workers={n}"]
-                # the machine's speed now: the step alone, as calibrated, again
-                step_at = calibrate.step_ms(cfg, splits, repeats=STEP_REPEATS)
-                real = repeated(base, repeats)
-                simulated = [*base, "runtime=sim", *calibrated(probe, hosts[family], have)]
-                rows.append({
-                    "family": family, "algorithm": name, "workers": n,
-                    "oversubscribed": n + (family == "ps") > have, "step_ms_at": step_at,
-                    **against(real, repeated(simulated, repeats)),
-                })  # fmt: skip
-                print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
+    have, splits = cores(), load_splits(cfg)
+    real, machines, probes = rounds(cfg, splits, have, families, configs,
+                                    1 if args.quick else REPEATS)  # fmt: skip
+    probe, hosts = central(machines), {f: central(p) for f, p in probes.items()}
+    print("calibrated", probe, hosts)
+    sims = [[*base, "runtime=sim", *calibrated(probe, hosts[family], have), f"seed={seed}"]
+            for family, _, _, base in configs for seed in range(len(machines))]  # fmt: skip
+    sim = iter(simulated(sims, have))
+    rows = []
+    for (family, name, n, _), runs in zip(configs, real, strict=True):
+        rows.append({
+            "family": family, "algorithm": name, "workers": n,
+            "oversubscribed": n + (family == "ps") > have,
+            "step_ms_at": statistics.median(r["step_ms_at"] for r in runs),
+            **against(runs, [next(sim) for _ in runs]),
+        })  # fmt: skip
+        print(family, name, n, rows[-1]["error"], rows[-1]["updates_per_s_error"])
     result = {
         "machine": {
             "cores": have,
@@ -243,8 +249,9 @@ def main() -> None:
         },
         "probe": probe,
         "hosts": hosts,
+        "rounds": {"machine": machines, "hosts": probes},
         "common": COMMON,
-        "repeats": repeats,
+        "repeats": len(machines),
         "rows": rows,
         "summary": summarize(rows),
         "written": time.strftime("%Y-%m-%d %H:%M"),
@@ -256,8 +263,57 @@ def main() -> None:
     print(render(result))
 
 
+def rounds(cfg, splits, have: int, families: dict, configs: list, repeats: int):
+    """The real side and the calibration, in `repeats` rounds: each measures the machine
+    (`calibrate.machine`) and probes each family's host once, then runs every
+    configuration once in real processes (seed = the round), each run after the step alone
+    timed again, the configurations' order rotated from round to round. The machine's speed
+    moves over the benchmark (the step alone 1.40–3.02 ms within one run); interleaved, a
+    drift falls on every configuration and on the calibration alike. Each configuration's
+    real runs, the rounds' machines, and each family's probes."""
+    real: list[list[dict]] = [[] for _ in configs]
+    machines, probes = [], {family: [] for family in families}
+    for r in range(repeats):
+        machines.append(calibrate.machine(cfg, splits, have))
+        for family, arms in families.items():
+            first = compose([*COMMON, *next(iter(arms.values()))])
+            probes[family].append(calibrate.probe(first, machines[-1], have, repeats=1))
+        shift = r * len(configs) // repeats
+        for i in [*range(shift, len(configs)), *range(shift)]:
+            at = calibrate.step_ms(cfg, splits, repeats=STEP_REPEATS)
+            real[i].append({**run([*configs[i][3], f"seed={r}"]), "step_ms_at": at})
+        print("round", r, machines[-1]["step_ms"], {f: p[-1] for f, p in probes.items()})
+    return real, machines, probes
+
+
+def central(measured: list[dict]) -> dict:
+    """The calibration from the rounds' measurements: each number (and each number of a
+    dict of them) the median over the rounds; anything else the first round's."""
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)  # noqa: E731
+    out = {}
+    for key, v in measured[0].items():
+        if number(v):
+            out[key] = statistics.median(m[key] for m in measured)
+        elif isinstance(v, dict) and v and all(map(number, v.values())):
+            out[key] = {k: statistics.median(m[key][k] for m in measured) for k in v}
+        else:
+            out[key] = v
+    return out
+
+
+def simulated(jobs: list[list[str]], processes: int) -> list[dict]:
+    """The simulated runs, `processes` at a time: the simulator's clock is virtual, so what
+    else the machine runs meanwhile changes nothing in them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max(1, processes), mp_context=spawn) as pool:
+        return list(pool.map(run, jobs))
+
+
 HISTORY = 5  # earlier runs whose headline figures a result keeps
-STEP_REPEATS = 50  # the step alone, timed again before each row's real runs
+STEP_REPEATS = 50  # the step alone, timed again before each real run
 
 
 def earlier(path: Path) -> list[dict]:
@@ -359,9 +415,11 @@ def noise(result: dict) -> str:
         )
         for d in pairs
     )
-    drift = [r["step_ms_at"] for r in result["rows"] if "step_ms_at" in r]
+    drift = [x["step_ms_at"] for r in result["rows"] for x in r["real"]["runs"]
+             if "step_ms_at" in x] or [r["step_ms_at"] for r in result["rows"]
+                                       if "step_ms_at" in r]  # fmt: skip
     moved = (
-        f"The step alone, timed again before each row's real runs, took {min(drift):.2f}–"
+        f"The step alone, timed again before each real run, took {min(drift):.2f}–"
         f"{max(drift):.2f} ms (calibrated {result['probe']['step_ms']:.2f} ms): the "
         "machine's own speed over the run. "
         if drift
@@ -471,10 +529,10 @@ def render(result: dict) -> str:
         f"({p['step_ms']:.2f} ms here; with k processes stepping at once {steps}), gloo's "
         f"loopback ({p['latency_ms']:.3f} ms, {p['bandwidth_gbps']:.1f} Gbit/s), and the "
         f"host: {m['cores']} cores shared by the run's busy ranks, and per family, from "
-        "the median of three 2-second real probes of its first algorithm on the fewest "
+        "the median over the rounds of a 2-second real probe of its first algorithm on the fewest "
         "workers whose ranks exchange messages (one with a server, else two), "
         "a hub's CPU per message and each step's cost beyond the simulator's, and from "
-        "three more with one rank more than the cores, what a rank that blocked on a "
+        "one more with one rank more than the cores, what a rank that blocked on a "
         f"message waits for a core ({hosts}).",
         "",
         "Where it misses: the median |error| is "

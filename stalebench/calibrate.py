@@ -150,14 +150,20 @@ def loopback() -> tuple[float, float]:
     return result
 
 
-def measure(cfg, splits, cores: int) -> dict[str, Any]:
+def machine(cfg, splits, cores: int) -> dict[str, Any]:
+    """The machine alone: `cfg`'s step, k processes stepping at once, gloo's loopback."""
     latency_s, bytes_per_s = loopback()
-    m = {
+    return {
         "step_ms": step_ms(cfg, splits),
         "contention": contention(cfg, splits, cores),
         "latency_ms": 1000 * latency_s,
         "bandwidth_gbps": 8 * bytes_per_s / 1e9,
     }
+
+
+def measure(cfg, splits, cores: int) -> dict[str, Any]:
+    """The machine and `cfg`'s host on it (`probe`)."""
+    m = machine(cfg, splits, cores)
     return {**m, **probe(cfg, m, cores)}
 
 
