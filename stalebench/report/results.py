@@ -232,13 +232,24 @@ def _yaml(path: Path) -> Any:
         return None
 
 
+# Hydra overrides of a command that say where it wrote or which mode (-m) it ran in, not
+# how: kept out of the recorded command (a path on the machine that ran it)
+WHERE = ("hydra.mode=", "hydra.sweep.dir=", "hydra.sweep.subdir=", "hydra.run.dir=")
+
+
 def _task_overrides(hydra_yaml: Any) -> list[str] | None:
-    """hydra.overrides.task of a saved Hydra config (multirun.yaml, .hydra/hydra.yaml)."""
+    """hydra.overrides.task of a saved Hydra config (multirun.yaml, .hydra/hydra.yaml),
+    after the command's own Hydra overrides that say how it ran (a launcher and its jobs)."""
     try:
-        task = hydra_yaml["hydra"]["overrides"]["task"]
+        overrides = hydra_yaml["hydra"]["overrides"]
+        task = overrides["task"]
     except (TypeError, KeyError):
         return None
-    return [str(o) for o in task] if isinstance(task, list) else None
+    if not isinstance(task, list):
+        return None
+    how = overrides.get("hydra") if isinstance(overrides, dict) else None
+    how = [str(o) for o in how or [] if not str(o).startswith(WHERE)]
+    return [*how, *(str(o) for o in task)]
 
 
 def sweep_command(sweep_dir: Path, run_dirs: list[Path]) -> str | None:

@@ -102,7 +102,13 @@ def sweep_dir(tmp_path):
             run_dir(d / "tune" / str(cell) / str(point), 1000, "completed", start, start + 10, [])
     run_dir(d, 0, "completed", T0 + 50, T0 + 60, ["+sweep=toy", "algorithm=bsp", "seed=0"])
     run_dir(d, 1, "diverged", T0 + 60, T0 + 210, ["+sweep=toy", "algorithm=asp", "seed=0"])
-    hydra = {"hydra": {"overrides": {"task": ["+sweep=toy", "seed=0,1,2"]}}}
+    how = [
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweep.dir=/x",
+        "hydra.mode=MULTIRUN",
+    ]
+    hydra = {"hydra": {"overrides": {"hydra": how, "task": ["+sweep=toy", "seed=0,1,2"]}}}
     (d / "multirun.yaml").write_text(yaml.safe_dump(hydra))
     claims = {
         "rule": "one-sided paired t-test of the advantage against the margin",
@@ -148,7 +154,9 @@ def test_save_records_the_provenance_of_a_sweep(sweep_dir, checkout):
     assert saved["claims"] == source["claims"]
     assert (saved["alpha"], saved["correction"]) == (0.05, "holm")
     prov = saved["provenance"]
-    assert prov["command"] == "stalebench -m +sweep=toy seed=0,1,2"
+    # how it ran (the launcher) kept, where it wrote not
+    launcher = "hydra/launcher=joblib hydra.launcher.n_jobs=2"
+    assert prov["command"] == f"stalebench -m {launcher} +sweep=toy seed=0,1,2"
     assert prov["wall_time"] == {  # the tuning stage's first start to the last final run's end
         "start": "2027-01-15T08:00:00Z",
         "end": "2027-01-15T08:03:30Z",
@@ -221,7 +229,7 @@ def test_render_writes_the_page_and_only_the_readme_block(sweep_dir, checkout):
     R.save(sweep_dir, checkout)
     R.render(checkout)
     page = (checkout / "docs" / "results.md").read_text()
-    assert "## toy" in page and "`stalebench -m +sweep=toy seed=0,1,2`" in page
+    assert "## toy" in page and "n_jobs=2 +sweep=toy seed=0,1,2`" in page
     assert "3 min 20 s" in page and "2027-01-15 08:00:00 UTC" in page
     verdicts = json.loads((sweep_dir / "claims.json").read_text())["claims"]
     assert f"Verdicts: {C.tally(verdicts, 'toy')}." in page
