@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from stalebench.runtime.signals import shielded
+
 
 class Deferred:
     """A lazy step (`World.compute(lazy=True)`), run once, by whoever needs it first: alone,
@@ -86,7 +88,8 @@ class Batcher:
         self.queues[needed.key] = [d for d in queue if d.step is not None]
         self.batches, self.steps = self.batches + 1, self.steps + len(steps)
         self.largest = max(self.largest, len(steps))
-        results, step_bytes = steps[0].run_batch(steps)
+        with shielded():  # torch.func inside: a signal waits for the batch's end
+            results, step_bytes = steps[0].run_batch(steps)
         self.step_bytes = max(self.step_bytes, step_bytes)
         for d, result in zip(chosen, results, strict=True):
             d.result = result

@@ -30,6 +30,8 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 _deferring = False  # this process runs jobs for a launcher (`defer`)
 _deferred: int | None = None  # the first signal it received, if any
+_shields = 0  # `shielded` blocks the main thread is in
+_held: int | None = None  # a signal that came inside one, raised at its end
 
 
 class Interrupted(BaseException):
@@ -57,8 +59,12 @@ def interruptible() -> Iterator[None]:
     def handler(signum, _frame) -> None:
         for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
             signal.signal(s, signal.SIG_IGN)
+        global _held
         if _deferring:
             _keep(signum)  # a launcher's worker: no job after this one
+        if _shields:
+            _held = signum  # raised where the shielded block ends
+            return
         raise Interrupted(signum)
 
     previous = {s: signal.signal(s, handler) for s in SIGNALS}
@@ -67,6 +73,27 @@ def interruptible() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """A block no signal may break midway: inside `interruptible()`, SIGINT or SIGTERM that
+    comes inside is held and raised as `Interrupted` once the block is done. torch.func's
+    transforms keep a stack of layers in C++ that an exception raised by a signal handler
+    between its Python frames can leave unbalanced: the run then failed with functorch's
+    internal assert (`!dynamicLayerStack.empty()`) instead of ending interrupted."""
+    global _shields, _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _shields += 1
+    try:
+        yield
+    finally:
+        _shields -= 1
+        if not _shields and _held is not None:  # the signal is what ended the block
+            signum, _held = _held, None
+            raise Interrupted(signum)  # noqa: B012 (it replaces an exception the block raised)
 
 
 def defer() -> None:
