@@ -6,20 +6,21 @@ sweep (every run of its tuning protocol, with its evaluations).
     python benchmarks/paper_scale.py [--updates 200] [--only dana]
     # writes benchmarks/results/paper_scale.json and prints the table
 
-A sweep's runs: its grid's cells (every combination of its parameters but the seed) ×
-(the tuning grid's points × the tuning seeds + the final seeds): the least it runs; at
-most, every grid extended as far as `sweep.tune.max_extensions` allows and every cell to
-the second stage's `max_seeds` (`projected_hours_most`). A run's cost: its budget's
-gradients — its own cell's updates per virtual second (measured per cell: ASP makes N×
-BSP's updates at one N, each of one gradient where BSP's is of N) × the budget's virtual
-seconds × its gradients per update — × the measured seconds per gradient at its number of
-workers (interpolated linearly in N between the two measured ends) + its evaluations × the
-measured seconds of one evaluation of the held-out split. The data is generated in the
+A sweep's runs: its grid's cells (every combination of its parameters but the seed) × (the
+tuning grid's points × the tuning seeds + the final seeds): the least it runs; at most,
+every grid extended as far as `sweep.tune.max_extensions` allows and every cell to the
+second stage's `max_seeds` (`projected_hours_most`). A run's cost: its budget's gradients —
+its own cell's updates per virtual second (measured per cell: ASP makes N× BSP's updates at
+one N, each of one gradient where BSP's is of N) × the budget's virtual seconds × its
+gradients per update — × the measured seconds per gradient (batched: the cell's own short
+run; one at a time: measured at the smallest and largest N of the cells that share its
+model and data, interpolated linearly in N between them) + its evaluations × the measured
+seconds of one evaluation of that model's held-out split. The data is generated in the
 datasets' real formats (CIFAR-10 python batches, MNIST IDX) at their real sizes, so a
 gradient and an evaluation cost what they would. A sweep whose runtime is `real` (its
 workers are processes on their own devices) is projected from the simulator's cost; one
-that cannot be composed on its own (a pipeline sweep whose arms each bring their model)
-is listed with the reason it was skipped.
+that cannot be composed on its own (a pipeline sweep whose arms each bring their model) is
+listed with the reason it was skipped.
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ def cell_overrides(cell: dict) -> list[str]:
 
 def workers_of(job_cfg) -> int:
     return int(job_cfg.cluster.num_workers)
+
+
+def what_computes(job_cfg) -> tuple[str, str]:
+    """What a gradient's cost depends on besides N: the model and the data (its batch)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(job_cfg.model), OmegaConf.to_yaml(job_cfg.dataset)
 
 
 def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) -> dict:
@@ -203,15 +211,23 @@ def project(sweep: str, data: Path, updates: int) -> dict:
     runs_per_cell = p["tuning_runs_per_cell"] + p["seeds"]
     configs = [compose([f"+sweep={sweep}", *cell_overrides(cell), *extra]) for cell in cells]
     ns = sorted({workers_of(cfg) for cfg in configs})
-    ends = {n: next(c for c, cfg in zip(cells, configs, strict=True) if workers_of(cfg) == n)
-            for n in (ns[0], ns[-1])}  # fmt: skip
-    # every cell's own short run, batched (its rate, below), the ends' also one at a time
+    # a gradient's cost is its model's on its data: cells are grouped by the two (psp_full
+    # pairs a CNN on MNIST at 6 workers with a logistic regression at 50 and 200), and one
+    # at a time is measured at each group's ends in N, interpolated only within a group
+    # (interpolating from the CNN to the regression priced a regression's gradient at
+    # 50 workers as 12 ms, about 35x its own)
+    group = [what_computes(cfg) for cfg in configs]
+    ends: dict[tuple, dict[int, int]] = {}
+    for i, (key, cfg) in enumerate(zip(group, configs, strict=True)):
+        ends.setdefault(key, {}).setdefault(workers_of(cfg), i)
+    ends = {key: {n: by_n[n] for n in (min(by_n), max(by_n))} for key, by_n in ends.items()}
+    # every cell's own short run, batched: its rate and its cost per gradient
     cell_rates = [measure(sweep, cell, extra, updates, "auto") for cell in cells]
-    measured: dict[str, dict[int, dict]] = {
-        "off": {n: measure(sweep, cell, extra, updates, "off") for n, cell in ends.items()},
-        "auto": {n: cell_rates[cells.index(cell)] for n, cell in ends.items()},
-    }
-    evaluation = eval_seconds(sweep, cells[0], extra)
+    off = {key: {n: measure(sweep, cells[i], extra, updates, "off") for n, i in by_n.items()}
+           for key, by_n in ends.items()}  # fmt: skip
+    # one evaluation of each group's held-out split (a CNN's on MNIST is not a regression's)
+    evaluation = {key: eval_seconds(sweep, cells[next(iter(by_n.values()))], extra)
+                  for key, by_n in ends.items()}  # fmt: skip
     # updates per virtual second differ by arm (ASP makes N× BSP's at one N, each of one
     # gradient where BSP's is of N), so every cell's own short run sets its budget's
     # gradients; the CPU per gradient is the ends' (above)
@@ -229,21 +245,29 @@ def project(sweep: str, data: Path, updates: int) -> dict:
         budgets.append((n, run_updates, run_updates * r["gradients_per_update"], evals,
                         cfg.runtime))  # fmt: skip
 
-    def per_gradient(mode: str, n: int) -> float:
-        lo, hi = measured[mode][ns[0]], measured[mode][ns[-1]]
-        if ns[0] == ns[-1]:
-            return lo["s_per_gradient"]
-        w = (n - ns[0]) / (ns[-1] - ns[0])
+    def per_gradient(mode: str, i: int) -> float:
+        if mode == "auto":  # the cell's own
+            return cell_rates[i]["s_per_gradient"]
+        by_n, n = off[group[i]], budgets[i][0]
+        (lo_n, lo), (hi_n, hi) = min(by_n.items()), max(by_n.items())
+        w = (n - lo_n) / (hi_n - lo_n) if hi_n > lo_n else 0.0
         return (1 - w) * lo["s_per_gradient"] + w * hi["s_per_gradient"]
 
     def total(mode: str, runs: int) -> float:
         return sum(
-            runs * (grads * per_gradient(mode, n) + evals * evaluation)
-            for n, _, grads, evals, _ in budgets
+            runs * (grads * per_gradient(mode, i) + evals * evaluation[group[i]])
+            for i, (_, _, grads, evals, _) in enumerate(budgets)
         )
 
-    totals = {mode: total(mode, runs_per_cell) for mode in measured}
-    most = {mode: total(mode, p["most_runs_per_cell"]) for mode in measured}
+    modes = ("off", "auto")
+    totals = {mode: total(mode, runs_per_cell) for mode in modes}
+    most = {mode: total(mode, p["most_runs_per_cell"]) for mode in modes}
+    # each group's ends in N, one at a time and batched (a sweep of one model: one group)
+    measured = [
+        {"off": off[key], "auto": {n: cell_rates[i] for n, i in by_n.items()},
+         "eval_s": evaluation[key], "cells": group.count(key)}
+        for key, by_n in ends.items()
+    ]  # fmt: skip
     return {
         "runs": len(cells) * runs_per_cell,
         "most_runs": len(cells) * p["most_runs_per_cell"],
@@ -251,8 +275,15 @@ def project(sweep: str, data: Path, updates: int) -> dict:
         "runtime": sorted({b[4] for b in budgets}),
         "updates_per_run": sorted({round(b[1]) for b in budgets}),
         "workers": ns,
-        "eval_s": evaluation,
-        "measured": {m: {str(n): v for n, v in r.items()} for m, r in measured.items()},
+        "eval_s": max(evaluation.values()),  # the dearest group's
+        "groups": [
+            {
+                **g,
+                "off": {str(n): v for n, v in g["off"].items()},
+                "auto": {str(n): v for n, v in g["auto"].items()},
+            }
+            for g in measured
+        ],  # fmt: skip
         "projected_hours": {m: hours(t) for m, t in totals.items()},
         # every grid extended as far as allowed and every cell to the second stage's last
         # look: what the sweep can cost at most
@@ -299,10 +330,13 @@ def main() -> None:
         if "skipped" in r:
             print(f"| {sweep} | skipped: {r['skipped'].splitlines()[0]} |")
             continue
-        ends = ", ".join(
-            f"N={n}: {r['measured']['off'][n]['s_per_update'] * 1e3:.1f} → "
-            f"{r['measured']['auto'][n]['s_per_update'] * 1e3:.1f} ms"
-            for n in r["measured"]["off"]
+        ends = "; ".join(  # each group of cells (model and data) at its ends in N
+            ", ".join(
+                f"N={n}: {g['off'][n]['s_per_update'] * 1e3:.1f} → "
+                f"{g['auto'][n]['s_per_update'] * 1e3:.1f} ms"
+                for n in g["off"]
+            )
+            for g in r["groups"]
         )
         print(
             f"| {sweep} | {r['runs']} | {r['workers'][0]}–{r['workers'][-1]} "
