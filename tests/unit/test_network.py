@@ -186,8 +186,9 @@ def test_an_emulated_wait_counts_and_a_wait_that_woke_late_is_late():
     waits.until(time.perf_counter() - 1.0, 0.01)  # its end already past: no wait
     waits.sleep(0.0)  # a free network: no wait
     assert (waits.count, waits.late) == (0, 0)
-    waits.sleep(0.002)  # a short sleep, nothing else running: on time
+    waits.sleep(0.002)  # a short sleep: on time when this process has a core
     assert waits.count == 1
+    late = waits.late  # 0 on an idle machine; 1 where the cores are busy (a suite, a sweep)
     # a thread that keeps the interpreter for 0.2 s at a time: the sleeper wakes on time but
     # gets to run only once the thread lets go of it, far past its end
     switch, spinning, stop = sys.getswitchinterval(), threading.Event(), threading.Event()
@@ -210,4 +211,4 @@ def test_an_emulated_wait_counts_and_a_wait_that_woke_late_is_late():
         sys.setswitchinterval(switch)
         thread.join()
     assert woke > 0.05  # the interpreter was the thread's
-    assert (waits.count, waits.late) == (2, 1)  # the wait woke late
+    assert (waits.count, waits.late) == (2, late + 1)  # the wait woke late
