@@ -230,7 +230,8 @@ def project(sweep: str, data: Path, updates: int) -> dict:
                   for key, by_n in ends.items()}  # fmt: skip
     # updates per virtual second differ by arm (ASP makes N× BSP's at one N, each of one
     # gradient where BSP's is of N), so every cell's own short run sets its budget's
-    # gradients; the CPU per gradient is the ends' (above)
+    # gradients; the CPU per gradient is the cell's own batched, its group's ends' one at a
+    # time (per_gradient, below)
 
     budgets = []
     for cfg, r in zip(configs, cell_rates, strict=True):
@@ -262,12 +263,6 @@ def project(sweep: str, data: Path, updates: int) -> dict:
     modes = ("off", "auto")
     totals = {mode: total(mode, runs_per_cell) for mode in modes}
     most = {mode: total(mode, p["most_runs_per_cell"]) for mode in modes}
-    # each group's ends in N, one at a time and batched (a sweep of one model: one group)
-    measured = [
-        {"off": off[key], "auto": {n: cell_rates[i] for n, i in by_n.items()},
-         "eval_s": evaluation[key], "cells": group.count(key)}
-        for key, by_n in ends.items()
-    ]  # fmt: skip
     return {
         "runs": len(cells) * runs_per_cell,
         "most_runs": len(cells) * p["most_runs_per_cell"],
@@ -276,14 +271,16 @@ def project(sweep: str, data: Path, updates: int) -> dict:
         "updates_per_run": sorted({round(b[1]) for b in budgets}),
         "workers": ns,
         "eval_s": max(evaluation.values()),  # the dearest group's
+        # each group's ends in N, one at a time and batched (a sweep of one model: one group)
         "groups": [
             {
-                **g,
-                "off": {str(n): v for n, v in g["off"].items()},
-                "auto": {str(n): v for n, v in g["auto"].items()},
+                "off": {str(n): v for n, v in off[key].items()},
+                "auto": {str(n): cell_rates[i] for n, i in by_n.items()},
+                "eval_s": evaluation[key],
+                "cells": group.count(key),
             }
-            for g in measured
-        ],  # fmt: skip
+            for key, by_n in ends.items()
+        ],
         "projected_hours": {m: hours(t) for m, t in totals.items()},
         # every grid extended as far as allowed and every cell to the second stage's last
         # look: what the sweep can cost at most

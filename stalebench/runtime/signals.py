@@ -57,9 +57,9 @@ def interruptible() -> Iterator[None]:
         return
 
     def handler(signum, _frame) -> None:
+        global _held
         for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
             signal.signal(s, signal.SIG_IGN)
-        global _held
         if _deferring:
             _keep(signum)  # a launcher's worker: no job after this one
         if _shields:
