@@ -41,8 +41,9 @@ class BarrierConfig(ComponentConfig):
 class UpdateConfig(ComponentConfig):
     lr: float = 0.1  # learning rate η
     weight_decay: float = 0.0  # L2 coefficient, added to the gradient at the server's θ
-    # linear warm-up of the learning rate from η/N to η over this many server updates
-    # (the DANA/GA simulators' schedule, docs/algorithms.md §3.1); 0 = constant η
+    # linear warm-up of the learning rate from η/N to η over this many server updates, η
+    # reached at the last of them (the DANA/GA simulators' schedule, docs/algorithms.md
+    # §3.1); 0 = constant η
     warmup_updates: int = 0
 
     def __post_init__(self) -> None:
@@ -147,12 +148,20 @@ class UpdateRule:
 
     @property
     def lr(self) -> float:
-        """η, or the warm-up from η/N to η over `warmup_updates` updates."""
-        warm = self.cfg.warmup_updates
-        if not warm or self.updates >= warm:
-            return self.cfg.lr
-        start = self.cfg.lr / self.num_workers
-        return start + (self.cfg.lr - start) * self.updates / warm
+        """η of the next update (`rate`)."""
+        return self.rate(self.updates)
+
+    def rate(self, update: int) -> float:
+        """η of update `update` (0-based): over the first W = `warmup_updates` updates the
+        DANA and SMEGA2 simulators' warm-up, np.linspace(η/N, η, W)[update] (η/N at update 0,
+        η at update W − 1, computed as numpy does, to the last bit), then η."""
+        warm, lr = self.cfg.warmup_updates, self.cfg.lr
+        if update >= warm:
+            return lr
+        start = lr / self.num_workers
+        if update == warm - 1:  # linspace's last point: η exactly, or its start when W = 1
+            return lr if warm > 1 else start
+        return update * ((lr - start) / (warm - 1)) + start
 
     def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
         """θ is the model's parameter tensors of these shapes, flattened in order. The

@@ -81,8 +81,9 @@ class DanaConfig(UpdateConfig):
 @stored
 class ServerMomentum:
     """zero (§9.2): per-worker buffers at the server, v_i ← γv_i + (g + wd·θ), θ ← θ − ηv_i,
-    with their running sum S; a worker is sent the look-ahead θ − ηγS at the current η
-    (small during warm-up). `keep_sent`: keep each worker's look-ahead θ̂_i (θ₀ until sent)."""
+    with their running sum S; a worker is sent the look-ahead θ − ηγS, η the rate of the
+    update last applied (`Dana.applied_lr`; small during warm-up). `keep_sent`: keep each
+    worker's look-ahead θ̂_i (θ₀ until sent)."""
 
     def __init__(self, rule: Dana, params: torch.Tensor, keep_sent: bool):
         self.rule = rule
@@ -111,7 +112,8 @@ class ServerMomentum:
             ahead = self.ahead
         else:
             ahead = self.sent[worker_slot(self.rule, worker, self.rule.num_workers)]
-        ahead.copy_(params).add_(self.buf_sum, alpha=-self.rule.lr * self.rule.cfg.momentum)
+        rate = self.rule.applied_lr * self.rule.cfg.momentum
+        ahead.copy_(params).add_(self.buf_sum, alpha=-rate)
         return ahead
 
     @staticmethod
@@ -183,6 +185,13 @@ class Dana(SGD):
     def __init__(self, cfg: DanaConfig, params: torch.Tensor, num_workers: int):
         super().__init__(cfg, params, num_workers)
         self.variant = VARIANT_CLASSES[cfg.variant](self, params, keep_sent=self.keeps_sent)
+
+    @property
+    def applied_lr(self) -> float:
+        """η of the update last applied, which the look-ahead θ − ηγS scales S by: the DANA
+        code computes it after the step from the optimizer's rate, before the next update's
+        warm-up rate is set (`update_worker` in its utils.py). Before any update S = 0."""
+        return self.rate(max(self.updates - 1, 0))
 
     @property
     def bufs(self) -> torch.Tensor:

@@ -17,6 +17,11 @@ Topologies (`topology`), each node's out-peers at iteration k:
                  j·(p+1)^e (j = 1..p, e = 0, 1, … while (p+1)^e ≤ N − 1, those < N) taken p
                  at a time in turn; p = 1: i + 2^(k mod (⌊log2(N − 1)⌋ + 1)), fairscale's
                  `NPeerDynamicDirectedExponentialGraph`, any N (not only powers of two)
+    exponential_alternating
+                 the SGP paper's graph (its job scripts' --graph_type 0, the SGP repository's
+                 `DynamicDirectedExponentialGraph`): one peer, i + h_k, the signed hops
+                 +1, −1, +2, −2, …, +2^m, −2^m (m = ⌊log2(N − 1)⌋) taken in turn, h_k the
+                 (k mod 2(m + 1))-th; peers = 1 only
     ring         fixed, undirected: i ± 1, …, i ± p (D-PSGD's ring: p = 1, weight 1/3 each)
     complete     every other node, weight 1/N: one exact averaging per iteration
 
@@ -35,12 +40,13 @@ from stalebench.registry import ComponentConfig, Registry
 if TYPE_CHECKING:
     import torch
 
-TOPOLOGIES = ("exponential", "ring", "complete")
+TOPOLOGIES = ("exponential", "exponential_alternating", "ring", "complete")
+DIRECTED = ("exponential", "exponential_alternating")  # time-varying, one direction a hop
 
 
 @dataclasses.dataclass
 class MixingConfig(ComponentConfig):
-    topology: str = "exponential"  # exponential | ring | complete (see the module's docstring)
+    topology: str = "exponential"  # one of TOPOLOGIES (see the module's docstring)
     peers: int = 1  # p: out-peers per iteration (exponential), neighbours each side (ring)
     # τ: iterations from a message's send to its merge (0: within the iteration; OSGP: τ ≥ 1)
     overlap: int = 0
@@ -59,6 +65,11 @@ class MixingConfig(ComponentConfig):
             raise ConfigError(
                 f"algorithm.gossip.peers={self.peers}: topology=complete sends to every node"
             )
+        if self.topology == "exponential_alternating" and self.peers != 1:
+            raise ConfigError(
+                f"algorithm.gossip.peers={self.peers}: topology=exponential_alternating is the "
+                "SGP paper's one-peer graph (topology=exponential takes several)"
+            )
 
 
 def distances(num_nodes: int, peers: int) -> list[int]:
@@ -68,6 +79,13 @@ def distances(num_nodes: int, peers: int) -> list[int]:
         out += [j * scale for j in range(1, peers + 1) if j * scale < num_nodes]
         scale *= base
     return out
+
+
+def alternating_hops(num_nodes: int) -> list[int]:
+    """The SGP paper's graph's signed hops, in the order they are taken: +2^e, then −2^e, for
+    e = 0 … ⌊log2(N − 1)⌋. Like the reference, which lists both without removing a repeat,
+    it keeps +2^m and −2^m when they reach the same peer (N = 2^(m+1)): one iteration each."""
+    return [sign * 2**e for e in range((num_nodes - 1).bit_length()) for sign in (1, -1)]
 
 
 class Mixing:
@@ -81,7 +99,11 @@ class Mixing:
     def __init__(self, cfg: MixingConfig, num_nodes: int):
         self.cfg, self.num_nodes = cfg, num_nodes
         self.check(cfg, num_nodes)
-        self.hops = distances(num_nodes, cfg.peers) if cfg.topology == "exponential" else []
+        self.hops: list[int] = []  # a directed topology's signed distances, p at a time in turn
+        if cfg.topology == "exponential":
+            self.hops = distances(num_nodes, cfg.peers)
+        elif cfg.topology == "exponential_alternating":
+            self.hops = alternating_hops(num_nodes)
 
     @classmethod
     def check(cls, cfg: MixingConfig, num_nodes: int) -> None:
@@ -112,7 +134,7 @@ class Mixing:
 
     def in_peers(self, node: int, k: int) -> list[int]:
         """Who sends to node at iteration k, in rank order (the order messages are added)."""
-        if self.cfg.topology != "exponential":
+        if self.cfg.topology not in DIRECTED:
             return self.out_peers(node, k)  # the graph is undirected
         n, p, hops = self.num_nodes, self.cfg.peers, self.hops
         return sorted((node - hops[(k * p + g) % len(hops)]) % n for g in range(p))
@@ -160,10 +182,10 @@ class DPSGD(Mixing):
     @classmethod
     def check(cls, cfg: MixingConfig, num_nodes: int) -> None:
         super().check(cfg, num_nodes)
-        if cfg.topology == "exponential":
+        if cfg.topology in DIRECTED:
             raise ConfigError(
-                "algorithm.gossip.topology=exponential: D-PSGD needs a symmetric W on a fixed "
-                "undirected graph; use ring or complete (or algorithm/gossip=pushsum)"
+                f"algorithm.gossip.topology={cfg.topology}: D-PSGD needs a symmetric W on a "
+                "fixed undirected graph; use ring or complete (or algorithm/gossip=pushsum)"
             )
         if cfg.overlap:
             raise ConfigError(

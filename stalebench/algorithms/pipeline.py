@@ -39,8 +39,9 @@ class PipelineConfig:
     weight_stashing: bool = True
     microbatches: int = 4  # gpipe: a minibatch of dataset.batch_size is split into this many
     clip_norm: float = 10.0  # each stage clips its gradient to this L2 norm (0 = off)
-    # §10.4, for no-stashing runs: η_k = η / τ_k^p with p falling linearly from 1 to 0 over
-    # this many steps, on stages with τ_k > 0 (PipeMare's LR correction); 0 = off
+    # §10.4, for no-stashing runs: η_k = η / τ_k^p at step s (0-based), p = 1 − (s + 1)/T
+    # falling to 0 at step T − 1 of these T steps, on stages with τ_k > 0 (PipeMare's LR
+    # correction, as the official code computes it); 0 = off
     lr_correction_steps: int = 0
     # §10.4: γ_k = γ₀ + τ_k·(0.99 − γ₀)/K, more momentum where the delay is larger
     adaptive_momentum: bool = False
@@ -245,13 +246,14 @@ def scheduled_lr(opt: OptimizerConfig, step: int) -> float:
 def stage_hyper(
     pipe: PipelineConfig, opt: OptimizerConfig, stage: int, step: int
 ) -> tuple[float, float]:
-    """(η_k, β₁_k) of a stage at a step: the learning-rate schedule, then the §10.4
-    stage-dependent options."""
+    """(η_k, β₁_k) of a stage at a step (0-based): the learning-rate schedule, then the
+    §10.4 stage-dependent options. The correction's exponent counts the step from 1, as the
+    warm-up does, as AsyncPP's `adjust_learning_rate` does for both."""
     lr, beta1 = scheduled_lr(opt, step), opt.beta1
     tau = pipe.delay(stage)
     if pipe.adaptive_momentum:
         beta1 = beta1 + tau * (0.99 - beta1) / pipe.stages
     if pipe.lr_correction_steps and tau > 0:
-        p = max(0.0, 1.0 - step / pipe.lr_correction_steps)
+        p = max(0.0, 1.0 - (step + 1) / pipe.lr_correction_steps)
         lr = lr / tau**p
     return lr, beta1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stalebench.algorithms.gossip import GOSSIP, MixingConfig, distances
+from stalebench.algorithms.gossip import GOSSIP, TOPOLOGIES, MixingConfig, distances
 from stalebench.errors import ConfigError
 
 
@@ -51,7 +51,7 @@ def test_any_number_of_nodes_takes_the_powers_below_it():
     assert [r.out_peers(5, k) for k in range(4)] == [[0], [1], [3], [0]]
 
 
-@pytest.mark.parametrize("topology", ["exponential", "ring", "complete"])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("n", [2, 5, 8])
 def test_in_peers_are_exactly_those_that_send(topology, n):
     r = rule(n=n, topology=topology, peers=1)
@@ -63,7 +63,7 @@ def test_in_peers_are_exactly_those_that_send(topology, n):
 
 
 @pytest.mark.parametrize("overlap", [0, 1, 3])
-@pytest.mark.parametrize("topology", ["exponential", "ring", "complete"])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_pushsum_conserves_the_sums_and_debiases_to_the_exact_mean(topology, overlap):
     n = 8
     xs, ws = start(n)
@@ -155,6 +155,7 @@ def test_a_message_is_taken_in_exactly_overlap_iterations_after_it_was_sent(over
         (dict(peers=0), "algorithm.gossip.peers"),
         (dict(overlap=-1), "algorithm.gossip.overlap"),
         (dict(topology="complete", peers=2), "algorithm.gossip.peers=2"),
+        (dict(topology="exponential_alternating", peers=2), "algorithm.gossip.peers=2"),
     ],
 )
 def test_bad_settings_name_the_key(kw, key):
@@ -166,6 +167,7 @@ def test_bad_settings_name_the_key(kw, key):
     "name,kw,n,key",
     [
         ("dpsgd", dict(), 4, "algorithm.gossip.topology=exponential"),
+        ("dpsgd", dict(topology="exponential_alternating"), 4, "topology=exponential_alternating"),
         ("dpsgd", dict(topology="ring", overlap=1), 4, "algorithm.gossip.overlap=1"),
         ("pushsum", dict(), 1, "cluster.num_workers=1"),
         ("pushsum", dict(peers=4), 4, "algorithm.gossip.peers=4"),

@@ -158,9 +158,9 @@ def test_nesterov_pp_is_the_papers_equation(discount):
 def test_stage_dependent_momentum_and_learning_rate():
     pipe = PipelineConfig(stages=4, adaptive_momentum=True, lr_correction_steps=10)
     opt = NesterovPPConfig(name="nesterov_pp", lr=0.1, beta1=0.9)
-    # γ_k = γ₀ + τ_k (0.99 − γ₀)/K and η_k = η / τ_k^p, p = 1 − step/10
-    assert stage_hyper(pipe, opt, 0, 0) == pytest.approx((0.1 / 3, 0.9 + 3 * 0.09 / 4))
-    assert stage_hyper(pipe, opt, 1, 5) == pytest.approx((0.1 / 2**0.5, 0.9 + 2 * 0.09 / 4))
+    # γ_k = γ₀ + τ_k (0.99 − γ₀)/K and η_k = η / τ_k^p, p = 1 − (step + 1)/10 (AsyncPP's)
+    assert stage_hyper(pipe, opt, 0, 0) == pytest.approx((0.1 / 3**0.9, 0.9 + 3 * 0.09 / 4))
+    assert stage_hyper(pipe, opt, 1, 5) == pytest.approx((0.1 / 2**0.4, 0.9 + 2 * 0.09 / 4))
     assert stage_hyper(pipe, opt, 3, 0) == pytest.approx((0.1, 0.9))  # τ = 0: unchanged
     assert stage_hyper(pipe, opt, 0, 20) == pytest.approx((0.1, 0.9 + 3 * 0.09 / 4))
 

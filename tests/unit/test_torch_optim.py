@@ -229,7 +229,7 @@ def test_the_warm_up_rate_reaches_the_optimizer():
             t.grad = part.view_as(t).clone()
         opt.step()
         assert torch.equal(theta, flat(tensors))
-    assert rates == pytest.approx([0.01, 0.02, 0.03, 0.04, 0.04])
+    assert rates == pytest.approx([0.01, 0.025, 0.04, 0.04, 0.04])  # linspace(η/N, η, W), then η
 
 
 def test_the_defaults_are_torch_s():

@@ -408,7 +408,8 @@ def test_warm_up_goes_linearly_from_lr_over_n_to_lr(cls, config, extra):
         seen.append(rule.lr)
         rule.params_for(theta, step % 4)
         rule.step(theta, g, step % 4, lag=1)
-    assert seen == pytest.approx([0.1, 0.175, 0.25, 0.325, 0.4, 0.4, 0.4])
+    # np.linspace(η/N, η, W) for the first W = 4 updates (η at update W − 1), then η
+    assert seen == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4, 0.4])
     assert rule.updates == 7
 
 
@@ -418,15 +419,15 @@ def test_steps_use_the_warm_up_rate():
     rule = StalenessAware(StalenessAwareConfig(name="sa", lr=0.4, warmup_updates=2), theta, 4)
     for _ in range(3):
         rule.step(theta, t(1.0), worker=0, lag=1)
-    torch.testing.assert_close(theta, t(-(0.1 + 0.25 + 0.4)))
+    torch.testing.assert_close(theta, t(-(0.1 + 0.4 + 0.4)))  # W = 2: η/N, then η
 
 
-def test_dana_look_ahead_uses_the_current_rate():
+def test_dana_look_ahead_uses_the_rate_just_applied():
     theta = t(1.0)
-    rule = Dana(DanaConfig(name="dana", lr=0.4, momentum=0.5, warmup_updates=2), theta, 4)
+    rule = Dana(DanaConfig(name="dana", lr=0.4, momentum=0.5, warmup_updates=3), theta, 4)
     rule.step(theta, t(1.0), worker=0, lag=0)  # η_0 = 0.1: θ = 0.9, S = 1
-    assert rule.lr == pytest.approx(0.25)
-    torch.testing.assert_close(rule.params_for(theta, 0), t(0.9 - 0.25 * 0.5 * 1.0))
+    assert rule.lr == pytest.approx(0.25)  # the next update's η_1, not the look-ahead's
+    torch.testing.assert_close(rule.params_for(theta, 0), t(0.9 - 0.1 * 0.5 * 1.0))
 
 
 @pytest.mark.parametrize(
