@@ -100,8 +100,8 @@ def run(overrides: list[str]) -> dict:
     curve = [(e["t"], e["loss"]) for e in events if e["kind"] == "eval" and e["split"] == "train"]
     return {
         "updates": summary["updates"],
-        "wall_s": summary["wall_time_s"],
-        "updates_per_s": summary["updates"] / summary["wall_time_s"],
+        "wall_s": summary["run_time_s"],
+        "updates_per_s": summary["updates"] / summary["run_time_s"],
         "mean_lag": statistics.fmean(e["lag"] for e in updates) if updates else 0.0,
         "curve": curve,
         "load_avg_1m_before": load,

@@ -137,7 +137,7 @@ def measure(sweep: str, cell: dict, extra: list[str], updates: int, batch: str) 
     gradients = summary.get("gradients") or summary["updates"]
     return {
         "updates": summary["updates"],
-        "updates_per_virtual_s": summary["updates"] / max(summary["wall_time_s"], 1e-9),
+        "updates_per_virtual_s": summary["updates"] / max(summary["run_time_s"], 1e-9),
         "gradients": summary.get("gradients"),
         "gradients_per_update": gradients / max(summary["updates"], 1),
         "s_per_update": per_update,

@@ -291,7 +291,7 @@ def _probe_run(cfg, runtime: str) -> dict[str, Any]:
 
 def _step_s(summary: dict[str, Any]) -> float:
     """A run's seconds per gradient."""
-    return summary["wall_time_s"] / max(summary["gradients"], 1)
+    return summary["run_time_s"] / max(summary["gradients"], 1)
 
 
 def fit(f, target: float, hi: float, steps: int = 8) -> float:

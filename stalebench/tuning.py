@@ -33,7 +33,7 @@ from typing import Any
 
 from stalebench.errors import ConfigError, RunError
 from stalebench.metrics.events import read_events
-from stalebench.metrics.summary import write_json
+from stalebench.metrics.summary import with_clock, write_json
 from stalebench.sweep import TARGET_KEYS, SelectConfig, TuneConfig
 
 FORMAT = 1  # tuning.json's format version
@@ -208,9 +208,9 @@ def read_run(sweep_dir: Path, rel: str, seed: int, select: SelectConfig) -> Run:
     on the test split is the leak the protocol exists to prevent."""
     path = Path(sweep_dir) / rel
     try:
-        summary = json.loads((path / "summary.json").read_text())
+        summary = with_clock(json.loads((path / "summary.json").read_text()))
         status = summary["status"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not an object
         return Run(seed, rel, "missing", None, None)
     if status in TERMINAL and summary.get("eval_split") != "val":
         raise RunError(

@@ -1,6 +1,7 @@
 """events.jsonl: append-only, one JSON object per line, flushed as the run goes.
 
-Every event has `kind` and `t` (seconds since the run started). Kinds and their fields:
+Every event has `kind` and `t` (seconds since the run started, on the run's clock:
+`CLOCKS`). Kinds and their fields:
 - update: worker, clock, version, lag, loss, compute_s, wait_s, comm_s, clock_gap (a
   cost-only run's without loss, or a gossip node's consensus: `VALUE_FIELDS`)
 - eval:   version, split, loss, accuracy (t is when the snapshot was taken)
@@ -22,6 +23,10 @@ from typing import Any
 from stalebench.errors import write_error
 
 KINDS = ("update", "eval", "worker", "system", "barrier")
+# the clock a run's times are on, by its runtime: the simulator's virtual seconds, or the
+# real seconds a run of real processes took. Each `t`, and every time summary.json derives
+# from them (`run_time_s`, `time_to_target_s`, `throughput_updates_per_s`), is on it
+CLOCKS = {"sim": "simulated", "real": "real"}
 REQUIRED = {
     "update": ("worker", "clock", "version", "lag", "loss", "compute_s", "wait_s", "comm_s"),
     "eval": ("version", "split", "loss", "accuracy"),

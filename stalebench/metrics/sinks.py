@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from stalebench.errors import last_line
+from stalebench.metrics.events import CLOCKS
 
 log = logging.getLogger("stalebench")
 
@@ -144,9 +145,11 @@ class Progress(Sink):
 
 class Wandb(Sink):
     """One W&B run per stalebench run, offline unless configured: the resolved config, the
-    sweep as `group`, the algorithm as `job_type`, wall time (`time/t`) as the x-axis,
-    training curves while the run goes, evaluations when they are written, and at the end
-    a lag histogram, per-worker compute/wait/comm, and the summary."""
+    sweep as `group`, the algorithm as `job_type`, the run's time as the x-axis under a key
+    that names its clock (`time/simulated_s` for runtime=sim, `time/real_s` for
+    runtime=real: `time_key`), training curves while the run goes, evaluations when they
+    are written, and at the end a lag histogram, per-worker compute/wait/comm, and the
+    summary (its `clock` and `run_time_s` among it)."""
 
     WINDOW_S = 0.5  # update events are averaged over this much run time per logged point
 
@@ -164,6 +167,7 @@ class Wandb(Sink):
         import wandb
 
         self.wandb = wandb
+        self.time = time_key(config.get("runtime"))
         self.fallback: str | None = None  # why an online start failed (then: offline)
 
         def start(mode: str):
@@ -186,8 +190,8 @@ class Wandb(Sink):
                 raise
             self.fallback = last_line(exc)
             self.run = start("offline")
-        self.run.define_metric("time/t")
-        self.run.define_metric("*", step_metric="time/t")
+        self.run.define_metric(self.time)
+        self.run.define_metric("*", step_metric=self.time)
         self.lags: list[int] = []
         self.per_worker: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         self.window: list[dict[str, Any]] = []
@@ -207,7 +211,7 @@ class Wandb(Sink):
             split = event["split"]
             self.run.log(
                 {
-                    "time/t": event["t"],
+                    self.time: event["t"],
                     f"{split}/loss": event["loss"],
                     f"{split}/accuracy": event["accuracy"],
                     "sys/version": event["version"],
@@ -221,7 +225,7 @@ class Wandb(Sink):
         losses = [e["loss"] for e in w if e.get("loss") is not None]
         self.run.log(
             {
-                "time/t": w[-1]["t"],
+                self.time: w[-1]["t"],
                 "train/batch_loss": sum(losses) / len(losses) if losses else None,
                 "sys/lag": sum(e["lag"] for e in w) / len(w),
                 "sys/updates": w[-1]["version"],
@@ -242,6 +246,14 @@ class Wandb(Sink):
                 self.run.summary.update({k: v for k, v in summary.items() if k != "host"})
         finally:
             self.run.finish()  # always: multirun jobs must never merge into one W&B run
+
+
+def time_key(runtime) -> str:
+    """The W&B x-axis of a run in `runtime`: its time in seconds on the run's clock, the key
+    naming the clock (`time/simulated_s`, `time/real_s`), so that a chart never lays
+    simulated seconds over real ones unsaid; `time/s` for a runtime it does not know."""
+    clock = CLOCKS.get(runtime) if isinstance(runtime, str) else None
+    return f"time/{clock}_s" if clock else "time/s"
 
 
 def log_verdicts(

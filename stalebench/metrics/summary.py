@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stalebench.errors import last_line, write_error
-from stalebench.metrics.events import EventLog, read_events
+from stalebench.metrics.events import CLOCKS, EventLog, read_events
 
 log = logging.getLogger("stalebench")
 
@@ -35,6 +35,8 @@ EXIT_CODES = {"completed": 0, "failed": 1, "invalid": 2, "diverged": 3, "timeout
 # the end of the curve, not its last snapshot, which one batch's summation order can move
 TAIL_PER = 10
 EVAL_KEYS = ("loss", "accuracy", "perplexity")
+# summary.json's name for `run_time_s` before it said its clock (old run directories)
+OLD_RUN_TIME = "wall_time_s"
 
 
 def summarize(
@@ -52,7 +54,7 @@ def summarize(
     split = "val" if any(e["split"] == "val" for e in evals) else "test"
     tests = sorted((e for e in evals if e["split"] == split), key=lambda e: (e["t"], e["version"]))
     end = [e for e in events if e["kind"] == "system" and e["event"] == "end"]
-    wall = end[-1]["t"] if end else max((e["t"] for e in updates), default=0.0)
+    length = end[-1]["t"] if end else max((e["t"] for e in updates), default=0.0)
     lags = np.array([e["lag"] for e in updates], dtype=float)
     num_workers = meta["num_workers"]
     compute = np.zeros(num_workers)
@@ -67,7 +69,8 @@ def summarize(
         "error": error,
         **meta,
         "eval_split": split,  # what `final`, `best_accuracy` and `time_to_target_s` read
-        "wall_time_s": wall,
+        "clock": CLOCKS.get(meta.get("runtime")),  # null: a runtime it does not know
+        "run_time_s": length,
         "updates": max((e["version"] for e in updates), default=0),
         "gradients": sum(e.get("inner_steps", 1) for e in updates),
         "final": ({k: final[k] for k in EVAL_KEYS if k in final} if final else None),
@@ -93,9 +96,9 @@ def summarize(
         "workers_replaced": sorted(
             e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "replaced"
         ),
-        "compute_fraction": float((compute / wall).mean()) if wall > 0 else None,
+        "compute_fraction": float((compute / length).mean()) if length > 0 else None,
         "throughput_updates_per_s": (
-            max((e["version"] for e in updates), default=0) / wall if wall > 0 else None
+            max((e["version"] for e in updates), default=0) / length if length > 0 else None
         ),
         "bytes_sent": end[-1].get("bytes_sent") if end else None,
         **_stages(updates, num_workers, bool((start_event(events) or {}).get("one_stream"))),
@@ -104,6 +107,19 @@ def summarize(
     if meta.get("numerics") is False:  # a cost-only run: what needs values is absent
         summary = {k: v for k, v in summary.items() if k not in NUMERIC_KEYS}
     return summary
+
+
+def with_clock(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary (or a report's row of one) with its times said one way, whichever version
+    wrote it: `clock` (simulated, real; None when unknown) and `run_time_s`, also where an
+    old summary has only `wall_time_s` and `runtime` (its clock was the runtime's); and
+    `wall_time_s`, the same number, for the readers that still name it (a claim's
+    `metric: wall_time_s`). Every reader of summary.json (the report's collect, tuning)
+    reads through this, and then `run_time_s` and `clock` only."""
+    runtime = summary.get("runtime")
+    clock = summary.get("clock") or (CLOCKS.get(runtime) if isinstance(runtime, str) else None)
+    length = summary.get("run_time_s", summary.get(OLD_RUN_TIME))
+    return {**summary, "clock": clock, "run_time_s": length, OLD_RUN_TIME: length}
 
 
 # what a cost-only run (`numerics: false`) cannot measure, absent from its summary.json

@@ -10,14 +10,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stalebench.metrics.summary import write_json
+from stalebench.metrics.summary import OLD_RUN_TIME, write_json
 from stalebench.report import claims as claims_mod
 from stalebench.report.collect import collect
 from stalebench.report.groups import assign, load_configs
 from stalebench.report.groups import display as groups_display
 from stalebench.report.tables import (
     BASELINE,
+    MISSING,
+    baseline_note,
     format_summary,
+    group_clock,
+    one_clock,
     summary_table,
     to_markdown,
     write_table,
@@ -47,8 +51,12 @@ def build_report(
     configs = load_configs(runs["run_dir"])
     labelled, settings = assign(runs, configs)
     summary = summary_table(runs, baseline, configs)
-    summary_md = write_table("summary", summary, format_summary(summary, baseline), out)
-    write_table("runs", labelled, per_run_display(labelled, settings), out)
+    shown = format_summary(summary, baseline)
+    summary_md = write_table("summary", summary, shown, out)
+    note = baseline_note(summary, baseline) if f"speedup vs {baseline}" in shown else None
+    # runs.csv says a run's length once, on its clock: not under the old key too
+    write_table("runs", labelled.drop(columns=OLD_RUN_TIME, errors="ignore"),
+                per_run_display(labelled, settings), out)  # fmt: skip
     claimed = claims_mod.claim_targets(configs.values())  # the configs read above
     figures = all_figures(labelled, curves, updates, out, claimed)
     verdicts = claims_mod.evaluate(runs, curves)
@@ -63,15 +71,18 @@ def build_report(
         "## Summary",
         "",
         "Mean ± sample std over the completed runs (seeds) of each group; runs that did not",
-        "complete are counted in `runs` and listed under `not completed`. Time to target is",
-        f"over the runs that reached it; speedup vs {baseline} = {baseline}'s mean time to",
-        "target / the group's, same cluster and workers (and, where the baseline's groups",
+        "complete are counted in `runs` and listed under `not completed`. Times are on each",
+        "run's clock: simulated seconds (runtime=sim) or real seconds (runtime=real), named in",
+        "the column or, where rows differ, in `clock`. Time to target is over the runs that",
+        f"reached it; speedup vs {baseline} = {baseline}'s mean time to target / the",
+        "group's, same cluster and workers (and, where the baseline's groups",
         "differ in a setting, the same value of it). A group is every run with the same",
         "config but the seed; the columns between `workers` and `runs` are the settings",
         "that tell groups of one algorithm apart, and a cluster profile changed between",
         "runs names its changed keys, e.g. `heterogeneous[slowdown=1,1,3,3]`.",
         "",
         summary_md,
+        *([note, ""] if note else []),
         "Tables: `tables/summary.csv`, `tables/summary.tex`, per run `tables/runs.csv`, "
         "`tables/runs.tex`.",
         *targets,
@@ -118,7 +129,8 @@ def target_section(
         done = group[group["status"] == "completed"]
         row = {"algorithm": first["algorithm"], "cluster": first["profile"],
                "num_workers": first["num_workers"],
-               **{name: groups_display(first[key]) for key, name in settings.items()}}  # fmt: skip
+               **{name: groups_display(first[key]) for key, name in settings.items()},
+               "clock": group_clock(group) or MISSING}  # fmt: skip
         for target in targets:
             times = [claims_mod.first_reached(by_run.get(d), target) for d in done["run_dir"]]
             hit = [t for t in times if t is not None]
@@ -126,9 +138,14 @@ def target_section(
             mean = f"{np.mean(hit):.3g} ± {spread:.2g}" if hit else "—"
             row[claims_mod.target_label(target)] = f"{mean} ({len(hit)}/{len(done)})"
         rows.append(row)
-    return ["", "Time to each target the claims use (s; mean ± std of the runs that reached "
-            "it, and how many of the completed runs did):", "",
-            to_markdown(pd.DataFrame(rows))]  # fmt: skip
+    table = pd.DataFrame(rows)
+    clock = one_clock(table["clock"])
+    if clock:  # one clock: the line says it, not a column
+        table = table.drop(columns="clock")
+    unit = f"{clock} s" if clock else "s"
+    return ["", f"Time to each target the claims use ({unit}; mean ± std of the runs that "
+            "reached it, and how many of the completed runs did):", "",
+            to_markdown(table)]  # fmt: skip
 
 
 def tuning_section(dirs: list[str]) -> list[str]:
@@ -221,16 +238,18 @@ def overrun_section(runs: pd.DataFrame) -> list[str]:
 
 def per_run_display(runs: pd.DataFrame, settings: dict[str, str]) -> pd.DataFrame:
     """The per-run table as display strings: labels (the cluster as its profile), the
-    settings that tell groups apart (by short name), seed, status and headline numbers."""
+    settings that tell groups apart (by short name), seed, status, the clock its times are
+    on and headline numbers."""
     head = {"run_dir": "run_dir", "algorithm": "algorithm", "profile": "cluster"}
     tail = [
         "seed",
         "status",
+        "clock",  # what time_to_target_s, throughput_updates_per_s and run_time_s are on
         "final_accuracy",
         "time_to_target_s",
         "lag_mean",
         "throughput_updates_per_s",
-        "wall_time_s",
+        "run_time_s",
         "error",
     ]
     cols = {**head, "num_workers": "num_workers", **settings, **{c: c for c in tail}}

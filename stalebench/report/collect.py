@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from stalebench import tuning
+from stalebench.metrics.summary import with_clock
 from stalebench.overrides import keeps_preset_name
 
 LABELS = ["algorithm", "cluster", "num_workers", "seed"]
@@ -238,7 +239,7 @@ def _labels_without_summary(run_dir: Path, events: list[dict]) -> dict:
         if detail:
             labels["error"] += f" (last error event: {detail})"
     times = [e["t"] for e in events if isinstance(e.get("t"), int | float)]
-    labels["wall_time_s"] = max(times) if times else None
+    labels["run_time_s"] = max(times) if times else None
     labels["updates"] = max(
         (e.get("version", 0) for e in events if e.get("kind") == "update"), default=0
     )
@@ -251,12 +252,12 @@ def collect(
     """Load every run under ``dirs``.
 
     Returns ``runs`` (one row per run: the flattened summary, e.g. ``final_accuracy``,
-    ``lag_mean``, plus ``run_dir``), ``curves`` (the eval events) and ``updates`` (the
-    update events), the latter two labelled with run_dir, algorithm, cluster, num_workers
-    and seed. A run without summary.json appears with status "failed". A run whose
-    events.jsonl is damaged (`damage`) is kept, with the events that parse, and its
-    (run_dir, what is wrong) is appended to ``damaged`` when given, else is a
-    RunFileWarning "<run_dir>: <what>".
+    ``lag_mean``, its clock and length as `with_clock` says them, plus ``run_dir``),
+    ``curves`` (the eval events) and ``updates`` (the update events), the latter two
+    labelled with run_dir, algorithm, cluster, num_workers and seed. A run without
+    summary.json appears with status "failed". A run whose events.jsonl is damaged
+    (`damage`) is kept, with the events that parse, and its (run_dir, what is wrong) is
+    appended to ``damaged`` when given, else is a RunFileWarning "<run_dir>: <what>".
     """
     rows, curves, updates = [], [], []
     for run_dir in find_run_dirs(dirs):
@@ -279,6 +280,7 @@ def collect(
             damaged.append((str(run_dir), problem))
         elif problem:
             warnings.warn(RunFileWarning(f"{run_dir}: {problem}"), stacklevel=2)
+        row = with_clock(row)  # an old summary's times as a new one says them: one place
         row["run_dir"] = str(run_dir)
         rows.append(row)
         labels = {"run_dir": str(run_dir), **{k: row.get(k) for k in LABELS}}

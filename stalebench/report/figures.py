@@ -1,8 +1,8 @@
 """Figures: convergence vs time, lag histograms, per-worker compute/wait/comm. Each is
 written as PNG (embedded in report.md) and PDF (vector, for a paper) beside it; a figure
 says what its band is, orders its arms as the summary table does (SSP(1), SSP(3),
-SSP(10)), labels simulated time as such, draws the claims' targets, and puts a loss that
-spans more than a decade on a log scale."""
+SSP(10)), names the clock and unit of every time axis (simulated or real seconds), draws
+the claims' targets, and puts a loss that spans more than a decade on a log scale."""
 
 from __future__ import annotations
 
@@ -64,14 +64,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def time_label(runs: pd.DataFrame, run_dirs) -> str:
-    """The time axis's name: simulated (virtual) time for simulator runs, wall time for
-    real ones, plain time when a figure holds both."""
-    kinds = set(runs.loc[runs["run_dir"].isin(set(run_dirs)), "runtime"].dropna()) if (
-        "runtime" in runs) else set()  # fmt: skip
-    if kinds == {"sim"}:
-        return "simulated time (s)"
-    return "wall time (s)" if kinds == {"real"} else "time (s)"
+def time_label(runs: pd.DataFrame, run_dirs, what: str = "time") -> str:
+    """The time axis's name, by the clock of the runs drawn (collect's `clock`): simulated
+    (virtual) time for simulator runs, real time for real ones; a figure whose runs are on
+    different clocks, or on one not known, names them."""
+    shown = runs.loc[runs["run_dir"].isin(set(run_dirs))]
+    clocks = set(shown["clock"].fillna("unknown")) if "clock" in runs else {"unknown"}
+    if clocks == {"unknown"}:
+        return f"{what} (s; clock unknown)"
+    if len(clocks) == 1:
+        return f"{clocks.pop()} {what} (s)"
+    return f"{what} (s; clocks differ: {', '.join(sorted(clocks))})"
 
 
 # a loss whose plotted means span more than this factor is drawn on a log scale
@@ -144,10 +147,10 @@ def lag_histograms(updates: pd.DataFrame, out: Path) -> list[Path]:
     paths = []
     for title, suffix, sub in _settings(updates.dropna(subset=["lag"])):
         fig, ax = plt.subplots(figsize=(6, 4))
-        sns.histplot(
-            data=sub.assign(arm=sub["arm"].astype(str)),
+        sns.histplot(  # the legend names its groups "algorithm", as the other figures do
+            data=sub.assign(algorithm=sub["arm"].astype(str)),
             x="lag",
-            hue="arm",
+            hue="algorithm",
             hue_order=_arms(sub),
             discrete=True,
             stat="probability",
@@ -197,9 +200,7 @@ def worker_time(updates: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list[Pa
             ax.set(ylabel="worker", title=f"{arm} (mean of {n} seed{'s' if n > 1 else ''})")
             ax.invert_yaxis()
         axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes[-1, 0].set_xlabel(
-            time_label(runs, sub["run_dir"]).replace("time (s)", "time per run (s)")
-        )
+        axes[-1, 0].set_xlabel(time_label(runs, sub["run_dir"], "time per run"))
         fig.suptitle(f"Time per worker: {title}")
         paths.append(_save(fig, out / "figures" / f"worker_time_{suffix}.png"))
     return paths

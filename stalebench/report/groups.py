@@ -55,7 +55,7 @@ SUMMARY_KEYS = {
 # Columns of the runs and summary tables a setting's short name must not take.
 RESERVED = {
     "algorithm", "cluster", "num_workers", "workers", "seed", "run_dir", "status", "error",
-    "runs", "completed", "group", "arm", "profile",
+    "runs", "completed", "group", "arm", "profile", "clock", "target_split", "target_accuracy",
 }  # fmt: skip
 MISSING = "—"
 

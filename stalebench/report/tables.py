@@ -6,6 +6,10 @@ groups of one algorithm apart is a column of its own (`lr`, `engine`, ...). Accu
 time-to-target, lag and throughput are averaged over the *completed* runs of a group; runs
 that failed, diverged or timed out stay in the table (``runs`` counts them and ``status``
 lists them), they are never dropped silently. Std is the sample std (ddof=1).
+
+Times are on each run's clock (`clock`: simulated seconds in runtime=sim, real seconds in
+runtime=real), which the display names: in the column's name when every row has one
+clock, else in a `clock` column per row.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stalebench.metrics.events import CLOCKS
 from stalebench.report import groups as groups_mod
 
 GROUP = ["algorithm", "cluster", "num_workers"]
@@ -48,6 +53,7 @@ def summary_table(
         acc = _col(done, "final_accuracy").dropna()
         loss = _col(done, "final_loss").dropna()
         ttt = _col(done, "time_to_target_s").dropna()
+        split, target = _target(done if len(done) else group)
         others = group.loc[group["status"] != "completed", "status"].fillna("unknown")
         rows.append(
             {
@@ -58,12 +64,15 @@ def summary_table(
                 "runs": len(group),
                 "completed": len(done),
                 "status": ", ".join(f"{s}×{n}" for s, n in sorted(others.value_counts().items())),
+                "clock": group_clock(group),
                 "final_accuracy_mean": float(acc.mean()) if len(acc) else float("nan"),
                 "final_accuracy_std": _std(acc),
                 "final_loss_mean": float(loss.mean()) if len(loss) else float("nan"),
                 "final_loss_std": _std(loss),
                 "time_to_target_mean": float(ttt.mean()) if len(ttt) else float("nan"),
                 "time_to_target_std": _std(ttt),
+                "target_split": split,
+                "target_accuracy": target,
                 "reached_target": len(ttt),
                 "lag_mean": float(_col(done, "lag_mean").mean()),
                 "throughput_updates_per_s": float(_col(done, "throughput_updates_per_s").mean()),
@@ -74,6 +83,24 @@ def summary_table(
         return table
     table[f"speedup_vs_{baseline}"] = _speedups(table, baseline, list(settings.values()))
     return table
+
+
+def group_clock(group: pd.DataFrame) -> str | None:
+    """The clock of a group's times (None: unknown; its clocks joined by `/` in the rare
+    group of runs without a config that are on different ones)."""
+    clocks = sorted(set(group["clock"].dropna())) if "clock" in group else []
+    return "/".join(clocks) or None
+
+
+def _target(runs: pd.DataFrame) -> tuple[str | None, float]:
+    """The accuracy target the runs' `time_to_target_s` is to, and the split it is read on
+    (summary.json's `target_accuracy` and `eval_split`; a summary from before the split was
+    recorded read the test split)."""
+    target = _col(runs, "target_accuracy").dropna()
+    if not len(target):
+        return None, float("nan")
+    split = runs["eval_split"].dropna() if "eval_split" in runs else pd.Series([], dtype=object)
+    return (str(split.iloc[0]) if len(split) else "test"), float(target.iloc[0])
 
 
 def _same(a, b) -> bool:
@@ -117,10 +144,11 @@ def _pm(mean: float, std: float, digits: int) -> str:
 
 
 def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """The summary table as display strings (mean ± std, "—" when missing). Runs with no
-    accuracy at all (regression) and none at the accuracy target show no accuracy columns:
-    no final accuracy, and no time to the accuracy target (budget.target_accuracy), which
-    they can never reach."""
+    """The summary table as display strings (mean ± std, "—" when missing), the times named
+    by their clock and the target by its split, metric and value (`reached test accuracy
+    >= 0.6`; per row where rows differ in it). Runs with no accuracy at all (regression) and
+    none at the accuracy target show no accuracy columns: no final accuracy, and no time to
+    the accuracy target (budget.target_accuracy), which they can never reach."""
     speedup = f"speedup_vs_{baseline}"
     settings = list(table.columns[3 : table.columns.get_loc("runs")])
     shown = _format_summary(table, baseline, speedup, settings)
@@ -129,14 +157,63 @@ def format_summary(table: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFram
         and table["final_accuracy_mean"].isna().all()
         and not table["reached_target"].any()
     ):
-        shown = shown.drop(columns=["final test accuracy", "time to target (s)", "reached",
-                                    f"speedup vs {baseline}"])  # fmt: skip
+        dropped = [c for c in shown if c.startswith(("time to target", "reached"))]
+        shown = shown.drop(columns=["final test accuracy", *dropped, f"speedup vs {baseline}"])
     return shown
+
+
+def target_text(split, target) -> str | None:
+    """`test accuracy >= 0.6`: an accuracy target as the tables name it (None: none)."""
+    if target is None or pd.isna(target):
+        return None
+    return f"{split if isinstance(split, str) else 'test'} accuracy >= {target:g}"
+
+
+def _reached(table: pd.DataFrame) -> tuple[str, list[str]]:
+    """The `reached` column's name and cells: how many of the completed runs reached the
+    target, which the name says when every row has the same one, else each cell."""
+    pairs = zip(table["target_split"], table["target_accuracy"], strict=True)
+    targets = [target_text(split, target) for split, target in pairs]
+    counts = [f"{r}/{c}" for r, c in zip(table["reached_target"], table["completed"], strict=True)]
+    if len(set(targets)) == 1 and targets[0]:
+        return f"reached {targets[0]}", counts
+    return "reached", [f"{t}: {n}" if t else n for t, n in zip(targets, counts, strict=True)]
+
+
+def _clocked(table: pd.DataFrame) -> tuple[str | None, dict[str, list[str]]]:
+    """The clock every row's times are on (None: rows on different or unknown clocks), and
+    the `clock` column that then says it per row (none when the names can)."""
+    clock = one_clock(table["clock"])
+    if clock:
+        return clock, {}
+    return None, {"clock": [c if isinstance(c, str) else MISSING for c in table["clock"]]}
+
+
+def one_clock(clocks) -> str | None:
+    """The clock all of `clocks` are (simulated, real), or None: they differ, or one is not
+    known (None, or a group's `real/simulated`)."""
+    found = {c if isinstance(c, str) else None for c in clocks}
+    return found.pop() if len(found) == 1 and found <= set(CLOCKS.values()) else None
+
+
+def baseline_note(table: pd.DataFrame, baseline: str = BASELINE) -> str | None:
+    """One line under a summary table none of whose rows is the speedup's baseline (its
+    speedup column is empty): the flag that names another. None when there is one."""
+    names = table["algorithm"].astype(str) if len(table) else pd.Series([], dtype=str)
+    if not len(names) or (names.str.lower() == baseline.lower()).any():
+        return None
+    others = ", ".join(dict.fromkeys(names))
+    return (f"No {baseline} run here, so `speedup vs {baseline}` is empty: "
+            f"`stalebench-report --baseline <algorithm>` measures the speedups against "
+            f"another algorithm ({others}).")  # fmt: skip
 
 
 def _format_summary(
     table: pd.DataFrame, baseline: str, speedup: str, settings: list[str]
 ) -> pd.DataFrame:
+    clock, per_row = _clocked(table)
+    unit, rate = (f"{clock} s", f"updates per {clock} s") if clock else ("s", "updates/s")
+    reached, counts = _reached(table)
     return pd.DataFrame(
         {
             "algorithm": table["algorithm"].astype(str),
@@ -146,6 +223,7 @@ def _format_summary(
             "runs": table["runs"].astype(str),
             "completed": table["completed"].astype(str),
             "not completed": [s or MISSING for s in table["status"]],
+            **per_row,
             "final test accuracy": [
                 _pm(m, s, 3)
                 for m, s in zip(
@@ -156,17 +234,15 @@ def _format_summary(
                 _pm(m, s, 3)
                 for m, s in zip(table["final_loss_mean"], table["final_loss_std"], strict=True)
             ],
-            "time to target (s)": [
+            f"time to target ({unit})": [
                 _pm(m, s, 2)
                 for m, s in zip(
                     table["time_to_target_mean"], table["time_to_target_std"], strict=True
                 )
             ],
-            "reached": [
-                f"{r}/{c}" for r, c in zip(table["reached_target"], table["completed"], strict=True)
-            ],
+            reached: counts,
             "mean lag": [_fmt(x, 2) for x in table["lag_mean"]],
-            "updates/s": [_fmt(x, 1) for x in table["throughput_updates_per_s"]],
+            rate: [_fmt(x, 1) for x in table["throughput_updates_per_s"]],
             f"speedup vs {baseline}": [
                 MISSING if math.isnan(x) else f"{x:.2f}×" for x in table[speedup]
             ],

@@ -251,7 +251,7 @@ def test_sim_and_real_agree_on_the_same_profile(tmp_path):
         assert run.summary["status"] == "completed"
     rate = {
         name: [
-            sum(e["worker"] == w for e in ups(run)) / run.summary["wall_time_s"] for w in range(4)
+            sum(e["worker"] == w for e in ups(run)) / run.summary["run_time_s"] for w in range(4)
         ]
         for name, run in (("real", real), ("sim", sim))
     }

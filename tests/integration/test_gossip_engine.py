@@ -65,8 +65,8 @@ def test_a_paused_node_delays_its_out_peers_not_every_node(tmp_path):
     base = ["algorithm=sgp", "cluster.compute_ms=10", "engine.sync_every=12"]
     plain = sim(tmp_path, "plain", *base)
     paused = sim(tmp_path, "paused", *base, "cluster.faults=[{worker:1,at_s:0.02,duration_s:1.0}]")
-    assert plain.summary["wall_time_s"] == pytest.approx(0.12)
-    assert paused.summary["wall_time_s"] == pytest.approx(1.12)
+    assert plain.summary["run_time_s"] == pytest.approx(0.12)
+    assert paused.summary["run_time_s"] == pytest.approx(1.12)
     pauses = [e for e in paused.events if e["kind"] == "worker" and e["event"] == "pause"]
     assert [(p["worker"], p["duration_s"]) for p in pauses] == [(1, pytest.approx(1.0))]
     # the pause strikes node 1's iteration 2 (it starts at 0.02 s); there the graph's hop is
@@ -87,7 +87,7 @@ def test_a_dead_node_fails_the_simulated_run_with_its_reason(tmp_path):
 def test_a_slow_node_slows_the_run(tmp_path):
     plain = sim(tmp_path, "plain", "algorithm=osgp")
     slow = sim(tmp_path, "slow", "algorithm=osgp", "cluster.slowdown=[1,1,1,3]")
-    assert slow.summary["wall_time_s"] > 2 * plain.summary["wall_time_s"]
+    assert slow.summary["run_time_s"] > 2 * plain.summary["run_time_s"]
     rates = {e["worker"]: e["compute_s"] for e in updates(slow)}
     assert rates == pytest.approx({0: 0.005, 1: 0.005, 2: 0.005, 3: 0.015})
 
@@ -103,7 +103,7 @@ def test_sgp_outruns_allreduce_under_transient_stragglers_and_osgp_outruns_sgp(t
         assert run.summary["status"] == "completed" and run.summary["updates"] == 80
     # all-reduce waits for the slowest of 16 every step; a node, for its in-peer; with τ = 1
     # a node may run an iteration ahead of its in-peer
-    wall = [run.summary["wall_time_s"] for run in (osgp, sgp, bsp)]
+    wall = [run.summary["run_time_s"] for run in (osgp, sgp, bsp)]
     assert wall[0] < wall[1] < 0.85 * wall[2], wall
 
 

@@ -77,12 +77,16 @@ def test_offline_run_history_matches_the_events(tmp_path):
     evals = [
         (e["t"], e["accuracy"]) for e in events if e["kind"] == "eval" and e["split"] == "test"
     ]
-    rows = [(h["time/t"], h["test/accuracy"]) for h in logged["history"] if "test/accuracy" in h]
+    rows = [
+        (h["time/simulated_s"], h["test/accuracy"])
+        for h in logged["history"]
+        if "test/accuracy" in h
+    ]
     assert rows == evals  # same floats: both come from one JSON round trip
     train = [h for h in logged["history"] if "train/batch_loss" in h]
     assert train and train[-1]["sys/updates"] == 120
     ups = [e for e in events if e["kind"] == "update"]
-    assert max(h["time/t"] for h in train) == pytest.approx(ups[-1]["t"])
+    assert max(h["time/simulated_s"] for h in train) == pytest.approx(ups[-1]["t"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert logged["summary"]["status"] == "completed"
     assert logged["summary"]["updates"] == summary["updates"]

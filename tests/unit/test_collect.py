@@ -208,6 +208,12 @@ seed: 0
     }
 
 
+# a run's length as collect says it (`with_clock`): on its clock (runtime=sim: simulated),
+# under the old key too for the readers that still name it
+def length(seconds, clock="simulated"):
+    return {"clock": clock, "run_time_s": seconds, "wall_time_s": seconds}
+
+
 FAILED = {"status": "failed", "error": "no summary.json"}
 
 
@@ -251,7 +257,7 @@ def test_a_run_that_died_writing_its_start_event_is_labelled_from_hydra_config(
             "run_dir": str(run.resolve()),
             **labels,
             **FAILED,
-            "wall_time_s": None,
+            **length(None),
             "updates": 0,
         }
     ]
@@ -283,7 +289,7 @@ def test_a_run_without_summary_keeps_every_label_of_its_start_event(tmp_path):
             "runtime": "sim",
             "model": "mlp",
             "dataset": "synthetic",
-            "wall_time_s": 0.04,
+            **length(0.04),
             "updates": 3,
         }
     ]
@@ -305,7 +311,7 @@ def test_labels_come_from_the_config_not_from_another_system_event(tmp_path):
         **FAILED,
         "runtime": "sim",
         "engine": "ps",
-        "wall_time_s": 0.04,
+        **length(0.04),
         "updates": 3,
     }
 
@@ -462,3 +468,36 @@ def test_a_run_killed_before_its_start_event_is_labelled_by_the_parts_its_config
     make_run_without_summary(tmp_path, config_yaml, "", [*OVERRIDES, *overrides])
     runs, _, _ = collect([tmp_path])
     assert runs.loc[0, "algorithm"] == label == compose(overrides).label
+
+
+def write_summary(tmp_path, name, summary):
+    run = tmp_path / name
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+LABELS = {"status": "completed", "algorithm": "asp", "cluster": "c", "num_workers": 2, "seed": 0}
+
+
+def test_an_old_summary_with_only_wall_time_is_read_on_its_runtimes_clock(tmp_path):
+    # summary.json before it said its clock: `wall_time_s` (virtual in runtime=sim) and the
+    # runtime; collect says both runs' times as a new summary does, in one place
+    write_summary(tmp_path, "0", {**LABELS, "runtime": "sim", "wall_time_s": 7.5})
+    write_summary(tmp_path, "1", {**LABELS, "runtime": "real", "wall_time_s": 2.25})
+    write_summary(tmp_path, "2", {**LABELS, "wall_time_s": 1.0})  # no runtime: clock unknown
+    runs, _, _ = collect([tmp_path])
+    got = runs[["clock", "run_time_s", "wall_time_s"]].astype(object)
+    got = got.where(got.notna(), None).to_dict("records")  # pandas' NaN: no clock
+    assert got == [length(7.5), length(2.25, "real"), length(1.0, None)]
+
+
+def test_a_new_summary_keeps_its_clock_and_length(tmp_path):
+    # written by this version: `clock` and `run_time_s`, no `wall_time_s`; the clock it
+    # names wins over the runtime's
+    write_summary(tmp_path, "0", {**LABELS, "runtime": "sim", "clock": "simulated",
+                                  "run_time_s": 3.0})  # fmt: skip
+    write_summary(tmp_path, "1", {**LABELS, "runtime": "sim", "clock": "real", "run_time_s": 4.0})
+    runs, _, _ = collect([tmp_path])
+    got = runs[["clock", "run_time_s", "wall_time_s"]].to_dict("records")
+    assert got == [length(3.0), length(4.0, "real")]

@@ -78,7 +78,7 @@ def test_figures_come_as_pdf_too_ordered_naturally_with_band_and_time_named(
 
 def test_a_loss_over_decades_is_on_a_log_scale_with_the_target_drawn(tmp_path, monkeypatch):
     drawn = Drawn(monkeypatch)
-    runs = pd.DataFrame({"run_dir": ["a", "b"], "status": "completed", "runtime": "real"})
+    runs = pd.DataFrame({"run_dir": ["a", "b"], "status": "completed", "clock": "real"})
     t = np.arange(5.0)
     curves = pd.DataFrame({
         "run_dir": ["a"] * 5 + ["b"] * 5, "t": [*t, *t], "split": "test",
@@ -88,15 +88,18 @@ def test_a_loss_over_decades_is_on_a_log_scale_with_the_target_drawn(tmp_path, m
     target = TargetConfig(split="test", key="loss", value=0.01)
     F.convergence(curves, runs, tmp_path, "loss", [target])
     (fig,) = drawn.figs.values()
-    assert fig["yscale"] == "log" and fig["xlabel"] == "wall time (s)"
+    assert fig["yscale"] == "log" and fig["xlabel"] == "real time (s)"
     assert 0.01 in fig["lines"] and "target 0.01" in fig["legend"]
 
 
-def test_time_is_named_by_the_runtime():
-    runs = pd.DataFrame({"run_dir": ["a", "b"], "runtime": ["sim", "real"]})
+def test_time_is_named_by_the_clock():
+    # collect's `clock` (the runtime's, for an old summary): simulated or real seconds
+    runs = pd.DataFrame({"run_dir": ["a", "b", "c"], "clock": ["simulated", "real", None]})
     assert F.time_label(runs, ["a"]) == "simulated time (s)"
-    assert F.time_label(runs, ["b"]) == "wall time (s)"
-    assert F.time_label(runs, ["a", "b"]) == "time (s)"
+    assert F.time_label(runs, ["b"]) == "real time (s)"
+    assert F.time_label(runs, ["a", "b"]) == "time (s; clocks differ: real, simulated)"
+    assert F.time_label(runs, ["c"]) == "time (s; clock unknown)"
+    assert F.time_label(runs, ["b"], "time per run") == "real time per run (s)"
 
 
 def test_the_summary_reads_the_claims_own_targets(runs_dir):
@@ -167,8 +170,9 @@ def test_a_summary_of_runs_without_accuracy_shows_no_accuracy_target(runs_dir):
 
     runs, _, _ = collect([runs_dir])
     with_accuracy = format_summary(summary_table(runs))
-    assert "time to target (s)" in with_accuracy and "final test accuracy" in with_accuracy
+    assert "time to target (simulated s)" in with_accuracy
+    assert "final test accuracy" in with_accuracy
     regression = runs.assign(final_accuracy=np.nan, time_to_target_s=np.nan)
     shown = format_summary(summary_table(regression))
-    assert "time to target (s)" not in shown and "final test accuracy" not in shown
-    assert "final test loss" in shown and "reached" not in shown
+    assert not any(c.startswith(("time to target", "reached")) for c in shown)
+    assert "final test accuracy" not in shown and "final test loss" in shown

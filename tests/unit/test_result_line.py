@@ -8,7 +8,8 @@ from stalebench.cli import _print_result
 def summary(mean_lag):
     return {
         "status": "completed", "algorithm": "ssp", "seed": 0, "num_workers": 4,
-        "updates": 202, "wall_time_s": 20.04, "final": {"accuracy": 0.912345, "loss": 0.3},
+        "updates": 202, "run_time_s": 20.04, "clock": "real",
+        "final": {"accuracy": 0.912345, "loss": 0.3},
         "lag": {"mean": mean_lag}, "error": None,
     }  # fmt: skip
 
@@ -17,7 +18,7 @@ def test_the_result_line_rounds_its_numbers(capsys):
     _print_result(summary(1.5524752475247525), "runs/x")
     line = capsys.readouterr().out.strip()
     assert line == (
-        "[completed] ssp seed=0 workers=4 updates=202 wall=20.0s test_accuracy=0.9123 "
+        "[completed] ssp seed=0 workers=4 updates=202 real_time=20.0s test_accuracy=0.9123 "
         "test_loss=0.3 mean_lag=1.55 -> runs/x"
     )
     _print_result(summary(None), "runs/y")  # no update: no lag

@@ -1,6 +1,6 @@
 """The event tail's thread and the W&B sink's and log_verdicts' W&B runs, offline and read
 back from disk: the project, one run per call even while another run is still open, no
-console output, the 60 s start timeout, wall time as every metric's x-axis, a window
+console output, the 60 s start timeout, the run's time as every metric's x-axis, a window
 without a loss, the per-worker table's columns and a verdict with missing fields.
 
 Complements test_sinks_mutants.py and test_wandb_sink.py: each test here pins behaviour
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("wandb_home")
 def sink(run_dir, name="asp-seed0", project="stalebench"):
     return Wandb(
         project=project, mode="offline", run_dir=run_dir, name=name, group=None,
-        job_type="asp", config={"seed": 0},
+        job_type="asp", config={"seed": 0, "runtime": "real"},
     )  # fmt: skip
 
 
@@ -99,23 +99,26 @@ def test_a_new_sink_finishes_a_run_left_open_and_logs_to_its_own_run(tmp_path):
         left_open.run.finish()
     assert read_run(run_file(tmp_path / "job1"))["run"].display_name == "asp-seed1"
     assert history(tmp_path / "job1")[0] == {
-        "time/t": 0.5, "train/batch_loss": 1.5, "sys/lag": 0.0, "sys/updates": 2,
+        "time/real_s": 0.5, "train/batch_loss": 1.5, "sys/lag": 0.0, "sys/updates": 2,
     }  # fmt: skip
     assert read_run(run_file(tmp_path / "job0"))["run"].display_name == "asp-seed0"
     assert history(tmp_path / "job0") == []  # nothing of the second job in the first
 
 
-def test_wall_time_is_defined_as_the_x_axis_of_every_metric(tmp_path):
+def test_the_runs_time_is_defined_as_the_x_axis_of_every_metric(tmp_path):
     s = sink(tmp_path / "run")
     s.on_event(update(1, 0.0, 2.0))
     s.on_event(update(2, 0.25, 1.0))  # 0.25 s after the first: the window stays open
     s.close(None)
-    # time/t itself first (so the glob does not make it its own step metric), then every
+    # time/real_s itself first (so the glob does not make it its own step metric), then every
     # other metric against it
-    assert metric_definitions(tmp_path / "run") == [("time/t", "", ""), ("", "*", "time/t")]
+    assert metric_definitions(tmp_path / "run") == [
+        ("time/real_s", "", ""),
+        ("", "*", "time/real_s"),
+    ]
     # so the histogram and the table, logged without a time, sit at the last time logged:
     # the window flushed by close (0.25), not at no time at all
-    assert [row.get("time/t") for row in history(tmp_path / "run")] == [0.25, 0.25, 0.25]
+    assert [row.get("time/real_s") for row in history(tmp_path / "run")] == [0.25, 0.25, 0.25]
 
 
 def test_a_window_without_any_loss_logs_a_null_batch_loss(tmp_path):
@@ -126,7 +129,7 @@ def test_a_window_without_any_loss_logs_a_null_batch_loss(tmp_path):
     s.on_event(update(3, 0.5, None, lag=3))
     s.close(None)
     assert history(tmp_path / "run")[0] == {
-        "time/t": 0.5, "train/batch_loss": None, "sys/lag": 2.0, "sys/updates": 3,
+        "time/real_s": 0.5, "train/batch_loss": None, "sys/lag": 2.0, "sys/updates": 3,
     }  # fmt: skip
 
 

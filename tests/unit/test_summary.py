@@ -82,7 +82,8 @@ def test_summarize_hand_computed():
     assert s["status"] == "completed" and s["error"] is None
     for key, value in META.items():
         assert s[key] == value
-    assert s["wall_time_s"] == 5.0  # t of the system end event
+    assert s["run_time_s"] == 5.0  # t of the system end event
+    assert s["clock"] == "real"  # META's runtime: its times are real seconds
     assert s["updates"] == 5  # the highest version
     assert s["gradients"] == 5
     # lags 0, 1, 1, 2, 4
@@ -102,6 +103,18 @@ def test_summarize_hand_computed():
     json.dumps(s, allow_nan=False)  # the summary is plain JSON
 
 
+@pytest.mark.parametrize(
+    ("runtime", "clock"), [("sim", "simulated"), ("real", "real"), (None, None), ("x", None)]
+)
+def test_a_runs_length_is_on_its_clock_and_never_called_wall_time(runtime, clock):
+    # a simulated run's virtual seconds are not wall time: the key names neither, `clock`
+    # says which they are (null for a runtime the summary does not know)
+    meta = {**META, "runtime": runtime}
+    s = summarize(make_events(), meta, "completed", None, 0.6)
+    assert (s["clock"], s["run_time_s"], s["time_to_target_s"]) == (clock, 5.0, 2.0)
+    assert "wall_time_s" not in s
+
+
 def test_summarize_has_every_contract_field():
     s = summarize(make_events(), META, "completed", None, 0.6)
     assert SUMMARY_FIELDS <= s.keys()
@@ -118,7 +131,7 @@ def test_summarize_without_end_event_uses_last_update_time():
     events = [e for e in make_events() if e.get("event") != "end"]
     s = summarize(events, META, "failed", "worker 1 (rank 2) lost", 0.6)
     assert s["status"] == "failed" and s["error"] == "worker 1 (rank 2) lost"
-    assert s["wall_time_s"] == 3.5
+    assert s["run_time_s"] == 3.5
     assert s["compute_fraction"] == pytest.approx((1.5 / 3.5 + 2.0 / 3.5) / 2)
     assert s["throughput_updates_per_s"] == pytest.approx(5 / 3.5)
     assert s["bytes_sent"] is None
@@ -344,7 +357,7 @@ def test_finalize_writes_summary_and_parquet(tmp_path):
     assert on_disk == summary
     # by hand from make_events: five updates (lags 0, 1, 1, 2, 4), the test evaluations in
     # time order end at accuracy 0.75 (t = 4), the best is 0.8, 0.6 is first reached at t = 2
-    assert (on_disk["updates"], on_disk["gradients"], on_disk["wall_time_s"]) == (5, 5, 5.0)
+    assert (on_disk["updates"], on_disk["gradients"], on_disk["run_time_s"]) == (5, 5, 5.0)
     assert on_disk["lag"]["mean"] == pytest.approx(1.6) and on_disk["lag"]["max"] == 4
     assert on_disk["final"]["accuracy"] == 0.75 and on_disk["best_accuracy"] == 0.8
     assert on_disk["time_to_target_s"] == 2.0 and on_disk["bytes_sent"] == 12345
@@ -459,7 +472,7 @@ def test_finalize_with_torn_line_and_nulls(tmp_path):
     summary = finalize(tmp_path, META, "diverged", "loss is nan", 0.6)
     assert summary["status"] == "diverged" and summary["error"] == "loss is nan"
     assert summary["final"] == {"loss": None, "accuracy": None}
-    assert summary["wall_time_s"] == 3.5  # no end event: the last update's t
+    assert summary["run_time_s"] == 3.5  # no end event: the last update's t
     df = pd.read_parquet(tmp_path / "metrics.parquet")
     assert len(df) == len(events)
     assert math.isnan(df["accuracy"].iloc[-1])

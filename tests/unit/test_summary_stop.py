@@ -39,7 +39,7 @@ def test_stop_after_complete_lines(tmp_path):
         "reason": "SIGTERM",
     }
     assert s["status"] == "interrupted" and s["error"] == "SIGTERM"
-    assert s["updates"] == 2 and s["wall_time_s"] == 2.5
+    assert s["updates"] == 2 and s["run_time_s"] == 2.5
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["status"] == "interrupted" and on_disk["error"] == "SIGTERM"
     table = pd.read_parquet(tmp_path / "metrics.parquet")

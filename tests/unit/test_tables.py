@@ -15,6 +15,7 @@ from pandas.testing import assert_frame_equal, assert_series_equal
 
 from stalebench.report.tables import (
     _col,
+    baseline_note,
     format_summary,
     summary_table,
     to_latex,
@@ -37,9 +38,11 @@ def run(
     ttt=None,
     lag=None,
     throughput=None,
+    clock="simulated",
 ):
     """One row of collect()'s `runs`: the labels, status and error first, then the flattened
-    summary.json (final.accuracy -> final_accuracy, lag.mean -> lag_mean, ...)."""
+    summary.json (final.accuracy -> final_accuracy, lag.mean -> lag_mean, ...) and the
+    clock its times are on."""
     return {
         "run_dir": f"/sweep/{algorithm}/{seed}",
         "algorithm": algorithm,
@@ -54,6 +57,7 @@ def run(
         "time_to_target_s": ttt,
         "lag_mean": lag,
         "throughput_updates_per_s": throughput,
+        "clock": clock,
     }
 
 
@@ -78,12 +82,15 @@ SUMMARY_COLUMNS = [
     "runs",
     "completed",
     "status",
+    "clock",
     "final_accuracy_mean",
     "final_accuracy_std",
     "final_loss_mean",
     "final_loss_std",
     "time_to_target_mean",
     "time_to_target_std",
+    "target_split",
+    "target_accuracy",
     "reached_target",
     "lag_mean",
     "throughput_updates_per_s",
@@ -109,14 +116,16 @@ def test_summary_table_aggregates_the_completed_runs_of_each_group():
     #   0 reached, no speedup
     expected = pd.DataFrame(
         [
-            ["asp", "homogeneous", 4, 4, 2, "diverged×1, failed×1", 0.7, math.sqrt(0.02),
-             0.8, math.sqrt(0.02), 4.0, math.sqrt(2), 2, 1.75, 20.3, 3.0],
-            ["bsp", "homogeneous", 4, 3, 3, "", 0.7, 0.2,
-             0.8, 0.2, 12.0, 2.0, 3, 0.0, 20.0, 1.0],
-            ["dssp", "homogeneous", 4, 2, 0, "failed×1, unknown×1", NAN, NAN,
-             NAN, NAN, NAN, NAN, 0, NAN, NAN, NAN],
-            ["ssp", "homogeneous", 4, 1, 1, "", 0.55, NAN,
-             1.2, NAN, NAN, NAN, 0, 3.0, 40.0, NAN],
+            ["asp", "homogeneous", 4, 4, 2, "diverged×1, failed×1", "simulated", 0.7,
+             math.sqrt(0.02), 0.8, math.sqrt(0.02), 4.0, math.sqrt(2), "test", 0.4, 2, 1.75,
+             20.3, 3.0],
+            ["bsp", "homogeneous", 4, 3, 3, "", "simulated", 0.7, 0.2,
+             0.8, 0.2, 12.0, 2.0, "test", 0.4, 3, 0.0, 20.0, 1.0],
+            # dssp: no run completed; the target its runs were given is still the group's
+            ["dssp", "homogeneous", 4, 2, 0, "failed×1, unknown×1", "simulated", NAN, NAN,
+             NAN, NAN, NAN, NAN, "test", 0.4, 0, NAN, NAN, NAN],
+            ["ssp", "homogeneous", 4, 1, 1, "", "simulated", 0.55, NAN,
+             1.2, NAN, NAN, NAN, "test", 0.4, 0, 3.0, 40.0, NAN],
         ],
         columns=SUMMARY_COLUMNS,
     )  # fmt: skip
@@ -139,10 +148,10 @@ def test_format_summary_shows_mean_pm_std_and_a_dash_when_missing():
             "not completed": "diverged×1, failed×1",
             "final test accuracy": "0.700 ± 0.141",
             "final test loss": "0.800 ± 0.141",
-            "time to target (s)": "4.00 ± 1.41",
-            "reached": "2/2",
+            "time to target (simulated s)": "4.00 ± 1.41",
+            "reached test accuracy >= 0.4": "2/2",
             "mean lag": "1.75",
-            "updates/s": "20.3",
+            "updates per simulated s": "20.3",
             "speedup vs BSP": "3.00×",
         },
         {
@@ -154,10 +163,10 @@ def test_format_summary_shows_mean_pm_std_and_a_dash_when_missing():
             "not completed": "—",
             "final test accuracy": "0.700 ± 0.200",
             "final test loss": "0.800 ± 0.200",
-            "time to target (s)": "12.00 ± 2.00",
-            "reached": "3/3",
+            "time to target (simulated s)": "12.00 ± 2.00",
+            "reached test accuracy >= 0.4": "3/3",
             "mean lag": "0.00",
-            "updates/s": "20.0",
+            "updates per simulated s": "20.0",
             "speedup vs BSP": "1.00×",
         },
         {
@@ -169,10 +178,10 @@ def test_format_summary_shows_mean_pm_std_and_a_dash_when_missing():
             "not completed": "failed×1, unknown×1",
             "final test accuracy": "—",
             "final test loss": "—",
-            "time to target (s)": "—",
-            "reached": "0/0",
+            "time to target (simulated s)": "—",
+            "reached test accuracy >= 0.4": "0/0",
             "mean lag": "—",
-            "updates/s": "—",
+            "updates per simulated s": "—",
             "speedup vs BSP": "—",
         },
         {
@@ -184,10 +193,10 @@ def test_format_summary_shows_mean_pm_std_and_a_dash_when_missing():
             "not completed": "—",
             "final test accuracy": "0.550",
             "final test loss": "1.200",
-            "time to target (s)": "—",
-            "reached": "0/1",
+            "time to target (simulated s)": "—",
+            "reached test accuracy >= 0.4": "0/1",
             "mean lag": "3.00",
-            "updates/s": "40.0",
+            "updates per simulated s": "40.0",
             "speedup vs BSP": "—",
         },
     ]
@@ -322,15 +331,17 @@ def test_write_table_writes_csv_and_tex_under_out_tables_and_returns_the_markdow
         (out / "tables" / "summary.csv").read_text(encoding="utf-8")
         == (
             ",".join(SUMMARY_COLUMNS) + "\n"  # no index column
-            "bsp,homogeneous,4,4,3,failed×1,0.5,0.25,1.0,0.5,4.0,2.0,3,0.5,8.0,1.0\n"
+            "bsp,homogeneous,4,4,3,failed×1,simulated,0.5,0.25,1.0,0.5,4.0,2.0,test,0.4,3,0.5,8.0,"
+            "1.0\n"
         )
     )
     assert (out / "tables" / "summary.tex").read_text(encoding="utf-8") == (
         "\\begin{tabular}{lllllllllllll}\n"
         "\\toprule\n"
         "algorithm & cluster & workers & runs & completed & not completed & "
-        "final test accuracy & final test loss & time to target (s) & reached & mean lag & "
-        "updates/s & speedup vs BSP \\\\\n"
+        "final test accuracy & final test loss & time to target (simulated s) & "
+        "reached test accuracy >= 0.4 & mean lag & updates per simulated s & speedup vs BSP "
+        "\\\\\n"
         "\\midrule\n"
         "bsp & homogeneous & 4 & 4 & 3 & failed$\\times$1 & 0.500 $\\pm$ 0.250 & "
         "1.000 $\\pm$ 0.500 & 4.00 $\\pm$ 2.00 & 3/3 & 0.50 & 8.0 & 1.00$\\times$ \\\\\n"
@@ -339,9 +350,74 @@ def test_write_table_writes_csv_and_tex_under_out_tables_and_returns_the_markdow
     )
     assert markdown == (
         "| algorithm | cluster | workers | runs | completed | not completed | "
-        "final test accuracy | final test loss | time to target (s) | reached | mean lag | "
-        "updates/s | speedup vs BSP |\n"
+        "final test accuracy | final test loss | time to target (simulated s) | "
+        "reached test accuracy >= 0.4 | mean lag | updates per simulated s | speedup vs BSP |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         "| bsp | homogeneous | 4 | 4 | 3 | failed×1 | 0.500 ± 0.250 | 1.000 ± 0.500 | "
         "4.00 ± 2.00 | 3/3 | 0.50 | 8.0 | 1.00× |\n"
     )
+
+
+def test_a_table_mixing_clocks_says_each_rows_clock_and_no_unit_of_one():
+    # a simulated asp next to a real one (runtime splits the group): no column name can
+    # say the clock, so a `clock` column says it per row; a run of unknown clock shows "—"
+    runs = pd.DataFrame([
+        run("asp", 0, ttt=2.0, throughput=5.0),
+        run("asp", 0, num_workers=8, ttt=3.0, throughput=6.0, clock="real"),
+        run("asp", 0, num_workers=16, ttt=4.0, throughput=7.0, clock=None),
+    ])  # fmt: skip
+    shown = format_summary(summary_table(runs))
+    assert shown["clock"].tolist() == ["simulated", "real", "—"]
+    assert shown["time to target (s)"].tolist() == ["2.00", "3.00", "4.00"]
+    assert shown["updates/s"].tolist() == ["5.0", "6.0", "7.0"]
+    assert list(shown.columns).index("clock") < list(shown.columns).index("time to target (s)")
+
+
+def test_one_clock_is_named_in_the_columns_with_its_unit():
+    runs = pd.DataFrame([run("asp", 0, ttt=2.0, throughput=5.0, clock="real")])
+    shown = format_summary(summary_table(runs))
+    assert "clock" not in shown
+    assert shown[["time to target (real s)", "updates per real s"]].values.tolist() == [
+        ["2.00", "5.0"]
+    ]
+
+
+def test_reached_names_the_target_per_row_where_the_rows_differ_in_it():
+    # asp to 0.4 on the test split, bsp to 0.6 on the validation split (a tuning run)
+    runs = pd.DataFrame([
+        run("asp", 0, acc=0.5, ttt=2.0),
+        {**run("bsp", 0, acc=0.7, ttt=4.0), "target_accuracy": 0.6, "eval_split": "val"},
+        {**run("bsp", 1, acc=0.5), "target_accuracy": 0.6, "eval_split": "val"},
+    ])  # fmt: skip
+    shown = format_summary(summary_table(runs))
+    assert shown["reached"].tolist() == ["test accuracy >= 0.4: 1/1", "val accuracy >= 0.6: 1/2"]
+
+
+def test_an_empty_speedup_column_is_explained_with_the_flag_that_fills_it():
+    runs = pd.DataFrame([run("asp", 0, ttt=2.0), run("ssp", 0, ttt=3.0)])
+    table = summary_table(runs)
+    assert format_summary(table)["speedup vs BSP"].tolist() == ["—", "—"]
+    assert baseline_note(table) == (
+        "No BSP run here, so `speedup vs BSP` is empty: `stalebench-report --baseline "
+        "<algorithm>` measures the speedups against another algorithm (asp, ssp)."
+    )
+    # with the baseline among the runs (any case), nothing to explain
+    assert baseline_note(summary_table(pd.DataFrame([run("bsp", 0, ttt=1.0)]))) is None
+    assert baseline_note(table, "asp") is None
+
+
+def test_a_target_setting_keeps_a_name_apart_from_the_tables_target_column():
+    # budget.target_accuracy differs between two asp groups: a setting, which must not take
+    # the name of the summary's own `target_accuracy` (what `reached` is counted to)
+    runs = pd.DataFrame([{**run("asp", 0, ttt=1.0), "target_accuracy": 0.4},
+                         {**run("asp", 1, ttt=2.0), "target_accuracy": 0.6}])  # fmt: skip
+    configs = {
+        r["run_dir"]: {"algorithm": {"name": "asp"}, "seed": r["seed"],
+                       "budget": {"target_accuracy": r["target_accuracy"]}}
+        for r in runs.to_dict("records")
+    }  # fmt: skip
+    table = summary_table(runs, configs=configs)
+    assert table["budget.target_accuracy"].tolist() == [0.4, 0.6]
+    assert table["target_accuracy"].tolist() == [0.4, 0.6]
+    shown = format_summary(table)
+    assert shown["reached"].tolist() == ["test accuracy >= 0.4: 1/1", "test accuracy >= 0.6: 1/1"]

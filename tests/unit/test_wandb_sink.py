@@ -27,7 +27,7 @@ def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
     run_dir = tmp_path / "run"
     sink = Wandb(
         project="stalebench", mode="offline", run_dir=run_dir, name="ssp-0", group="g1",
-        job_type="ssp", config={"algorithm": {"name": "ssp"}, "seed": 3},
+        job_type="ssp", config={"algorithm": {"name": "ssp"}, "seed": 3, "runtime": "sim"},
     )  # fmt: skip
     # ten updates at t = 0, 0.25, ..., 2.25 from workers 0 and 1; worker 1 has no loss
     # at t = 1.0 (i = 4)
@@ -37,7 +37,8 @@ def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
     sink.on_event(
         dict(kind="eval", t=2.5, split="test", loss=0.75, accuracy=0.5, version=10, worker=None)
     )
-    sink.close({"status": "completed", "updates": 10, "host": "node-7"})
+    sink.close({"status": "completed", "updates": 10, "host": "node-7", "clock": "simulated",
+                "run_time_s": 2.5})  # fmt: skip
 
     run = read_run(run_file(run_dir))
     assert (run["run"].run_group, run["run"].job_type, run["run"].display_name) == (
@@ -51,11 +52,11 @@ def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
     # a window closes on the update 0.5 s after its first: (0, .25, .5), (.75, 1, 1.25),
     # (1.5, 1.75, 2); the eval flushes the rest (2.25) before it is logged
     assert rows[:5] == [
-        {"time/t": 0.5, "train/batch_loss": 2.0, "sys/lag": 1.0, "sys/updates": 3},
-        {"time/t": 1.25, "train/batch_loss": 5.0, "sys/lag": 4 / 3, "sys/updates": 6},
-        {"time/t": 2.0, "train/batch_loss": 8.0, "sys/lag": 5 / 3, "sys/updates": 9},
-        {"time/t": 2.25, "train/batch_loss": 10.0, "sys/lag": 1.0, "sys/updates": 10},
-        {"time/t": 2.5, "test/loss": 0.75, "test/accuracy": 0.5, "sys/version": 10},
+        {"time/simulated_s": 0.5, "train/batch_loss": 2.0, "sys/lag": 1.0, "sys/updates": 3},
+        {"time/simulated_s": 1.25, "train/batch_loss": 5.0, "sys/lag": 4 / 3, "sys/updates": 6},
+        {"time/simulated_s": 2.0, "train/batch_loss": 8.0, "sys/lag": 5 / 3, "sys/updates": 9},
+        {"time/simulated_s": 2.25, "train/batch_loss": 10.0, "sys/lag": 1.0, "sys/updates": 10},
+        {"time/simulated_s": 2.5, "test/loss": 0.75, "test/accuracy": 0.5, "sys/version": 10},
     ]
     # the lag histogram counts every update's lag: three 0s, three 1s, two 2s, two 3s
     hist = rows[5]
@@ -70,7 +71,25 @@ def test_the_sink_logs_windows_evaluations_workers_and_the_summary(tmp_path):
     assert json.loads(saved.read_text())["data"] == [[0, 2.5, 1.25, 0.0], [1, 5.0, 1.25, 0.625]]
     summary = run["summary"]
     assert (summary["status"], summary["updates"]) == ("completed", 10)
+    assert (summary["clock"], summary["run_time_s"]) == ("simulated", 2.5)
     assert "host" not in summary
+
+
+@pytest.mark.parametrize(
+    ("runtime", "key"),
+    [("sim", "time/simulated_s"), ("real", "time/real_s"), (None, "time/s"), ("x", "time/s")],
+)
+def test_the_x_axis_names_the_runs_clock(tmp_path, runtime, key):
+    # virtual seconds are never logged as if they were real ones: the key says which
+    run_dir = tmp_path / "run"
+    sink = Wandb(
+        project="stalebench", mode="offline", run_dir=run_dir, name="n", group=None,
+        job_type="asp", config={"runtime": runtime},
+    )  # fmt: skip
+    sink.on_event(dict(kind="eval", t=1.5, split="test", loss=0.5, accuracy=0.25, version=3))
+    sink.close(None)
+    first = history(read_run(run_file(run_dir)))[0]
+    assert first == {key: 1.5, "test/loss": 0.5, "test/accuracy": 0.25, "sys/version": 3}
 
 
 def test_a_run_with_no_updates_logs_no_window_and_no_histogram(tmp_path):
