@@ -1,5 +1,6 @@
 """Hydra callbacks: a signal to a multirun stops its jobs cleanly; at the end of a
-multirun, write the sweep's report."""
+multirun, write the sweep's report and name the jobs that were refused without a trace in
+their own directories (a checkpoint resume=true could not read)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -30,15 +32,54 @@ STOP_S = 15.0
 # statuses of the last multirun's jobs (the CLI's exit code of a sweep), set at its end
 SWEEP_STATUSES: list[str] = []
 
+# in a sweep directory, a file per job refused whose directory was left as it was (a bad
+# checkpoint: `record_refused`), written by the job's process (a launcher's worker, maybe)
+REFUSED = ".refused"
+
+
+def record_refused(sweep_dir: Path, job_dir: Path, error: str) -> None:
+    """Keep, for the sweep's end, that the job in `job_dir` was refused and why."""
+    folder = sweep_dir / REFUSED
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = str(job_dir.absolute().relative_to(sweep_dir.absolute())).replace(os.sep, "_")
+        (folder / f"{name}.json").write_text(json.dumps({"job": str(job_dir), "error": error}))
+    except (OSError, ValueError) as exc:  # the job's own line said it already
+        log.warning("the refusal of %s not kept for the sweep's end: %s", job_dir, exc)
+
+
+def refused(sweep_dir: Path) -> list[dict[str, str]]:
+    """The jobs of this sweep refused (`record_refused`), in job order."""
+    found = []
+    for path in sorted((sweep_dir / REFUSED).glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(found, key=lambda r: [int(p) if p.isdigit() else p for p in Path(r["job"]).parts])
+
 
 class ReportOnSweepEnd(Callback):
     """Runs `stalebench-report` on the sweep directory and, with logger=wandb, logs a paper
     sweep's claim verdicts to W&B; a failure is logged, never raised (the runs themselves
-    are already on disk)."""
+    are already on disk). Then names, one line each, the jobs refused whose directories say
+    nothing of it (`record_refused`): they count as `invalid` in the sweep's exit code."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # a sweep rerun into its directory: the refusals of an earlier run are not this one's
+        shutil.rmtree(Path(config.hydra.sweep.dir) / REFUSED, ignore_errors=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        SWEEP_STATUSES[:] = _statuses(sweep_dir)
+        jobs = refused(sweep_dir)
+        SWEEP_STATUSES[:] = _statuses(sweep_dir) + ["invalid"] * len(jobs)
+        try:
+            self._report(config, sweep_dir)
+        finally:
+            for job in jobs:
+                print(f"stalebench: error: {job['job']}: not run: {job['error']}", file=sys.stderr)
+
+    def _report(self, config: DictConfig, sweep_dir: Path) -> None:
         try:
             from stalebench.report.cli import main
 

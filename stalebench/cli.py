@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -35,7 +36,8 @@ HELP = """usage: stalebench [KEY=VALUE ...]             one run (defaults: a rea
 
 KEY=VALUE sets a config key (budget.max_wall_s=30) or chooses in a group (algorithm=asp,
 model=cnn, cluster=stragglers, runtime=sim); an unknown key or name is refused in one line
-with the nearest valid ones (exit 2). Examples:
+with the nearest valid ones, a value of the wrong type with the type expected (exit 2).
+Examples:
   stalebench algorithm=asp cluster.num_workers=8 budget.max_wall_s=30
   stalebench runtime=sim algorithm=ssp algorithm.barrier.staleness=3 cluster=stragglers
   stalebench -m algorithm=asp,ssp,bsp seed=0,1,2
@@ -93,6 +95,12 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if progress is not None:
             progress.close(None)  # the error on a line of its own
         print(f"stalebench: error: {exc}", file=sys.stderr)
+        if multirun and rank == 0 and _bad_checkpoint(exc):
+            # the sweep goes on, and its end names this job, whose directory is left as it is
+            from stalebench.callbacks import record_refused
+
+            record_refused(Path(hc.sweep.dir), Path(hc.runtime.output_dir), str(exc))
+            return None
         if multirun and rank == 0 and not isinstance(exc, RunDirTaken):
             # the sweep goes on; the report lists this job (a job dir that holds a run stops
             # the sweep: it is the whole sweep that is being rerun, without resume=true)
@@ -103,8 +111,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     if kept:  # resume=true: this job completed with this config before
         if progress is not None:
             progress.close(None)
-        if cfg.logger.name != "none":
-            print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
+        print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
         return (kept.get("final") or {}).get("accuracy")
     if nodes.under_torchrun() and rank > 0:  # its rank in the run: nodes.form_group
         from stalebench.runtime.launch import run_rank
@@ -122,6 +129,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         tail.close(summary)
     if cfg.logger.name != "none" or interrupted:
         _print_result(summary, cfg.run_dir)
+    else:  # logger=none: the run directory holds everything; where it is, in one line
+        print(f"[{summary['status']}] -> {cfg.run_dir}")
     if cfg.logger.name == "wandb" and not multirun:  # a sweep's line: at its end (callbacks)
         line = wandb_mode.sync_line(Path(cfg.run_dir))
         if line:
@@ -158,6 +167,13 @@ def _rounded(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def _time(summary: dict) -> str:
+    """The run's length on its clock: `simulated_time=` (runtime=sim, virtual seconds) or
+    `real_time=` (wall seconds); summary.json's `clock` says which."""
+    clock = summary.get("clock")
+    return f"{clock + '_' if clock else ''}time={summary['run_time_s']:.1f}s"
+
+
 def _print_result(summary: dict, run_dir: str) -> None:
     final = summary.get("final") or {}
     split = summary.get("eval_split", "test")  # val: a tuning run (eval.split=val)
@@ -173,7 +189,7 @@ def _print_result(summary: dict, run_dir: str) -> None:
     print(
         f"[{summary['status']}] {summary['algorithm']} seed={summary['seed']} "
         f"workers={summary['num_workers']} updates={summary['updates']} "
-        f"wall={summary['wall_time_s']:.1f}s {shown or split + '_accuracy=None'} "
+        f"{_time(summary)} {shown or split + '_accuracy=None'} "
         f"mean_lag={_rounded(summary['lag']['mean'], 2)} -> {run_dir}"
         + (f"\n  error: {summary['error']}" if summary["error"] else "")
         + _overrun_line(summary.get("overrun"))
@@ -198,6 +214,13 @@ def _overrun_line(overrun: dict | None) -> str:
         f"\n  warning: {'; '.join(missed)}: this machine was not the cluster asked for "
         "(runtime=sim, fewer workers or a slower profile)"
     )
+
+
+def _bad_checkpoint(exc: ConfigError) -> bool:
+    """Whether `exc` refuses a job's checkpoint (resume=true): `experiment` raised it, so it
+    is imported by then, and this module does not import torch for it."""
+    experiment = sys.modules.get("stalebench.experiment")
+    return experiment is not None and isinstance(exc, experiment.BadCheckpoint)
 
 
 def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> None:
@@ -329,6 +352,48 @@ def compose_run(overrides: list[str]) -> RunConfig:
         GlobalHydra.instance().clear()
 
 
+START_BYTES = 64 << 10  # what a run writes before it holds room: Hydra's .hydra/ (~6 kB)
+# Hydra's options that write no run directory
+NO_RUN_DIR = {"--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc"}
+
+
+def check_room(argv: list[str]) -> None:
+    """Refuse a run (a sweep) whose directory cannot be written at all — a disk already
+    full, a file-size limit, a folder not writable — in one line naming it, before Hydra
+    writes its config files there (it would fail with a traceback). The nearest folder that
+    exists is probed: its free space, and a small file written and removed unseen."""
+    if NO_RUN_DIR & set(argv):
+        return
+    key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(argv) else "hydra.run.dir"
+    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == key]
+    value = given[-1] if given else _default_dir(key)
+    base = Path(value.partition("${")[0] or ".").absolute()
+    while not base.is_dir() and base != base.parent:
+        base = base.parent
+    try:
+        disk = os.statvfs(base)
+        free = disk.f_bavail * disk.f_frsize
+        if free < START_BYTES:
+            raise ConfigError(
+                f"{key}={value}: the disk is full ({base} has {free >> 10} kB free; a run "
+                f"needs {START_BYTES >> 10} kB to start)"
+            )
+        with tempfile.TemporaryFile(dir=base) as probe:
+            probe.write(bytes(4096))
+            probe.flush()
+    except OSError as exc:
+        raise ConfigError(f"{key}={value}: cannot write in {base}: {exc.strerror}") from None
+
+
+def _default_dir(key: str) -> str:
+    """The run (or sweep) directory conf/config.yaml gives, uninterpolated."""
+    import yaml
+
+    conf = yaml.safe_load((Path(__file__).parent / "conf" / "config.yaml").read_text())
+    section = conf["hydra"]["sweep" if key == "hydra.sweep.dir" else "run"]
+    return section["dir"]
+
+
 def _remove_if_unused(run_dir: Path) -> None:
     """A run rejected before it started leaves no directory that looks like a run."""
     if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "cli.log"}:
@@ -376,14 +441,16 @@ def main() -> None:
             print(f"stalebench: error: {exc}", file=sys.stderr)
             sys.exit(2)
         return
+    from stalebench.runtime.nodes import owns_run_dir
+
     try:
         check_choices(sys.argv[1:])
         check_keys(sys.argv[1:], groups())
+        if owns_run_dir():
+            check_room(sys.argv[1:])
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    from stalebench.runtime.nodes import owns_run_dir
-
     if not owns_run_dir():
         # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);
         # Hydra must not make a directory of its own, which ${now:} would name per process.

@@ -26,6 +26,11 @@ NUM_CLASSES = 10
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 PADDING = 4  # He et al. 2016, §4.2: "4 pixels are padded on each side"
+# where the batches come from (stalebench never downloads): Krizhevsky's page
+SOURCE = (
+    "get them from https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, which unpacks to "
+    "cifar-10-batches-py/ (stalebench downloads nothing)"
+)
 
 
 @dataclasses.dataclass
@@ -145,14 +150,14 @@ class CIFAR10(Dataset):
         if not root.is_dir():
             raise ConfigError(
                 f"dataset.root: directory {str(root)!r} does not exist; expected it to hold "
-                f"the CIFAR-10 python batches {expected} (the cifar-10-batches-py folder)"
+                f"the CIFAR-10 python batches {expected}: {SOURCE}"
             )
         found = {}
         for name in (*TRAIN_FILES, TEST_FILE):
             if not (root / name).is_file():
                 raise ConfigError(
                     f"dataset.root: {str(root)!r} has no {name}; "
-                    f"expected the CIFAR-10 python batches {expected}"
+                    f"expected the CIFAR-10 python batches {expected}: {SOURCE}"
                 )
             found[name] = root / name
         return found

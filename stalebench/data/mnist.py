@@ -18,6 +18,12 @@ MNIST_FILES = {
     "x_test": "t10k-images-idx3-ubyte",
     "y_test": "t10k-labels-idx1-ubyte",
 }
+# where the four files come from (stalebench never downloads): LeCun's page, or the mirror
+# torchvision downloads from
+SOURCE = (
+    "get them from https://yann.lecun.com/exdb/mnist/ or its mirror "
+    "https://ossci-datasets.s3.amazonaws.com/mnist/ (stalebench downloads nothing)"
+)
 
 
 @dataclasses.dataclass
@@ -56,7 +62,7 @@ class MNIST(Dataset):
         if not root.is_dir():
             raise ConfigError(
                 f"dataset.root: directory {str(root)!r} does not exist; "
-                f"expected it to hold the MNIST IDX files {expected}"
+                f"expected it to hold the MNIST IDX files {expected}: {SOURCE}"
             )
         found = {}
         for key, name in MNIST_FILES.items():
@@ -67,7 +73,7 @@ class MNIST(Dataset):
             else:
                 raise ConfigError(
                     f"dataset.root: {str(root)!r} has no {name} (or {name}.gz); "
-                    f"expected the MNIST IDX files {expected}"
+                    f"expected the MNIST IDX files {expected}: {SOURCE}"
                 )
         return found
 

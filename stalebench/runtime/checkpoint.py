@@ -33,6 +33,7 @@ import os
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -75,15 +76,21 @@ def read(source: Path | IO[bytes], name: str | None = None) -> Any:
     Nothing a file names is executed; raises `Unreadable`, naming it (`name`, or the path),
     for a file that holds anything else or cannot be read."""
     name = name or str(source)
+    start = source.tell() if hasattr(source, "tell") else 0
     try:
         with torch.serialization.safe_globals(_safe_types()):
             return torch.load(source, weights_only=True)
-    except Exception as exc:  # whatever the loader says of the file, as the reason
-        raise Unreadable(f"{name}: not loaded: {_why_unreadable(exc)}") from None
+    except Exception as exc:  # why, in the project's words (never torch's advice on it)
+        raise Unreadable(f"{name}: not loaded: {_why_unreadable(exc, source, start)}") from None
 
 
-def _why_unreadable(exc: Exception) -> str:
-    """torch's reason, in one line: the global it refused, or the first line it gives."""
+ARCHIVE = b"PK\x03\x04"  # how every file torch.save writes begins (a zip archive)
+
+
+def _why_unreadable(exc: Exception, source: Path | IO[bytes], start: int) -> str:
+    """What is wrong with a file the loader refused, in one line: the global it names, or
+    what the file is. torch's own message is not relayed: it may advise loading the file
+    with weights_only=False, which runs whatever a file of unknown origin names."""
     text = str(exc)
     refused = re.search(r"GLOBAL (\S+)", text)
     if refused:
@@ -91,12 +98,26 @@ def _why_unreadable(exc: Exception) -> str:
             f"it names {refused.group(1)}, which is not data a checkpoint may hold (tensors, "
             "plain data, and the classes marked with stalebench.registry.stored)"
         )
-    if isinstance(exc, EOFError) or not text.strip():
-        return "the file ends early (empty or truncated)"
-    first = text.strip().splitlines()[0]
-    if "central directory" in first or "zip archive" in first:
+    try:
+        if hasattr(source, "seek"):
+            source.seek(start)
+            head, whole = source.read(len(ARCHIVE)), zipfile.is_zipfile(source)
+        else:
+            with open(source, "rb") as f:
+                head, whole = f.read(len(ARCHIVE)), zipfile.is_zipfile(f)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror or error})"
+    if not head:
+        return "the file is empty"
+    if head != ARCHIVE:
+        return "not a stalebench checkpoint (not a torch.save archive)"
+    if not whole:
         return "the file is truncated or corrupt (not a whole torch.save archive)"
-    return f"{type(exc).__name__}: {first}"
+    # the weights-only unpickler's own reason, when it gives one, without torch's advice
+    reason = re.search(r"WeightsUnpickler error: *\n*(.+)", text)
+    return "not a stalebench checkpoint (a torch.save archive the weights-only loader " + (
+        f"refuses: {reason.group(1).strip()})" if reason else "cannot read)"
+    )
 
 
 def write(obj: Any, path: Path) -> None:
@@ -149,8 +170,14 @@ def load(run_dir: Path, sha: str) -> dict[str, Any] | None:
     if not path.exists() or config_of(run_dir) != sha:
         return None
     saved = read(path)
-    if not isinstance(saved, dict) or saved.get("config_sha") != sha:
-        raise Unreadable(f"{path}: not a checkpoint of this config (its config.json says so)")
+    if not isinstance(saved, dict) or "config_sha" not in saved:
+        what = type(saved).__name__
+        raise Unreadable(f"{path}: not a stalebench checkpoint (it holds a {what}, no config_sha)")
+    if saved["config_sha"] != sha:
+        raise Unreadable(
+            f"{path}: from another config: its config_sha is {saved['config_sha']}, its "
+            f"{CONFIG}'s {sha}"
+        )
     return saved
 
 

@@ -1,6 +1,7 @@
 """One error style for what a user types: an unknown key or name is refused in one line that
-names it and the nearest valid ones, with exit 2 and no run directory, before torch is
-imported; `--help`, `list --help` and `list <group>` answer."""
+names it and the nearest valid ones, and a value of the wrong type in one line naming the
+type, with exit 2 and no run directory, before torch is imported; `--help`, `list --help`
+and `list <group>` answer."""
 
 from __future__ import annotations
 
@@ -54,10 +55,13 @@ def test_an_unknown_key_or_name_is_refused_in_one_line_with_the_nearest(tmp_path
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("bad", ["budget.max_wall=10", "algorithm.update.lr=-1"])
+@pytest.mark.parametrize(
+    "bad", ["budget.max_wall=10", "algorithm.update.lr=-1", "cluster.num_workers=four"]
+)
 def test_keys_of_the_schema_pass_and_the_refusal_imports_no_torch(tmp_path, bad):
     # every kind of valid key passes the check (a nested part's, a free-form mapping's, a
-    # list's), and a refusal, of a key or of a value, is reached without importing torch
+    # list's), and a refusal, of a key, a value or a value's type, is reached without
+    # importing torch (the type: before Hydra composes, whose own error is seven lines)
     code = (
         "import sys\n"
         "from stalebench import cli, plugins\n"

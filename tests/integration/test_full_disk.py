@@ -2,7 +2,9 @@
 write, with summary.json written in the room the run directory held from its start: on a
 small tmpfs (a mount namespace of its own, where the machine allows one), in the simulator
 and in real processes; and on any machine, another write error (a file-size limit,
-RLIMIT_FSIZE: EFBIG) the same way."""
+RLIMIT_FSIZE: EFBIG) the same way. A disk full before the run starts (or a limit no file
+may grow past) is refused in one line naming the directory, exit 2, before Hydra writes
+there."""
 
 from __future__ import annotations
 
@@ -84,3 +86,57 @@ def test_a_write_error_ends_a_simulated_run_in_one_line(tmp_path):
         preexec_fn=_file_size_limit,
     )  # fmt: skip
     check_failed_naming(run_dir, done, run_dir / "events.jsonl", "File too large")
+
+
+# a disk full before the run starts: refused in one line naming the directory, exit 2,
+# before Hydra writes its config files there and before torch is imported
+AT_START = [sys.executable, "-c", """
+import sys
+from stalebench.cli import main
+sys.argv = ["stalebench", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    print("exit", exc.code, "torch" in sys.modules)
+"""]  # fmt: skip
+
+
+def check_refused_at_start(done: subprocess.CompletedProcess, run_dir: Path, where: Path):
+    assert done.stdout.split() == ["exit", "2", "False"], done.stdout + done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"stalebench: error: hydra.run.dir={run_dir}: "), line
+    assert str(where) in line
+    assert not run_dir.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_run_dir_that_cannot_be_written_at_start_is_refused_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+
+    def no_file_may_grow() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    done = subprocess.run(
+        [*AT_START, *RUN, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=50, preexec_fn=no_file_may_grow,
+    )  # fmt: skip
+    check_refused_at_start(done, run_dir, tmp_path)
+    assert "File too large" in done.stderr
+
+
+@pytest.mark.skipif(not _namespaces(), reason="no mount namespace here (unshare --mount)")
+@pytest.mark.timeout(60)
+def test_a_disk_full_at_start_is_refused_in_one_line_naming_it(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    command = " ".join(f"'{a}'" for a in [*AT_START, *RUN, f"hydra.run.dir={disk}/run"])
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} && cd {disk} && "
+        f"(cat /dev/zero > {disk}/fill 2>/dev/null; {command})"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=50
+    )
+    check_refused_at_start(done, disk / "run", disk)
+    assert "the disk is full" in done.stderr

@@ -5,15 +5,19 @@ never appears: in process, through the CLI (the issue's `stalebench runtime=sim
 resume=true hydra.run.dir=<dir>`), and in a sweep rerun, whose sweeper adds resume=true to
 every unfinished job. A checkpoint that cannot be read (truncated) keeps the run's history:
 an error naming the file, or with resume_unreadable=restart a fresh start with the old
-files moved aside. The state ranks hand a spare is read the same way."""
+files moved aside. What is wrong with a file is said in the project's words (not a
+stalebench checkpoint, truncated, from another config), never with torch's advice to load
+it unsafely. The state ranks hand a spare is read the same way."""
 
 from __future__ import annotations
 
 import io
 import json
+import random
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,6 +136,53 @@ def test_the_config_is_checked_before_any_state_is_read(finished, tmp_path):
     assert experiment.claim_run_dir(cfg) is None
     assert not marker.exists()
     assert (run_dir / "previous" / "1" / "events.jsonl").exists()
+
+
+def _zip_of_text() -> bytes:
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    return data.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (lambda: random.Random(0).randbytes(4096), "not a stalebench checkpoint (not a torch.save "
+         "archive)"),
+        (lambda: bytes(1024), "not a stalebench checkpoint (not a torch.save archive)"),
+        (lambda: b"", "the file is empty"),
+        (_zip_of_text, "not a stalebench checkpoint (a torch.save archive the weights-only "
+         "loader cannot read)"),
+    ],
+    ids=["random-bytes", "zeros", "empty", "another-zip"],
+)  # fmt: skip
+def test_a_file_that_is_no_checkpoint_is_refused_in_the_projects_words(tmp_path, content, why):
+    """What torch says of such a file is not relayed: it advises loading it with
+    weights_only=False, which would run whatever a file of unknown origin names."""
+    path = tmp_path / "state.pt"
+    path.write_bytes(content())
+    for source, name in ((path, str(path)), (io.BytesIO(content()), "the state rank 0 sent")):
+        with pytest.raises(checkpoint.Unreadable) as refused:
+            checkpoint.read(source, name)
+        assert str(refused.value).startswith(f"{name}: not loaded: {why}")
+        assert "weights_only" not in str(refused.value)
+
+
+def test_a_state_of_another_config_or_of_no_run_is_named_as_such(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"config_sha": "a" * 16}))
+    state = folder / "state.pt"
+    torch.save({"config_sha": "b" * 16, "t": 0.0}, state)
+    with pytest.raises(checkpoint.Unreadable) as refused:
+        checkpoint.load(tmp_path, "a" * 16)
+    assert str(refused.value) == (
+        f"{state}: from another config: its config_sha is {'b' * 16}, its config.json's {'a' * 16}"
+    )
+    torch.save(torch.ones(3), state)
+    with pytest.raises(checkpoint.Unreadable, match=r"state.pt: not a stalebench checkpoint \("):
+        checkpoint.load(tmp_path, "a" * 16)
 
 
 def test_the_state_handed_to_a_spare_is_read_safely(tmp_path):
