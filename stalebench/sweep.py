@@ -38,7 +38,12 @@ How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
   is better higher (a throughput), b / a − 1 where lower (a time); with `relative:
   factor`, the factor a / b (or b / a), the published speed-up "53X". With `over`, ours is a
   seed's best over the values of that key among its runs, the published "as much as": a
-  seed lacking a usable run at any of them is lost.
+  seed lacking a usable run at any of them is lost. `tolerance` is at most ×2 (MAX_TOLERANCE):
+  ours within half to twice theirs; a looser one says nothing a published number could be
+  held to.
+- `stable` (metric=time_to_target only): the claim is about stable training (it "converges"
+  sooner), so a run that blows up after reaching the target (its held-out loss later above
+  its first) has not reached it: censored at its end. Without it the blow-up is noted only.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ FAILURES = ("inconclusive", "worst")
 SCALES = ("small", "full")
 # reproduces with b: a's number relative to b's, as a gain (a / b − 1) or a factor (a / b)
 RELATIVES = ("gain", "factor")
+# reproduces: the loosest tolerance, a factor of two either way (ours / theirs in [1/2, 2])
+MAX_TOLERANCE = 2.0
 # metrics whose "better" direction is implied, so a claim cannot get it backwards
 TARGET_KEYS = {"loss": "lower", "perplexity": "lower", "accuracy": "higher"}
 
@@ -104,8 +111,8 @@ class ClaimConfig:
     # values ours is the best over (a published "as much as")
     over: str = ""
     value: float = 0.0  # the bound of ratio, threshold and gap_closed; reproduces: theirs
-    # reproduces: how far ours may be from the published `value`, as a ratio (> 1): ours /
-    # theirs within [1 / tolerance, tolerance]
+    # reproduces: how far ours may be from the published `value`, as a ratio in (1,
+    # MAX_TOLERANCE]: ours / theirs within [1 / tolerance, tolerance]
     tolerance: float = 0.0
     # reproduces with b: ours is a's gain over b (`gain`: a / b − 1, or b / a − 1 for a
     # lower-is-better metric, a published "+25 %") or the factor (`factor`: a / b, or b / a;
@@ -122,6 +129,9 @@ class ClaimConfig:
     margin: Optional[float] = None  # noqa: UP045  required: 0 says "any advantage counts"
     min_seeds: int = 3  # usable paired seeds (runs on every side) a verdict needs
     failures: str = "inconclusive"  # how a run lost on one side counts (FAILURES)
+    # metric=time_to_target: the claim is about stable training; a run whose held-out loss
+    # passes its first after it reached the target has not reached it (noted either way)
+    stable: bool = False
 
     def check(self, where: str) -> None:
         def bad(key: str, value: object, valid: str) -> ConfigError:
@@ -165,12 +175,17 @@ class ClaimConfig:
                           "unset for kind=reproduces (one claim per published number)")  # fmt: skip
             if not self.value > 0:
                 raise bad("value", self.value, "the published number (> 0) for kind=reproduces")
-            if not self.tolerance > 1:
-                raise bad("tolerance", self.tolerance, "a ratio > 1 for kind=reproduces")
+            if not 1 < self.tolerance <= MAX_TOLERANCE:
+                within = f"a ratio > 1 and <= {MAX_TOLERANCE:g} for kind=reproduces"
+                raise bad("tolerance", self.tolerance, within)
             if self.relative not in RELATIVES:
                 raise bad("relative", self.relative, f"one of {', '.join(RELATIVES)}")
             if self.relative != "gain" and not self.b:
                 raise bad("relative", self.relative, "gain (the default) for a claim without b")
+        if not isinstance(self.stable, bool):
+            raise bad("stable", self.stable, "true or false")
+        if self.stable and self.metric != "time_to_target":
+            raise bad("stable", self.stable, "false (the default) unless metric=time_to_target")
         if self.metric == "time_to_target":
             if self.target is None:
                 raise bad("target", None, "{split, key, value} for metric=time_to_target")

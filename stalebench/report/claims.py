@@ -32,10 +32,20 @@ The rule, stated once (RULE below says it in one line):
   none did;
 - `reproduces` is a count too: holds when every usable seed's number (at least
   `min_seeds`) lands within the claim's `tolerance` of the published number (ours / theirs
-  in [1 / tolerance, tolerance]), does not hold when none does, inconclusive when some do;
-  the number is a's metric, or with `b` a's gain over b (`relative: factor`: the factor
-  a / b, a published speed-up), and with `over` its best over that key's values (a
-  published "as much as").
+  in [1 / tolerance, tolerance], a tolerance of at most ×2), does not hold when none does,
+  inconclusive when some do; the number is a's metric, or with `b` a's gain over b
+  (`relative: factor`: the factor a / b, a published speed-up), and with `over` its best
+  over that key's values (a published "as much as");
+- seeds whose numbers are bit-identical (every side's, or every seed's `reproduces` number:
+  deterministic runs, e.g. cost-only ones) are **one measurement**: n = 1, and the verdict
+  says so; it still needs `min_seeds` seeds run, which is what shows they agree;
+- a target reached at t = 0 (before any training) is flagged; a run whose held-out loss on
+  the target's split passes its first evaluation's after it reached the target (a blow-up
+  the diverge factor did not catch) is flagged, and where the claim is `stable` (about
+  stable training) it has not reached the target: censored at its end;
+- Welch's test is named in the notes with why (the sides share no seed); each tested
+  claim records its Holm family: the look that decided it and the claims corrected with it
+  there, those decided at an earlier look entering with p 0 (held) or 1 (did not hold).
 """
 
 from __future__ import annotations
@@ -85,8 +95,15 @@ RULE = (
     "accuracy or loss is the mean over the last 10% of the evaluations (final_tail); "
     "`reproduces`: every usable seed's number (a's metric, or a's gain or factor over b; "
     "with `over`, its best over that key's values) within the claim's tolerance of the "
-    "published number, as the ratio ours / theirs (a count, not a test)."
+    "published number, as the ratio ours / theirs, tolerance at most x2 (a count, not a "
+    "test); seeds with bit-identical numbers are one measurement (n = 1); a target met at "
+    "t = 0, or reached before the held-out loss rose above its first, is flagged, and with "
+    "`stable` the latter is not reached."
 )
+# the short caveats a verdict record lists (`caveats`), each also noted per seed in `notes`
+BLOW_UP = "blow-up after the target"
+AT_ZERO = "target met at t = 0"
+ONE = "one measurement"
 # whose a claim's value and margin are (`threshold_from`), as a table says it
 WHOSE = {"ours": "ours", "paper": "the paper's"}
 # a claim's final_accuracy / final_loss / final_perplexity: the quantity's final_tail
@@ -171,6 +188,8 @@ def select(rows: list[dict], selector: dict[str, Any]) -> list[dict]:
 class Value:
     x: float
     censored: bool = False  # time to target never reached: x is the run's end, a lower bound
+    # caveats of this seed's number (BLOW_UP, AT_ZERO) -> what happened, for the notes
+    flags: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def claim_targets(configs: Iterable[dict[str, Any]]) -> list[TargetConfig]:
@@ -205,8 +224,38 @@ def first_reached(curve: pd.DataFrame | None, t: TargetConfig) -> float | None:
 
 
 def time_to_target(curve: pd.DataFrame, claim: ClaimConfig, end: float) -> Value:
+    """The first time the claim's target is reached (censored at `end` when never), with its
+    caveats: reached at t = 0 (before any training: a trivial target), or followed by a
+    blow-up (`blown_after`), which un-reaches it where the claim is about stable training."""
     hit = first_reached(curve, claim.target)
-    return Value(float(end), censored=True) if hit is None else Value(hit)
+    if hit is None:
+        return Value(float(end), censored=True)
+    flags = {AT_ZERO: "reached the target at t = 0, before any training"} if hit <= 0 else {}
+    after = blown_after(curve, claim.target, hit)
+    if after:
+        unreached = ": not reached (the claim is about stable training)" if claim.stable else ""
+        flags[BLOW_UP] = f"reached the target at t={hit:g}, then {after}{unreached}"
+        if claim.stable:
+            return Value(float(end), censored=True, flags=flags)
+    return Value(hit, flags=flags)
+
+
+def blown_after(curve: pd.DataFrame, t: TargetConfig, hit: float) -> str | None:
+    """How the target split's loss blew up after the target was reached at `hit`: above its
+    first evaluation's (all the training undone, short of budget.diverge_factor, which makes
+    the run diverged: `mark_blow_ups`); None when it stayed at or below it."""
+    points = curve[curve["split"] == t.split].sort_values("t")
+    loss = pd.to_numeric(points["loss"], errors="coerce")
+    finite = loss[np.isfinite(loss)]
+    if finite.empty:
+        return None
+    first = float(finite.iloc[0])
+    later = (points.loc[finite.index, "t"] > hit) & (finite > first)
+    if not later.any():
+        return None
+    i = later.idxmax()  # the first such evaluation
+    x, at = float(finite[i]), float(points.loc[i, "t"])
+    return f"{t.split} loss {x:.4g} at t={at:g}, above its first {first:.4g}"
 
 
 def blown_up(row: dict, curve: pd.DataFrame) -> str | None:
@@ -247,8 +296,13 @@ def mark_blow_ups(rows: list[dict], curves: pd.DataFrame) -> None:
 
 
 def _end(row: dict, curve: pd.DataFrame) -> float:
-    end = row.get("wall_time_s")
-    return float(end) if end is not None and not _nan(end) else float(curve["t"].max())
+    """A run's end: summary.json's run_time_s (wall_time_s before it had one), else its last
+    evaluation."""
+    for key in ("run_time_s", "wall_time_s"):
+        end = row.get(key)
+        if end is not None and not _nan(end):
+            return float(end)
+    return float(curve["t"].max())
 
 
 def metric(row: dict, claim: ClaimConfig, curves: pd.DataFrame) -> Value | None:
@@ -443,6 +497,13 @@ class Test:
     lost_blocks_fail: bool = False
     se: float = math.inf  # the standard error of `mean` (0: no spread; inf: untestable)
     df: float = math.nan  # its degrees of freedom
+    once: bool = False  # the n seeds' numbers are bit-identical on every side: one measurement
+    why: str = ""  # why Welch's test, not the paired one (empty when paired)
+
+    @property
+    def measurements(self) -> int:
+        """The distinct measurements behind the test: 1 for deterministic seeds."""
+        return 1 if self.once else self.n
 
     @property
     def can_hold(self) -> bool:
@@ -482,10 +543,11 @@ class Test:
         """The verdict line: the statistic of the named sides, the advantage with its 95 %
         interval against the margin, in the metric's unit (`unit`, e.g. " s")."""
         lo, hi = self.ci
+        n = f"{ONE}: {self.n} identical seeds" if self.once else f"n = {self.n}"
         return (
             f"{names} = {self.estimate:.4g}{unit}; advantage {self.mean:.3g}{unit} "
             f"[95% CI {lo:.3g}, {hi:.3g}] vs margin {self.against:.3g}{unit}, "
-            f"p = {self.p:.2g} ({self.test}, n = {self.n})"
+            f"p = {self.p:.2g} ({self.test}, {n})"
         )
 
 
@@ -546,6 +608,12 @@ def welch(
     return value, (value - half, value + half), float(stats.t.sf(value / se, df)), se, df
 
 
+def _identical(values: list[Value]) -> bool:
+    """Two or more numbers, bit-identical (and censored alike): deterministic runs, whose
+    seeds change nothing, measured once however many seeds ran."""
+    return len(values) > 1 and len({(v.x, v.censored) for v in values}) == 1
+
+
 def _lose(claim: ClaimConfig, test: Test, lost: list[tuple[Any, int, str]]) -> Test:
     """The test with its lost seeds (seed, side index, why) and what they block."""
     for seed, k, why in lost:
@@ -583,12 +651,13 @@ def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
                                      1.0, "none", short=True), lost)  # fmt: skip
         tol = _tolerance(claim, [_size(claim, v) for v, k in zip(vals, keep, strict=True) if k])
         mean, ci, p, se, df = _one_sided(sign * (stat - bound), claim.margin, tol)
+        once = all(_identical([x.values[s] for s in used]) for x in sides)
         return _lose(claim, Test(
             label or names, n, float(stat.mean()), mean, ci, claim.margin, p,
             "one-sample t" if claim.kind == "threshold" else "paired t",
             any(a.values[s].censored for s in used),
             any(r.values[s].censored for r in rest for s in used),
-            n < claim.min_seeds, se=se, df=df,
+            n < claim.min_seeds, se=se, df=df, once=once,
         ), lost)  # fmt: skip
     # no seed in common: Welch's test of the contrast whose sign is the claim, the margin
     # folded into it (so the interval is tested against 0)
@@ -606,11 +675,15 @@ def compare(claim: ClaimConfig, sides: list[Side], label: str = "") -> Test:
     lost = [(s, k, why) for k, x in enumerate(sides) for s, why in x.unusable.items()]
     mean, ci, p, se, df = welch(xs, weights, offset, _tolerance(claim, [_size(claim, means)]))
     n = min(len(x) for x in xs)
+    once = all(_identical(list(x.values.values())) for x in sides)
+    why = "the sides share no seed (" + "; ".join(
+        f"{k}: seeds {', '.join(str(s) for s in sorted(x.values, key=str))}"
+        for k, x in zip("abc", sides, strict=False)) + ")"  # fmt: skip
     return _lose(claim, Test(
         (label or names) + " (unpaired: a contrast of the means)", n, _statistic(claim, means),
         mean, ci, 0.0, p, "Welch t", any(v.censored for v in a.values.values()),
         any(v.censored for r in rest for v in r.values.values()), n < claim.min_seeds,
-        se=se, df=df,
+        se=se, df=df, once=once, why=why,
     ), lost)  # fmt: skip
 
 
@@ -621,23 +694,29 @@ def _order(v: Any):
         return (1, 0.0, str(v))
 
 
-def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[list[Test], str]:
+def _trend(
+    claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame, caveats: list[str]
+) -> tuple[list[Test], list[str]]:
     """trend: at every consecutive step of `over`, per seed f(next) − f(this) with f = a's
-    metric (minus b's), tested against the margin in the claim's direction."""
+    metric (minus b's), tested against the margin in the claim's direction; and the notes
+    on its flagged seeds (their caveats added to `caveats`)."""
     levels = {r.get(claim.over) for r in select(rows, {**claim.where, **claim.a})} - {None}
     levels = sorted(levels, key=_order)
     if len(levels) < 2:
-        return [], f"needs two values of {claim.over}"
+        return [], [f"needs two values of {claim.over}"]
+    flagged: list[str] = []
 
     def f(level) -> tuple[dict[Any, Value], set, dict[Any, str], float]:
         """a's (or a − b's) value per seed at `level`, the seeds run there on every side,
         the lost ones (seed -> why) and the size of the values (for the tie tolerance)."""
         a = side(select(rows, {**claim.where, **claim.a, claim.over: level}), claim, curves)
+        flagged.extend(_flag_notes(f"a at {claim.over}={level}", a, caveats))
         lost = {s: f"a at {claim.over}={level}: {why}" for s, why in a.unusable.items()}
         size = max((abs(v.x) for v in a.values.values()), default=0.0)
         if not claim.b:
             return a.values, a.seeds, lost, size
         b = side(select(rows, {**claim.where, **claim.b, claim.over: level}), claim, curves, "b")
+        flagged.extend(_flag_notes(f"b at {claim.over}={level}", b, caveats))
         lost.update({s: f"b at {claim.over}={level}: {why}" for s, why in b.unusable.items()})
         size = max(size, *(abs(v.x) for v in b.values.values()), 0.0)
         values = {
@@ -692,7 +771,7 @@ def _trend(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> tuple[
                 lost,
             )  # fmt: skip
         )
-    return tests, ""
+    return tests, flagged
 
 
 def _count(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
@@ -796,6 +875,8 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
     lo, hi = 1 / claim.tolerance, claim.tolerance
     n, k = len(ratios), sum(lo <= q <= hi for q in ratios)
     verdict = _tally(claim, len(numbers), n, k, "within the tolerance", notes)
+    # deterministic seeds (bit-identical numbers) are one measurement, counted once
+    once = _identical([Value(x) for x in ours.values()])
     shown = ""
     reproduced = {"paper": claim.value, "ours": None, "ratio": None, "tolerance": claim.tolerance}
     if ratios:
@@ -812,11 +893,13 @@ def _reproduces(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> d
         unit = "seeds" if claim.b or claim.over else "runs"  # a seed is one run of a alone
         spread = f" ({unit} {min(ratios):.3g} to {max(ratios):.3g})" if n > 1 and max(
             ratios) - min(ratios) > RESOLUTION * max(abs(q) for q in ratios) else ""  # fmt: skip
+        count = (f"{ONE} ({n} {unit}, identical), {'within' if k else 'not within'} it"
+                 if once else f"{k} of {n} {unit} within it")  # fmt: skip
         shown = (f"{name} {mean:.4g} against {claim.value:.4g}: ours / theirs "
                  f"{mean / claim.value:.3g}{spread}, tolerance ×{claim.tolerance:g}; "
-                 f"{k} of {n} {unit} within it")  # fmt: skip
-    return {"verdict": verdict, "ours": shown, "n": n, "notes": "; ".join(notes), "tests": [],
-            "reproduced": reproduced}  # fmt: skip
+                 f"{count}")  # fmt: skip
+    return {"verdict": verdict, "ours": shown, "n": 1 if once else n, "notes": "; ".join(notes),
+            "tests": [], "reproduced": reproduced, "caveats": [ONE] * once}  # fmt: skip
 
 
 def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[str, Any]:
@@ -827,13 +910,15 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
         return _count(claim, rows, curves)
     if claim.kind == "reproduces":
         return _reproduces(claim, rows, curves)
+    caveats: list[str] = []
     if claim.kind == "trend":
-        tests, note = _trend(claim, rows, curves)
+        tests, notes = _trend(claim, rows, curves, caveats)
         if not tests:
-            return {"verdict": "not run", "ours": "", "n": 0, "notes": note, "tests": []}
-        notes = "; ".join([note] * bool(note) + _lost_notes(claim, tests))
-        return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": notes,
-                "tests": tests}  # fmt: skip
+            return {"verdict": "not run", "ours": "", "n": 0, "notes": notes[0], "tests": []}
+        notes += _lost_notes(claim, tests)
+        return {"verdict": None, "ours": "", "n": min(t.measurements for t in tests),
+                "notes": "; ".join(notes), "tests": tests,
+                "caveats": list(dict.fromkeys(caveats))}  # fmt: skip
     keys = ["a", "b", "c"][: {"ordering": 2, "ratio": 2, "gap_closed": 3}.get(claim.kind, 1)]
     scopes: list[dict[str, Any]] = [{}]
     if claim.per:
@@ -852,6 +937,7 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
         for k, s in named:
             for seed, why in s.unusable.items():
                 notes.append(f"{k}{at}: seed {seed} unusable ({why})")
+            notes += _flag_notes(f"{k}{at}", s, caveats)
             shown_sides[f"{k}{at}"] = s.describe()
         if any(not s.values for s in sides):
             missing = [k for k, s in named if not s.values]
@@ -863,13 +949,31 @@ def judge(claim: ClaimConfig, rows: list[dict], curves: pd.DataFrame) -> dict[st
             tests.append(Test(label, 0, math.nan, math.nan, (math.nan,) * 2, claim.margin, 1.0,
                               "none", short=True))  # fmt: skip
             continue
-        tests.append(compare(claim, sides, label))
+        test = compare(claim, sides, label)
+        if test.why:
+            notes.append(f"Welch's test{at}, not paired: {test.why}")
+        if test.once:
+            notes.append(f"{ONE}{at}: the {test.n} seeds' numbers are identical on every side")
+            caveats.append(ONE)
+        tests.append(test)
     for t in tests:
         if t.short and t.n:
             notes.append(f"{t.label or 'claim'}: {t.n} usable seeds (min {claim.min_seeds})")
     notes += _lost_notes(claim, tests)
-    return {"verdict": None, "ours": "", "n": min(t.n for t in tests), "notes": "; ".join(notes),
-            "tests": tests, "sides": shown_sides}  # fmt: skip
+    return {"verdict": None, "ours": "", "n": min(t.measurements for t in tests),
+            "notes": "; ".join(notes), "tests": tests, "sides": shown_sides,
+            "caveats": list(dict.fromkeys(caveats))}  # fmt: skip
+
+
+def _flag_notes(name: str, side: Side, caveats: list[str]) -> list[str]:
+    """One note per caveat of a side's seeds (a target met at t = 0, a blow-up after it),
+    the caveats added to `caveats`."""
+    notes = []
+    for seed, v in side.values.items():
+        for short, what in v.flags.items():
+            notes.append(f"{name}: seed {seed} {what}")
+            caveats.append(short)
+    return notes
 
 
 def _lost_notes(claim: ClaimConfig, tests: list[Test]) -> list[str]:
@@ -940,7 +1044,11 @@ def _sequential(sweep: dict, mine: list[dict], curves: pd.DataFrame) -> list[tup
     """Every claim of one sweep judged look by look (SequentialConfig): at look k a claim
     still open is judged on the runs of looks 1..k if its arms got seeds at look k; Holm
     over each family at that look's α, a claim decided earlier entering with p 0 (held) or
-    1 (did not hold), one not judged again with p 1. (claim, its last judgement) each."""
+    1 (did not hold), one not judged again with p 1. (claim, its last judgement) each; a
+    claim's `holm_family` is the family it was corrected in at its last look: that look,
+    its members' ids, and those carried from an earlier look with the p they entered with
+    (a verdict decided there may depend on them: the family's size and their p set Holm's
+    step)."""
     looks = schedule(sweep["sequential"], mine)
     last = min(len(looks), max((look(r) for r in mine), default=1))
     judged: dict[str, dict] = {}
@@ -969,9 +1077,11 @@ def _sequential(sweep: dict, mine: list[dict], curves: pd.DataFrame) -> list[tup
                     ps.append(max(t.p for t in j["tests"]))
                 else:
                     ps.append(0.0 if j["verdict"] == "holds" else 1.0)
+            carried = {c: p for c, p in zip(members, ps, strict=True) if c not in fresh}
             for cid, p in zip(members, holm(ps), strict=True):
                 if cid in fresh:
-                    judged[cid].update(p_holm=p, family=len(members))
+                    judged[cid].update(p_holm=p, family=len(members), holm_family={
+                        "look": k, "ids": members, "carried": carried})  # fmt: skip
         for cid in fresh:
             j = judged[cid]
             if j["verdict"] is None:  # a test (the count kinds come decided)
@@ -1114,10 +1224,16 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
         "source": claim.source,
         "verdict": verdict,
         "ours": j["ours"] or (_shown(claim, tests) if tests else ""),
-        "n": j["n"],
+        "n": j["n"],  # distinct measurements: 1 for deterministic seeds
         "notes": j["notes"],
+        # short caveats beside the verdict (BLOW_UP, AT_ZERO, ONE), each detailed in notes
+        "caveats": j.get("caveats", []),
         "sides": j.get("sides", {}),
         "test": ", ".join(dict.fromkeys(t.test for t in tests)) if tests else "count",
+        # why Welch's unpaired test rather than the paired one ("" when paired or a count)
+        "test_why": "; ".join(dict.fromkeys(t.why for t in tests if t.why)),
+        # the Holm family of the look that decided it (None: a count, in no family)
+        "family": j.get("holm_family") if tests else None,
         "estimate": _finite(single.estimate) if single else None,
         "ci_low": _finite(single.ci[0]) if single else None,
         "ci_high": _finite(single.ci[1]) if single else None,
@@ -1135,7 +1251,7 @@ def _result(name: str, sweep: dict, claim: ClaimConfig, j: dict[str, Any]) -> di
         "steps": [
             {
                 "label": t.label,
-                "n": t.n,
+                "n": t.measurements,
                 "estimate": _finite(t.estimate),
                 "advantage": _finite(t.mean),
                 "ci_low": _finite(t.ci[0]),
@@ -1165,10 +1281,25 @@ def tally(results: list[dict[str, Any]], sweep: str) -> str:
 
 
 def _p(r: dict[str, Any]) -> str:
+    """p (Holm's p, over its family where the file records it: how many claims, at which
+    look, and how many of them carried from an earlier look)."""
     if r["p"] is None:
         return "—"
     holm = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"  # null in a hand-edited file
-    return f"{r['p']:.2g} (Holm {holm})"
+    return f"{r['p']:.2g} (Holm {holm}{_family(r.get('family'))})"
+
+
+def _family(family: dict[str, Any] | None) -> str:
+    """` over 7 at look 3, 6 from earlier looks (6 held: p 0; the rest p 1)`: the Holm family
+    a verdict was decided in; "" when the file does not record it (written before)."""
+    if not family:
+        return ""
+    ids, carried = family.get("ids") or [], family.get("carried") or {}
+    text = f" over {len(ids)}" + (f" at look {family['look']}" if family.get("look", 1) > 1 else "")
+    if carried:
+        held = sum(p == 0 for p in carried.values())
+        text += f", {len(carried)} from earlier looks ({held} held: p 0; the rest p 1)"
+    return text
 
 
 def _seeds(r: dict[str, Any]) -> str:
@@ -1181,6 +1312,13 @@ def _seeds(r: dict[str, Any]) -> str:
     if r.get("mde") is not None:
         parts.append(f"MDE {r['mde']:.3g}")
     return "; ".join(parts)
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """The verdict, its caveats in bold where the file records them, and its notes."""
+    caveats = "; ".join(f"**{c}**" for c in r.get("caveats") or [])
+    return r["verdict"] + (f" ({caveats})" if caveats else "") + (
+        f" ({r['notes']})" if r["notes"] else "")  # fmt: skip
 
 
 def published_table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame | None:
@@ -1236,6 +1374,6 @@ def table(results: list[dict[str, Any]], sweep: str) -> pd.DataFrame:
             ],
             "p (one-sided)": [_p(r) for r in rows],
             "seeds": [_seeds(r) for r in rows],
-            "verdict": [r["verdict"] + (f" ({r['notes']})" if r["notes"] else "") for r in rows],
+            "verdict": [_verdict(r) for r in rows],
         }
     )

@@ -265,18 +265,21 @@ def published_rows(*runs):
 @pytest.mark.parametrize(
     ("runs", "verdict", "ours"),
     [
-        ([(0, 140.0), (1, 140.0)], "holds", "ours / theirs 1.4, tolerance ×1.5; 2 of 2 runs"),
+        # bit-identical seeds (deterministic runs): one measurement, counted once
+        ([(0, 140.0), (1, 140.0)], "holds", "ours / theirs 1.4, tolerance ×1.5; one measurement"),
+        ([(0, 140.0), (1, 145.0)], "holds", "(runs 1.4 to 1.45), tolerance ×1.5; 2 of 2 runs"),
         ([(0, 70.0), (1, 70.0), (2, 70.0)], "holds", "ours / theirs 0.7"),  # 1/1.5 = 0.667
         ([(0, 160.0), (1, 160.0)], "does not hold", "ours / theirs 1.6"),
         ([(0, 60.0), (1, 60.0)], "does not hold", "ours / theirs 0.6"),
         ([(0, 120.0), (1, 200.0)], "inconclusive", "(runs 1.2 to 2), tolerance ×1.5; 1 of 2"),
         ([(0, 120.0)], "inconclusive", "1 of 1 runs"),  # fewer than min_seeds=2
-        ([(0, 120.0), (1, 120.0), (2, 5.0, "failed")], "inconclusive", "2 of 2 runs"),
-        ([(0, 120.0), (1, 120.0), (2, 5.0, "diverged")], "inconclusive", "2 of 2 runs"),
+        ([(0, 120.0), (1, 121.0), (2, 5.0, "failed")], "inconclusive", "2 of 2 runs"),
+        ([(0, 120.0), (1, 121.0), (2, 5.0, "diverged")], "inconclusive", "2 of 2 runs"),
         ([], "not run", ""),
     ],
     ids=[
         "above",
+        "above-two",
         "below",
         "too-high",
         "too-low",
