@@ -34,12 +34,14 @@ import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,8 @@ import yaml
 from stalebench.git import git_state
 from stalebench.metrics.summary import write_json
 from stalebench.report import claims as claims_mod
-from stalebench.report.collect import find_run_dirs
+from stalebench.report.collect import CURVE_COLUMNS, collect, find_run_dirs
+from stalebench.report.groups import assign
 from stalebench.report.tables import to_markdown
 from stalebench.sweep import ORIGINS
 from stalebench.tuning import FILE as TUNING  # <sweep_dir>/tuning.json: the selection
@@ -87,6 +90,9 @@ TEXT, NUMBER, OBJECT, NULL = (str,), (int, float), (dict,), (type(None),)
 FILE_SCHEMA = {
     "claims": Field((list,)),
     "provenance": Field(OBJECT, required=False),
+    # the runs' `sweep` block (claims, second stage), saved beside a runs.csv: what --check
+    # judges the table's runs by
+    "sweep_config": Field(OBJECT, required=False),
 }
 PROVENANCE_SCHEMA = {
     "command": Field(TEXT + NULL, required=False),
@@ -123,6 +129,12 @@ VERDICT_SCHEMA = {
     "mde": Field(NUMBER + NULL, required=False),
     # kind=reproduces: the published number, ours, ours / paper and the tolerance
     "reproduced": Field(OBJECT + NULL, required=False),
+    # what the verdict rests on (written since they are): caveats (blow-up after the target,
+    # a target met at t = 0, one measurement), why a paired test fell back to Welch's, and
+    # the Holm family of the deciding look
+    "caveats": Field((list,), required=False),
+    "test_why": Field(TEXT, required=False),
+    "family": Field(OBJECT + NULL, required=False),
 }
 _JSON_NAMES = {
     str: "a string",
@@ -258,13 +270,13 @@ def sweep_command(sweep_dir: Path, run_dirs: list[Path]) -> str | None:
     (.hydra/overrides.yaml, else .hydra/hydra.yaml), merged key by key into `key=a,b`."""
     task = _task_overrides(_yaml(sweep_dir / "multirun.yaml"))
     if task is not None:
-        return " ".join(["stalebench", "-m", *map(shlex.quote, task)])
+        return " ".join(["stalebench", "-m", *(shlex.quote(portable(o)) for o in task)])
     values: dict[str, list[str]] = {}
     for run in run_dirs:
         job = _yaml(run / ".hydra" / "overrides.yaml")
         job = job if isinstance(job, list) else _task_overrides(_yaml(run / ".hydra/hydra.yaml"))
         for override in job or []:
-            key, _, value = str(override).partition("=")
+            key, _, value = portable(str(override)).partition("=")
             if value not in values.setdefault(key, []):
                 values[key].append(value)
     if not values:
@@ -410,14 +422,14 @@ def provenance(sweep_dir: Path, root: Path, command: str | None = None) -> dict[
     summaries = {r: _summary(r) for r in [*found, *tuning_runs]}
     return {
         "git": code_git(list(summaries.values()), root),
-        "command": command or sweep_command(sweep_dir, runs),
+        "command": portable_command(command) if command else sweep_command(sweep_dir, runs),
         "machine": machine(list(summaries.values())),
         "environment": environment(list(summaries.values())),
         "wall_time": wall_time([*found, *tuning_runs]),
         "runs": _count([summaries[r] for r in runs]),
         "look_runs": _count([summaries[r] for r in found if r in later]),
         "tuning_runs": _count([summaries[r] for r in tuning_runs]),
-        "sweep_dir": str(Path(sweep_dir).resolve()),
+        "sweep_dir": Path(sweep_dir).resolve().name,  # its name: where it lay is the machine's
         "saved_at": _iso(dt.datetime.now(dt.timezone.utc).timestamp()),
     }
 
@@ -441,6 +453,7 @@ def save(sweep_dir: Path, root: Path, command: str | None = None) -> list[Path]:
     tuning_path = sweep_dir / TUNING
     tuning = json.loads(tuning_path.read_text()) if tuning_path.is_file() else None
     prov = provenance(sweep_dir, root, command)
+    tables = runs_tables(sweep_dir)
     written = []
     for name in names:
         out = Path(root) / RESULTS / name / "claims.json"
@@ -450,9 +463,285 @@ def save(sweep_dir: Path, root: Path, command: str | None = None) -> list[Path]:
         payload["provenance"] = prov
         if tuning is not None:
             payload["tuning"] = tuning
+        if name in tables:
+            payload["sweep_config"] = tables[name][1]
         write_json(out, payload)
         written.append(out)
+        runs_csv = out.parent / RUNS
+        if name in tables:
+            write_runs(runs_csv, tables[name][0])
+            written.append(runs_csv)
+        else:  # no run's config names the sweep: an earlier save's table is not of these runs
+            runs_csv.unlink(missing_ok=True)
     return written
+
+
+# -- the per-run table -----------------------------------------------------------------
+
+# results/<sweep>/runs.csv: one row per run, every number the sweep's claims read from it.
+# CSV rather than JSON lines: the column names once in a header rather than on every line,
+# one line a run (a diff names the run), and read by any spreadsheet, pandas or `csv`;
+# floats are written as Python's repr, which reads back to the same double.
+RUNS = "runs.csv"
+# An override whose value is a path on the machine that ran it (dataset.root=/home/x/mnist):
+# recorded as `key=<local>`, the part a reader sets to their own copy
+LOCAL = "<local>"
+_MACHINE_PATH = re.compile(r"""^['"]?(/|~|[A-Za-z]:[\\/])""")
+TUNING_STAGE = "tuning"  # a run of the tuning stage; the others `final` (look 1) or `look<k>`
+CENSORED = " censored"  # beside a time to target: never reached, the value is the run's end
+# the kinds judged by a test of each run's `metric` (the count kinds read status, or a value)
+TESTED_KINDS = ("ordering", "ratio", "threshold", "gap_closed", "trend")
+
+
+def portable(override: str) -> str:
+    """A Hydra override without a machine's path in it: `dataset.root=/root/data/mnist` →
+    `dataset.root=<local>`."""
+    key, sep, value = override.partition("=")
+    return f"{key}={LOCAL}" if sep and _MACHINE_PATH.match(value) else override
+
+
+def portable_command(command: str) -> str:
+    """A command line whose path-valued overrides are `<local>` (portable)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: left as given
+        return command
+    return " ".join(shlex.quote(portable(w)) for w in words)
+
+
+def _measures(claims: list[Any]) -> list[tuple[str, Any]]:
+    """(column, the claim whose `metric` computes it) for every number the claims read from
+    a run: a test's metric (a time to target per target, with its censoring), a reproduced
+    metric, and a fails claim's final accuracy and chance accuracy (chance: None, read as
+    the summary records it)."""
+    out: dict[str, Any] = {}
+    for claim in claims:
+        if claim.kind in TESTED_KINDS and claim.metric == "time_to_target":
+            out.setdefault(claims_mod.target_label(claim.target), claim)
+        elif claim.kind in (*TESTED_KINDS, "reproduces"):
+            out.setdefault(claim.metric, dataclasses.replace(claim, target=None))
+        elif claim.kind == "fails":
+            out.setdefault("final_accuracy", dataclasses.replace(claim, metric="final_accuracy"))
+            out.setdefault("chance_accuracy", None)
+    return list(out.items())
+
+
+def _selector_keys(claims: list[Any]) -> list[str]:
+    """Every key a claim selects runs by (its sides and `where`) or splits them on (`per`,
+    `over`), in the order the claims name them."""
+    keys: dict[str, None] = {}
+    for claim in claims:
+        for selector in (claim.where, claim.a, claim.b, claim.c):
+            keys.update(dict.fromkeys(selector))
+        keys.update(dict.fromkeys(k for k in (claim.per, claim.over) if k))
+    return list(keys)
+
+
+def _scalar(x: Any) -> Any:
+    """A table cell: a list or mapping as JSON, a NaN as empty."""
+    if isinstance(x, list | dict):
+        return json.dumps(x, sort_keys=True)
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _overrides(run: Path) -> str:
+    job = _yaml(run / ".hydra" / "overrides.yaml")
+    return " ".join(shlex.quote(portable(str(o))) for o in job) if isinstance(job, list) else ""
+
+
+def _stage(row: dict[str, Any]) -> str:
+    k = claims_mod.look(row)
+    return "final" if k == 1 else f"look{k}"
+
+
+def runs_tables(sweep_dir: Path) -> dict[str, tuple[pd.DataFrame, dict[str, Any]]]:
+    """Per sweep found in the runs' configs: its per-run table and its `sweep` block (the
+    claims and second stage, as the runs' configs resolve them). A row per run: its
+    directory under the sweep's, stage, arm (the report's group label), seed, status
+    (diverged where the evaluator finds a blow-up the summary missed, `diverged_why` saying
+    why), the keys the claims select by, every number the claims read as the evaluator's
+    `metric` computes it (empty where it finds none), and the run's overrides. The runs the
+    evaluator judges are the report's (the tuning stage left out beside a tuning.json),
+    in its order; the tuning stage's follow, judged by no claim."""
+    sweep_dir = Path(sweep_dir)
+    damaged: list[tuple[str, str]] = []  # read as the report reads them; named there
+    runs, curves, _ = collect([sweep_dir], damaged)
+    rows, sweeps = claims_mod.claim_rows(runs) if not runs.empty else ([], {})
+    claims_mod.mark_blow_ups(rows, curves)
+    stage_dir = sweep_dir / TUNE_DIR
+    tuning_rows: list[dict[str, Any]] = []
+    if (sweep_dir / TUNING).is_file() and stage_dir.is_dir():
+        more, more_curves, _ = collect([stage_dir], damaged)
+        if not more.empty:
+            tuning_rows, _ = claims_mod.claim_rows(more)
+            claims_mod.mark_blow_ups(tuning_rows, more_curves)
+            runs = pd.concat([runs, more], ignore_index=True)
+            curves = pd.concat([curves, more_curves], ignore_index=True)
+    if not sweeps:
+        return {}
+    arms = dict(zip(*(assign(runs)[0][k] for k in ("run_dir", "group")), strict=True))
+    staged = [(r, _stage(r)) for r in rows] + [(r, TUNING_STAGE) for r in tuning_rows]
+    tables = {}
+    for name, sweep in sweeps.items():
+        keys, measures = _selector_keys(sweep["claims"]), _measures(sweep["claims"])
+        table = []
+        for row, stage in staged:
+            if row["sweep"] != name:
+                continue
+            out = {
+                "run": Path(row["run_dir"]).relative_to(sweep_dir.resolve()).as_posix(),
+                "stage": stage,
+                "arm": arms.get(row["run_dir"]),
+                "seed": row.get("seed"),
+                "status": row.get("status"),
+                **{k: _scalar(row.get(k)) for k in keys},
+            }
+            for column, claim in measures:
+                if claim is None:
+                    out[column] = _scalar(row.get(column))
+                    continue
+                v = claims_mod.metric(row, claim, curves)
+                out[column] = None if v is None else v.x
+                if claim.metric == "time_to_target":
+                    out[column + CENSORED] = None if v is None else v.censored
+            out["overrides"] = _overrides(Path(row["run_dir"]))
+            out["diverged_why"] = row.get("diverged_why")
+            table.append(out)
+        frame = pd.DataFrame(table)
+        if frame["diverged_why"].isna().all():
+            frame = frame.drop(columns="diverged_why")
+        config = claims_mod.load_config(next(r["run_dir"] for r, _ in staged
+                                             if r["sweep"] == name))  # fmt: skip
+        tables[name] = (frame, config["sweep"])
+    return tables
+
+
+def write_runs(path: Path, table: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False, lineterminator="\n")
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """A runs.csv as written: numbers read back to the doubles written (pandas' parser
+    round-trips repr), empty as missing."""
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def _evaluator_inputs(
+    table: pd.DataFrame, sweep: dict[str, Any], where: Path
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs and curves from which claims.evaluate computes, for each run of the table
+    but the tuning stage's, the numbers the table holds: each run a directory under `where`
+    whose config is the sweep's block (the claims); a final accuracy, loss or perplexity as
+    summary.json's final_tail; a time to target as a curve that reaches the target at that
+    time (one evaluation at the target's value), or, censored, ends there without reaching
+    it (`metric` censors at a run's end, its last evaluation here)."""
+    columns = list(table.columns)
+    targets = {
+        claims_mod.target_label(c.target): c.target
+        for c in (claims_mod.claim_from_dict(raw) for raw in sweep.get("claims") or [])
+        if c.target is not None
+    }
+    runs, points = [], []
+    for rec in table.to_dict("records"):
+        if rec.get("stage") == TUNING_STAGE:
+            continue
+        run_dir = where / str(rec["run"])
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sweep": sweep}))
+        stage = str(rec.get("stage") or "final")
+        look = 1 if stage == "final" else int(stage.removeprefix("look"))
+        row = {"run_dir": str(run_dir), "final_tail_evals": 1, "sweep.look": look}
+        for key in columns:
+            x = rec[key]
+            x = None if isinstance(x, float) and math.isnan(x) else x
+            if key in targets:
+                if x is None:
+                    continue
+                t = targets[key]
+                if rec.get(key + CENSORED) in (True, "True", 1):
+                    points.append({"run_dir": str(run_dir), "t": float(x), "split": "end"})
+                else:
+                    points.append({"run_dir": str(run_dir), "t": float(x), "split": t.split,
+                                   t.key: t.value})  # fmt: skip
+            elif not key.endswith(CENSORED) and key not in ("run", "stage", "overrides"):
+                row[key] = x
+                if key in claims_mod.TAIL_METRICS:
+                    row[f"final_tail_{claims_mod.TAIL_METRICS[key]}"] = x
+        runs.append(row)
+    curves = pd.DataFrame(points, columns=CURVE_COLUMNS)
+    return pd.DataFrame(runs), curves
+
+
+def recompute(table: pd.DataFrame, sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every claim's verdict record as claims.evaluate makes it from the table's runs alone
+    (the runs of looks 1.., not the tuning stage's), judged by the claims of `sweep`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        runs, curves = _evaluator_inputs(table, sweep, Path(tmp))
+        return claims_mod.evaluate(runs, curves)
+
+
+# what `--check` compares between a committed verdict and the one recomputed from runs.csv
+# (numbers equal to RESOLUTION, relative: the same sums in the same order agree exactly)
+COMPARED = ("verdict", "n", "estimate", "p", "p_holm")
+
+
+def _effects(v: dict[str, Any]) -> dict[str, Any]:
+    """A verdict's numbers: COMPARED, ours of a reproduced number, each step's estimate."""
+    out = {k: v.get(k) for k in COMPARED}
+    out["ours"] = (v.get("reproduced") or {}).get("ours")
+    for step in v.get("steps") or []:
+        out[f"step {step.get('label')} estimate"] = step.get("estimate")
+    return out
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(a, b, rel_tol=claims_mod.RESOLUTION, abs_tol=1e-300)
+    return a == b
+
+
+def differences(committed: list[dict], recomputed: list[dict], where: str) -> list[str]:
+    """One line per committed claim whose verdict, n, effect or p differ from the recomputed
+    one's (or that is not recomputed), naming the claim and each value both ways."""
+    mine = {v["id"]: v for v in recomputed}
+    lines = []
+    for v in committed:
+        got = mine.get(v["id"])
+        if got is None:
+            lines.append(f"{where}: claim {v['id']}: not among the claims of its sweep_config")
+            continue
+        theirs, ours = _effects(v), _effects(got)
+        diff = [f"{k} {_cell(theirs.get(k))} in claims.json, {_cell(ours.get(k))} from "
+                f"{RUNS}" for k in dict.fromkeys([*theirs, *ours])
+                if not _equal(theirs.get(k), ours.get(k))]  # fmt: skip
+        if diff:
+            lines.append(f"{where}: claim {v['id']}: {'; '.join(diff)}")
+    return lines
+
+
+def check_runs(root: Path) -> tuple[list[str], list[str]]:
+    """Every committed result with a runs.csv recomputed from it: (one line per claim that
+    differs, or per table that cannot be read; the sweeps without a per-run table)."""
+    problems, untabled = [], []
+    for result in load(root):
+        name = result["name"]
+        path = Path(root) / RESULTS / name / RUNS
+        where = f"{RESULTS}/{name}/{RUNS}"
+        if not path.is_file():
+            untabled.append(name)
+            continue
+        sweep = result.get("sweep_config")
+        if not sweep:
+            problems.append(f'{where}: claims.json has no "sweep_config" (the claims to judge)')
+            continue
+        try:
+            verdicts = recompute(read_runs(path), sweep)
+        except (ValueError, KeyError, TypeError, pd.errors.ParserError) as err:
+            problems.append(f"{where}: cannot be judged: {err}")
+            continue
+        problems += differences(result["claims"], verdicts, where)
+    return problems, untabled
 
 
 # -- render ----------------------------------------------------------------------------
@@ -677,6 +966,296 @@ def tuning_summary(tuning: Any) -> list[str]:
     return lines
 
 
+# -- verdict cells: one sentence in the paper's units; the statistics folded below -------
+
+_SIDE = re.compile(r"^(?P<mean>\S+)(?: ± (?P<sd>\S+))? \(n=(?P<n>\d+)(?P<rest>[^)]*)\)$")
+STATISTIC = {"ordering": "a − b", "ratio": "a / b", "threshold": "a",
+             "gap_closed": "(a − b) / (c − b)"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """How a claim's numbers are shown: a level (an accuracy, a time) and a difference of
+    two in `scale` × the stored value, followed by their units. An accuracy is stored as a
+    fraction and published in %: shown in % (its differences in points, pp)."""
+
+    scale: float = 1.0
+    level: str = ""
+    diff: str = ""
+
+
+PERCENT = Unit(100.0, " %", " pp")
+
+
+def unit(v: dict[str, Any]) -> Unit:
+    """The display unit of a verdict record's metric (its name before the target's
+    bracket): % for an accuracy or a fraction, seconds for a time, /s for a rate, B for
+    bytes; a reproduced gain in %, a factor as ×."""
+    metric = str(v.get("metric") or "").split(" (")[0]
+    scope = str(v.get("scope") or "")
+    if v.get("kind") == "reproduces" and "a's gain over b" in scope:
+        return Unit(100.0, " %", " pp")
+    if v.get("kind") == "reproduces" and "a's factor over b" in scope:
+        return Unit(1.0, "×", "×")
+    if "accuracy" in metric or metric.endswith("_fraction"):
+        return PERCENT
+    if metric.endswith("_per_s"):
+        return Unit(1.0, " /s", " /s")
+    if metric == "time_to_target" or metric.endswith("_s"):
+        return Unit(1.0, " s", " s")
+    if metric.startswith("bytes"):
+        return Unit(1.0, " B", " B")
+    return Unit()
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    """A number for a sentence: from 1,000 up whole and grouped, else `digits` significant."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return "—"
+    if not math.isfinite(x):
+        return "∞" if x > 0 else "−∞" if x < 0 else "—"
+    text = f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
+    return text.replace("-", "−")
+
+
+def _side(text: str, scale: float, suffix: str) -> str:
+    """A side's `mean ± sd (n=k, …)` in the display unit: `3.00 s (10 seeds)`."""
+    m = _SIDE.match(str(text))
+    if not m:
+        return str(text)
+    try:
+        mean = float(m["mean"]) * scale
+    except ValueError:
+        return str(text)
+    return f"{_num(mean, 4)}{suffix}"
+
+
+def _sides(v: dict[str, Any], u: Unit) -> str:
+    """`a 3 s, b 5.18 s`: the sides' means, where the record has one a side (not per step)."""
+    sides = v.get("sides") or {}
+    if not sides or not set(sides) <= {"a", "b", "c"}:
+        return ""
+    return ", ".join(f"{k} {_side(t, u.scale, u.level)}" for k, t in sides.items())
+
+
+def _advantage(lo: Any, hi: Any) -> float | None:
+    """The mean advantage: the middle of its (symmetric t) interval, when finite."""
+    finite = all(isinstance(x, int | float) and math.isfinite(x) for x in (lo, hi))
+    return (lo + hi) / 2 if finite else None
+
+
+def _against(v: dict[str, Any], u: Unit, lo: Any, hi: Any) -> str:
+    """`advantage 2.17 s (95 % CI 1.43 to 2.92 s) against a margin of 1 s`."""
+    kind = v.get("kind")
+    scale, suffix = (1.0, "") if kind == "ratio" else (u.scale, u.diff)
+    if kind == "gap_closed":  # a fraction of the gap
+        scale, suffix = 100.0, " % of the gap"
+    mid = _advantage(lo, hi)
+    shown = "advantage " + (f"{_num(mid * scale)}{suffix} " if mid is not None else "")
+    if isinstance(lo, int | float) and isinstance(hi, int | float):
+        ci = f"{_num(lo * scale)} to {_num(hi * scale)}{suffix}"
+        shown += f"(95 % CI {ci}) " if mid is not None else f"95 % CI {ci} "
+    return shown + f"against a margin of {_num(float(v['margin']) * scale)}{suffix}"
+
+
+def ours_sentence(v: dict[str, Any]) -> str:
+    """A verdict's number as one sentence, in the unit the paper states it in (`unit`): the
+    sides' means, the statistic, the mean advantage with its 95 % interval against the
+    margin; per step, the range of the steps' advantages; a reproduced number beside the
+    paper's; a count as the evaluator words it."""
+    u, kind, n = unit(v), v.get("kind"), v.get("n")
+    seeds = f", {n} seeds" if isinstance(n, int) and n > 1 else ""
+    if kind == "reproduces":
+        got = v.get("reproduced") or {}
+        if got.get("ours") is None:
+            return "No usable seed."
+        within = re.search(r"(\d+ of \d+ (?:seeds|runs)) within it", str(v.get("ours")))
+        return (f"Ours {_num(got['ours'] * u.scale, 4)}{u.level} against the paper's "
+                f"{_num(got['paper'] * u.scale, 4)}{u.level}: ours / theirs "
+                f"{_num(got.get('ratio'))}, tolerance ×{_num(got.get('tolerance'))}"
+                + (f", {within[1]} within it" if within else "") + ".")  # fmt: skip
+    steps = v.get("steps") or []
+    if steps:
+        advantages = [_advantage(s.get("ci_low"), s.get("ci_high")) for s in steps]
+        known = [a for a in advantages if a is not None]
+        low = [s["ci_low"] for s in steps if isinstance(s.get("ci_low"), int | float)]
+        if not known:
+            return f"{len(steps)} steps, none with a finite interval."
+        scale, suffix = (1.0, "") if kind == "ratio" else (u.scale, u.diff)
+        return (f"{len(steps)} steps: advantage {_num(min(known) * scale)} to "
+                f"{_num(max(known) * scale)}{suffix}, the lowest 95 % CI bound "
+                f"{_num(min(low) * scale)}{suffix}, against a margin of "
+                f"{_num(float(v['margin']) * scale)}{suffix}{seeds}.")  # fmt: skip
+    if kind in STATISTIC and v.get("estimate") is not None:
+        est = v["estimate"]
+        shown = {"ratio": _num(est), "gap_closed": f"{_num(est * 100)} % of the gap",
+                 "threshold": f"{_num(est * u.scale, 4)}{u.level}"}.get(
+            kind, f"{_num(est * u.scale)}{u.diff}")  # fmt: skip
+        sides = _sides(v, u)
+        unpaired = " (unpaired, Welch: against 0, the margin folded in)" if "Welch" in str(
+            v.get("test")) else ""  # fmt: skip
+        return _sentence(
+            (f"{sides}: " if sides else "") + f"{STATISTIC[kind]} = {shown}; "
+            + _against(v, u, v.get("ci_low"), v.get("ci_high")) + unpaired + seeds
+        )  # fmt: skip
+    text = str(v.get("ours") or "").strip()
+    if kind == "fails":  # its ε, a fraction of accuracy, in points as the paper's are
+        text = re.sub(r"within (\S+) of chance", lambda m: f"within {_chance(m[1])} of chance",
+                      text)  # fmt: skip
+    return _sentence(text) if text else "Not run." if v.get("verdict") == "not run" else "—"
+
+
+def _chance(x: str) -> str:
+    try:
+        return f"{_num(float(x) * PERCENT.scale)}{PERCENT.diff}"
+    except ValueError:
+        return x
+
+
+def _sentence(text: str) -> str:
+    return text + ("" if text.endswith(".") else ".")
+
+
+def _notes(v: dict[str, Any]) -> str:
+    notes = v.get("notes")
+    if isinstance(notes, list):
+        return "; ".join(str(x) for x in notes if x)
+    return str(notes or "")
+
+
+def _anchor(name: str) -> str:
+    return f"{name.lower()}-statistics"
+
+
+def verdict_table(verdicts: list[dict[str, Any]], name: str) -> pd.DataFrame:
+    """A sweep's verdicts, a row each: the claim, the paper's words or number, ours as one
+    sentence in the paper's unit, and the verdict with its caveats, linking to the
+    statistics below the table."""
+    link = f"[statistics](#{_anchor(name)})"
+    return pd.DataFrame(
+        {
+            "claim": [f"**{v['id']}**: {v['text']}" for v in verdicts],
+            "the paper": [
+                " ".join(
+                    x for x in (v["published"], f"[{v['source']}]" if v["source"] else "") if x
+                )
+                or "—"
+                for v in verdicts
+            ],  # fmt: skip
+            "ours": [ours_sentence(v) for v in verdicts],
+            "verdict": [
+                f"**{v['verdict']}**"
+                + "".join(f"; {c}" for c in v.get("caveats") or [])
+                + f" ({link})"
+                for v in verdicts
+            ],
+        }
+    )
+
+
+def _t(p: Any, n: Any, test: str) -> str:
+    """t and its degrees of freedom of a paired or one-sample test, from its one-sided p
+    (t = F⁻¹(1 − p) with n − 1 df); "" where it cannot be told (Welch's df is not
+    recorded, a p of 0 or 1 is a deterministic statistic)."""
+    from scipy import stats  # the statistics' own inverse, only where a page is rendered
+
+    if not (isinstance(p, float) and 0 < p < 1 and isinstance(n, int) and n > 1):
+        return ""
+    if test not in ("paired t", "one-sample t"):
+        return ""
+    return f"t = {_num(float(stats.t.isf(p, n - 1)))} ({n - 1} df), "
+
+
+def _seeds(v: dict[str, Any]) -> str:
+    """`n = 10; look 2 of 4 (α 0.0083); MDE 2.55`: the seeds, the look that decided the
+    claim and the mean advantage detectable there with 80 % power, where recorded."""
+    parts = [f"n = {v.get('n')}"]
+    if (v.get("looks") or 1) > 1:
+        parts.append(f"look {v.get('look')} of {v['looks']} (α {_num(v.get('alpha'), 2)})")
+    if v.get("mde") is not None:
+        parts.append(f"MDE {_num(v['mde'])}")
+    return "; ".join(parts)
+
+
+def _holm(v: dict[str, Any]) -> str:
+    """`Holm p 0.0063 over 6 claims (…) at look 2`, as the record gives its family."""
+    if v.get("p_holm") is None:
+        return "Holm p —"
+    text = f"Holm p {_num(v['p_holm'], 2)}"
+    family = v.get("family")
+    if isinstance(family, dict):
+        ids = family.get("ids") or []
+        text += f" over {len(ids)} claims ({', '.join(map(str, ids))})" if ids else ""
+        text += f" at look {family['look']}" if family.get("look") else ""
+        carried = family.get("carried") or {}
+        if carried:
+            text += f", {len(carried)} carried from earlier looks"
+    elif isinstance(family, int | float) and not isinstance(family, bool):
+        text += f" over {family:g} claims"
+    return text
+
+
+def statistics(verdicts: list[dict[str, Any]], name: str) -> list[str]:
+    """The statistics of a sweep's verdicts, folded (a `<details>` block the verdict cells
+    link to): per claim, its test, t, p, Holm's p and family, seeds, look, minimum
+    detectable effect, scope, metric, margin, sides, the evaluator's own line and notes."""
+    lines = [f'<a id="{_anchor(name)}"></a>', "<details>",
+             f"<summary>Statistics of {name}'s verdicts: test, t, p, Holm family, seeds, "
+             "notes</summary>", ""]  # fmt: skip
+    for v in verdicts:
+        test = str(v.get("test") or "")
+        parts = [f"{test or 'test unrecorded'}"]
+        if v.get("p") is not None:  # with steps: the largest step p, whose t is its step's
+            t = "" if v.get("steps") else _t(v["p"], v.get("n"), test)
+            parts.append(f"{t}p = {_num(v['p'], 2)} (one-sided), {_holm(v)}")
+        for step in v.get("steps") or []:
+            parts.append(f"{step.get('label')}: {_t(step.get('p'), step.get('n'), test)}"
+                         f"p = {_num(step.get('p'), 2)}, n = {step.get('n')}")  # fmt: skip
+        parts.append(_seeds(v))
+        if v.get("test_why"):
+            parts.append(str(v["test_why"]))
+        where = v.get("scope") or "all runs"
+        whose = claims_mod.WHOSE.get(v["threshold_from"], v["threshold_from"])
+        parts.append(f"{v['origin']}; margin {v['margin']:g} ({whose}); where: {where}"
+                     + (f"; metric: {v['metric']}" if v.get("metric") else ""))  # fmt: skip
+        sides = v.get("sides") or {}
+        if sides:
+            parts.append("sides (as stored): " + ", ".join(f"{k} {t}" for k, t in sides.items()))
+        if v.get("ours"):
+            parts.append(f"the evaluator: {v['ours']}")
+        if _notes(v):
+            parts.append(f"notes: {_notes(v)}")
+        lines.append(f"- **{v['id']}**: " + "; ".join(parts))
+    return [*lines, "", "</details>"]
+
+
+def published_against_ours(verdicts: list[dict[str, Any]]) -> pd.DataFrame | None:
+    """The `reproduces` claims: the paper's number and ours in one unit (`unit`), ours /
+    paper, the tolerance and the verdict; None when there is none."""
+    rows = [v for v in verdicts if v.get("kind") == "reproduces"]
+    if not rows:
+        return None
+
+    def shown(v: dict[str, Any], key: str) -> str:
+        x, u = (v.get("reproduced") or {}).get(key), unit(v)
+        return "—" if x is None else f"{_num(x * u.scale, 4)}{u.level}"
+
+    return pd.DataFrame(
+        {
+            "claim": [v["id"] for v in rows],
+            "metric": [v["metric"] + (f" ({v['scope']})" if v["scope"] else "") for v in rows],
+            "paper": [shown(v, "paper") for v in rows],
+            "ours": [shown(v, "ours") for v in rows],
+            "ours / paper": [_num((v.get("reproduced") or {}).get("ratio")) for v in rows],
+            "tolerance": [
+                f"×{_num(t)}" if (t := (v.get("reproduced") or {}).get("tolerance")) else "—"
+                for v in rows
+            ],
+            "verdict": [v["verdict"] for v in rows],
+        }
+    )
+
+
 def section(result: dict[str, Any]) -> list[str]:
     """One sweep's part of docs/results.md."""
     name = result["name"]
@@ -719,18 +1298,20 @@ def section(result: dict[str, Any]) -> list[str]:
     lines = [f"## {name}", "", to_markdown(facts).rstrip("\n"), ""]
     lines += [*tuning_summary(result.get("tuning")), ""]
     lines += [f"Verdicts: {claims_mod.tally(verdicts, name)}.", ""]
-    published = claims_mod.published_table(paper, name)
-    if published is not None:  # a paper's numbers against ours, row by row
+    published = published_against_ours(paper)
+    if published is not None:  # a paper's numbers against ours, row by row, in one unit
         lines += ["Published against ours:", "", to_markdown(published).rstrip("\n"), ""]
     if paper:
-        lines += [to_markdown(claims_mod.table(paper, name)).rstrip("\n"), ""]
+        lines += [to_markdown(verdict_table(paper, name)).rstrip("\n"), ""]
     if checks:
         lines += [
             "Self-checks (of the harness, not of the paper's claims; tallied apart):",
             "",
-            to_markdown(claims_mod.table(checks, name)).rstrip("\n"),
+            to_markdown(verdict_table(checks, name)).rstrip("\n"),
             "",
         ]
+    if verdicts:
+        lines += [*statistics(verdicts, name), ""]
     return lines
 
 
@@ -944,8 +1525,9 @@ def main(argv: list[str] | None = None) -> int:
         "--check",
         action="store_true",
         help="write nothing; warn where a result's environment differs from this machine's; "
-        "exit 1 naming the first difference between the committed docs and what the results "
-        "render to",
+        "recompute every verdict from its results/<sweep>/runs.csv; exit 1 naming each claim "
+        "whose recomputed verdict, effect or p differs, and the first difference between the "
+        "committed docs and what the results render to",
     )
     commands = parser.add_subparsers(dest="command")
     commands.add_parser("check", parents=[root_opt], help="the same as --check")
@@ -971,12 +1553,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.check or args.command == "check":
             for line in check_environment(root):  # warnings: the numbers may still agree
                 print(f"stalebench-results: warning: {line}", file=sys.stderr)
+            differ, untabled = check_runs(root)
+            for name in untabled:  # saved before runs.csv: not an error
+                print(f"stalebench-results: warning: {RESULTS}/{name}/claims.json: no per-run "
+                      f"table beside it ({RUNS}): its verdicts are not recomputed",
+                      file=sys.stderr)  # fmt: skip
+            for line in differ:
+                print(f"stalebench-results: {line}", file=sys.stderr)
             problem = check(root)
             if problem:
                 print(f"stalebench-results: {problem}", file=sys.stderr)
                 print("run `stalebench-results` to render them again", file=sys.stderr)
-                return 1
-            return 0
+            return 1 if problem or differ else 0
         for path in render(root):
             print(path)
     except (OSError, ValueError, LookupError) as err:
