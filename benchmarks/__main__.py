@@ -110,7 +110,8 @@ def first_update_s() -> float:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        while not (events.exists() and '"update"' in events.read_text()):
+        # an update event's kind, not the start event's `parts` (which name an "update" rule)
+        while not (events.exists() and '"kind": "update"' in events.read_text()):
             if proc.poll() is not None or time.perf_counter() - start > 120:
                 raise RuntimeError("the run ended before its first update")
             time.sleep(0.005)
