@@ -51,6 +51,7 @@ The rule, stated once (RULE below says it in one line):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -58,7 +59,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special, stats
 
 from stalebench.metrics.summary import EVAL_KEYS, final_tail
 from stalebench.sweep import (
@@ -180,8 +181,31 @@ def _same(have: Any, want: Any) -> bool:
         return str(have) == str(want)
 
 
+def _matcher(want: Any):
+    """`have -> _same(have, want)`, with `want` looked at once rather than per row: a str
+    that is no number (an algorithm's name) equals a str `have` exactly when the two are
+    the same string, and a float or int one equals a float `have` exactly when their
+    floats are equal, which is what _same finds for them after its float() attempts."""
+    if type(want) is str:
+        try:
+            float(want)
+        except ValueError:
+            return lambda have: have == want if type(have) is str else _same(have, want)
+    elif type(want) in (int, float):
+        try:
+            number = float(want)
+        except OverflowError:  # an int past a float: _same's own path raises or compares
+            return lambda have: _same(have, want)
+        return lambda have: float(have) == number if type(have) is float else _same(have, want)
+    return lambda have: _same(have, want)
+
+
 def select(rows: list[dict], selector: dict[str, Any]) -> list[dict]:
-    return [r for r in rows if all(_same(r.get(k), v) for k, v in selector.items())]
+    """The rows whose value of every key of the selector is the same as its (`_same`)."""
+    picked = list(rows)
+    for key, same in [(k, _matcher(v)) for k, v in selector.items()]:
+        picked = [r for r in picked if same(r.get(key))]
+    return picked
 
 
 @dataclasses.dataclass
@@ -515,7 +539,7 @@ class Test:
             return self.ci
         if not (math.isfinite(self.se) and self.df > 0):
             return (-math.inf, math.inf)
-        half = float(stats.t.ppf(1.0 - alpha / 2.0, self.df)) * self.se
+        half = _t_ppf(1.0 - alpha / 2.0, self.df) * self.se
         return (self.mean - half, self.mean + half)
 
     def fails_at(self, alpha: float = ALPHA) -> bool:
@@ -536,7 +560,7 @@ class Test:
             return self.against
         if not (math.isfinite(self.se) and self.df > 0):
             return None
-        t = float(stats.t.ppf(1.0 - alpha, self.df) + stats.t.ppf(POWER, self.df))
+        t = _t_ppf(1.0 - alpha, self.df) + _t_ppf(POWER, self.df)
         return self.against + t * self.se
 
     def shown(self, names: str, unit: str = "") -> str:
@@ -549,6 +573,37 @@ class Test:
             f"[95% CI {lo:.3g}, {hi:.3g}] vs margin {self.against:.3g}{unit}, "
             f"p = {self.p:.2g} ({self.test}, {n})"
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_ppf(q: float, df: float) -> float:
+    """scipy.stats.t.ppf(q, df) as a float, remembered: a report asks for the same few
+    quantiles (0.975, 1 − α / 2, 1 − α, POWER at n − 1 degrees of freedom) over and over,
+    and each call costs ~0.1 ms of scipy's argument checking (the Monte-Carlo checks of the
+    rule make hundreds of thousands)."""
+    return float(stats.t.ppf(q, df))
+
+
+def _ttest_greater(d: np.ndarray, against: float) -> float:
+    """scipy.stats.ttest_1samp(d, against, alternative="greater").pvalue for a 1-D float
+    array, computed as scipy (1.17) computes it: the same numpy reductions in the same order
+    (the mean; the variance as the mean of the squared deviations, times n / (n − 1)), then
+    scipy.special.stdtr, the function scipy's own t distribution calls for it; NaN, as
+    scipy's, for fewer than two values or a NaN or infinite one. The same number to the bit
+    (tests/unit/test_seq_fast_paths.py compares the two on many inputs, edge cases
+    included). numpy here, not the scipy call, because ttest_1samp spends ~1 ms a call in
+    its array-API and nan-policy wrappers (this, ~30 µs): most of the time of the rule's
+    Monte-Carlo checks, which make one call per claim and look. (scipy's warning of values
+    equal up to 1e-15 cannot arise here: `_one_sided` decides those before any test.)"""
+    n = len(d)
+    if n < 2:
+        return math.nan
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mean = d.mean()
+        var = ((d - mean) ** 2).mean()
+        var *= np.float64(n) / np.float64(n - 1)
+        t = (mean - np.float64(against)) / np.sqrt(var / n)
+        return float(special.stdtr(np.float64(n - 1), -t))
 
 
 def one_sided(
@@ -578,8 +633,8 @@ def _one_sided(
             return against, (against, against), 1.0, 0.0, df
         return m, (m, m), 0.0 if m > against else 1.0, 0.0, df
     se = sd / math.sqrt(len(d))
-    half = float(stats.t.ppf(0.975, df)) * se
-    p = float(stats.ttest_1samp(d, against, alternative="greater").pvalue)
+    half = _t_ppf(0.975, df) * se
+    p = _ttest_greater(d, against)
     return m, (m - half, m + half), p, se, df
 
 
@@ -604,7 +659,7 @@ def welch(
         return value, (value, value), 0.0 if value > 0 else 1.0, 0.0, df
     df = var * var / sum(p * p / (len(x) - 1) for p, x in zip(parts, samples, strict=True))
     se = math.sqrt(var)
-    half = float(stats.t.ppf(0.975, df)) * se
+    half = _t_ppf(0.975, df) * se
     return value, (value - half, value + half), float(stats.t.sf(value / se, df)), se, df
 
 
@@ -1050,17 +1105,21 @@ def _sequential(sweep: dict, mine: list[dict], curves: pd.DataFrame) -> list[tup
     (a verdict decided there may depend on them: the family's size and their p set Holm's
     step)."""
     looks = schedule(sweep["sequential"], mine)
-    last = min(len(looks), max((look(r) for r in mine), default=1))
+    at = [(look(r), r) for r in mine]  # each run's look, read once
+    last = min(len(looks), max((n for n, _ in at), default=1))
+    arms: dict[int, list[int]] = {}  # a claim's runs' looks (`involved`), selected once
     judged: dict[str, dict] = {}
     for k in range(1, last + 1):
         alpha = looks[k - 1][1]
-        rows = [r for r in mine if look(r) <= k]
+        rows = [r for n, r in at if n <= k]
         fresh = []
-        for claim in sweep["claims"]:
+        for i, claim in enumerate(sweep["claims"]):
             before = judged.get(claim.id)
             if before and before["verdict"] != "inconclusive":
                 continue
-            if k > 1 and not any(look(r) == k for r in involved(claim, mine)):
+            if k > 1 and i not in arms:
+                arms[i] = [look(r) for r in involved(claim, mine)]
+            if k > 1 and k not in arms[i]:
                 continue
             judged[claim.id] = judge(claim, rows, curves)
             fresh.append(claim.id)
