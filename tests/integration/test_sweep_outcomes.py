@@ -2,7 +2,10 @@
 sweep goes on, one that fails and one that diverges end with their statuses, the report
 lists all 20, and the exit code says a job measured nothing. Rerun with `resume=true` into
 the same sweep directory, it trains nothing that completed. Arms are a config group in a
-directory of the test's own, the way a paper's sweep composes its arms."""
+directory of the test's own, the way a paper's sweep composes its arms.
+
+Each `stalebench` command is a process forked by a driver that imported the CLI once
+(tests/integration/test_tuning.py's `Command`)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_cli import FAST, stalebench
+from tests.integration.test_cli import FAST
+from tests.integration.test_tuning import Command
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +40,7 @@ def arms(root: Path) -> Path:
 ARMS = ",".join([*(f"ok{s:02d}" for s in range(17)), *SPECIAL])
 
 
-def sweep(tmp_path: Path, conf: Path, *extra: str):
+def sweep(command: Command, tmp_path: Path, conf: Path, *extra: str):
     args = [
         "-m",
         f"hydra.searchpath=[file://{conf}]",
@@ -47,7 +51,14 @@ def sweep(tmp_path: Path, conf: Path, *extra: str):
         *FAST[:-1],
         *extra,
     ]
-    return stalebench(args, tmp_path, timeout=600)
+    return command(args, tmp_path, timeout=290)
+
+
+@pytest.fixture
+def command(tmp_path_factory):
+    command = Command(tmp_path_factory.mktemp("driver"))
+    yield command
+    command.close()
 
 
 def jobs(sweep_dir: Path) -> dict[str, Path]:
@@ -76,9 +87,9 @@ def stamps(sweep_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.timeout(600)
-def test_a_sweep_with_bad_failing_and_diverging_jobs_completes_the_rest(tmp_path):
+def test_a_sweep_with_bad_failing_and_diverging_jobs_completes_the_rest(command, tmp_path):
     conf = arms(tmp_path)
-    done = sweep(tmp_path, conf)
+    done = sweep(command, tmp_path, conf)
     sweep_dir = tmp_path / "sweep"
     assert done.returncode == 1, done.stderr[-3000:]  # not every job measured something
     assert "algorithm.update.lr must be > 0, got -1.0" in done.stderr
@@ -101,7 +112,7 @@ def test_a_sweep_with_bad_failing_and_diverging_jobs_completes_the_rest(tmp_path
         assert f"{jobs(sweep_dir)[name]}` — ssp, seed 0: **{status}**" in report, report
 
     before = stamps(sweep_dir)
-    again = sweep(tmp_path, conf, "resume=true")
+    again = sweep(command, tmp_path, conf, "resume=true")
     assert again.returncode == 1, again.stderr[-3000:]
     assert statuses(sweep_dir) == expected
     after = stamps(sweep_dir)

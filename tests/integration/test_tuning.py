@@ -1,17 +1,28 @@
-"""The tuning protocol end to end, through the installed `stalebench -m` command from outside
-the checkout: a tiny tuned sweep (tuning_conf/test_sweep/tiny_tune.yaml, found through
+"""The tuning protocol end to end, through the `stalebench -m` command from outside the
+checkout: a tiny tuned sweep (tuning_conf/test_sweep/tiny_tune.yaml, found through
 hydra.searchpath: two arms, a 2-point learning-rate grid at one ratio with one point far too
 small, 2 tuning seeds, 2 final seeds, in the simulator) tunes every arm on the validation
 split only, extends each grid above its top edge (where the best is) until the point beyond
 diverges, selects the better rate per arm, runs the final seeds with it, and a rerun
 launches only what is not finished, extensions included. Bad tune blocks are refused by
-key before any job starts; a run with eval.split=val never evaluates the test split."""
+key before any job starts; a run with eval.split=val never evaluates the test split.
+
+Each command is a process of its own, forked by one driver process that imported the CLI,
+torch, Hydra, the experiment and the report once (as tests/unit/test_cli_errors.py's DRIVER
+does): the command's `main`, its arguments, working directory, stdout and stderr, and its
+exit code, as the installed `stalebench` script runs them (tests/integration/test_sweeps.py
+runs that script itself, from outside the checkout)."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +32,6 @@ import yaml
 from stalebench.metrics.events import read_events
 from tests.conftest import compose
 from tests.integration.test_run_dir_is_data import Payload
-from tests.integration.test_sweeps import stalebench_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SEARCHPATH = f"hydra.searchpath=[file://{Path(__file__).parent / 'tuning_conf'}]"
@@ -29,17 +39,92 @@ TINY = ["-m", "+test_sweep=tiny_tune", SEARCHPATH, "hydra.sweep.dir=sweep"]
 LR = "algorithm.update.lr"
 # the good rate of each arm (asp: the sweep's grid, bsp: its own grid, good point first)
 GOOD = {"asp": 0.2, "bsp": 0.4}
+JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+
+# One command per line read: a child forked per command runs the console script's
+# `sys.exit(main())` in the command's directory, its stdout and stderr into files, and ends
+# as the command would (atexit and all: a launcher's workers are shut down); the driver
+# answers each line with the child's exit code.
+DRIVER = """
+import json, os, sys
+from stalebench.cli import main
+# what a command imports: once, not once per command (a sweep's jobs and its report)
+import hydra, torch, stalebench.experiment, stalebench.runtime.sim, stalebench.callbacks
+import stalebench.report.cli, stalebench.report.figures, stalebench.tuning
+import hydra_plugins.hydra_joblib_launcher.joblib_launcher
+
+for line in sys.stdin:
+    case = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the command, as a process of its own
+        os.chdir(case["cwd"])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = ["stalebench", *case["args"]]
+        sys.exit(main())
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+"""
 
 
-def run(args: list[str], cwd: Path, timeout: int = 280) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [stalebench_command(), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": ""},
-    )
+class Command:
+    """`stalebench ARGS` run in a directory, as a process forked by the driver (started at
+    the first command, and again after a command that did not end in its time)."""
+
+    def __init__(self, where: Path):
+        self.where = where
+        self.driver: subprocess.Popen | None = None
+        self.count = 0
+
+    def __call__(self, args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+        if self.driver is None:
+            self.log = open(self.where / "driver.log", "w+")  # noqa: SIM115  (its own errors)
+            self.driver = subprocess.Popen(
+                [sys.executable, "-c", DRIVER],
+                cwd=self.where,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.log,
+                text=True,
+                env={**os.environ, "PYTHONPATH": ""},
+                start_new_session=True,  # its commands in its process group: stopped with it
+            )
+        self.count += 1
+        out = {k: str(self.where / f"{self.count}.{k}") for k in ("stdout", "stderr")}
+        try:
+            self.driver.stdin.write(json.dumps({"args": args, "cwd": str(cwd), **out}) + "\n")
+            self.driver.stdin.flush()
+            ready, _, _ = select.select([self.driver.stdout], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(["stalebench", *args], timeout)
+            line = self.driver.stdout.readline()
+            self.log.seek(0)
+            assert line, f"the driver ended: {self.log.read()[-3000:]}"
+        except BaseException:  # a command cut short (pytest's timeout too): no driver left
+            self.close()
+            raise
+        stdout, stderr = (Path(out[k]).read_text() for k in ("stdout", "stderr"))
+        return subprocess.CompletedProcess(["stalebench", *args], json.loads(line), stdout, stderr)
+
+    def close(self) -> None:
+        """Ends the driver at once (with the command it runs, if one is running)."""
+        if self.driver is not None:
+            if self.driver.poll() is None:
+                os.killpg(self.driver.pid, signal.SIGKILL)
+            self.driver.wait()
+            self.driver = None
+            self.log.close()
+
+
+@pytest.fixture(scope="module")
+def command():
+    with tempfile.TemporaryDirectory() as where:
+        command = Command(Path(where))
+        try:
+            yield command
+        finally:
+            command.close()
 
 
 def config(run_dir: Path) -> dict:
@@ -58,12 +143,39 @@ def mtimes(root: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in root.rglob("summary.json")}
 
 
+@pytest.fixture(scope="module")
+def joblib_sweep(command, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """TINY, its jobs run by joblib's launcher in worker processes, 2 at a time: the command
+    and its sweep directory, which the two tests below read (and never change)."""
+    where = tmp_path_factory.mktemp("tuned")
+    done = command([*TINY, *JOBLIB], where, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, where / "sweep"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_tuning_stage_goes_through_hydras_launcher(joblib_sweep):
+    """joblib runs the tuning and the final stage in worker processes: the layout, the
+    selection and the final runs that test_a_tuned_sweep_selects_on_validation_data_and_resumes
+    checks in full on this very sweep; Hydra's basic launcher runs the reruns there and the
+    whole of test_the_second_stage_runs_seeds_only_for_the_claims_still_open."""
+    done, sweep = joblib_sweep
+    said = done.stderr + done.stdout
+    assert "Joblib.Parallel(n_jobs=2" in said and "jobs locally" not in said  # joblib's own line
+    assert len(list((sweep / "tune").rglob("summary.json"))) == 12  # 8 + 2 × 2 beyond
+    cells = json.loads((sweep / "tuning.json").read_text())["cells"]
+    assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
+    assert sorted(p.parent.name for p in sweep.glob("*/summary.json")) == ["0", "1", "2", "3"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
-    done = run(TINY, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sweep = tmp_path / "sweep"
+def test_a_tuned_sweep_selects_on_validation_data_and_resumes(command, joblib_sweep, tmp_path):
+    """The sweep is `joblib_sweep`'s (its jobs run by joblib's launcher); the reruns, into a
+    copy of its directory, are its command with Hydra's basic launcher: what a rerun
+    launches is decided from the directory alone, whichever launcher ran it before."""
+    sweep = joblib_sweep[1]
 
     # the tuning stage: 2 cells × 2 points × 2 seeds, then one point beyond each cell's top
     # edge (point 2: ×20000, the grid's own ratio), on the validation split only
@@ -132,10 +244,12 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     # a rerun launches only what is not finished: here one tuning run, whose summary.json
     # is gone; the selection and the extension are made again from disk (the points
     # beyond the edges are finished: not launched again), the final runs are kept
+    sweep = tmp_path / "sweep"
+    shutil.copytree(joblib_sweep[1], sweep, symlinks=True)
     before = mtimes(sweep)
     lost = sweep / "tune" / "1" / "1" / "1001" / "summary.json"
     lost.unlink()
-    again = run(TINY, tmp_path)
+    again = command(TINY, tmp_path, timeout=280)
     assert again.returncode == 0, again.stderr[-3000:]
     after = mtimes(sweep)
     assert {p for p in after if after[p] != before.get(p)} == {lost}
@@ -148,7 +262,7 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
 
     # a sweep directory handed over to "finish it" is data, never code: a final job whose
     # summary is gone and whose checkpoint names code (as a crafted file could) is refused
-    # by name when the same command runs again (its sweeper adds resume=true), and the
+    # by name when the sweep's command runs again (its sweeper adds resume=true), and the
     # code never runs
     job = sweep / "3"
     sha = json.loads((job / "summary.json").read_text())["config_sha"]
@@ -158,25 +272,12 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(tmp_path):
     marker = tmp_path / "MARKER"
     torch.save({"config_sha": sha, "state": Payload(marker)}, job / "checkpoint" / "state.pt")
     events = (job / "events.jsonl").read_bytes()
-    planted = run(TINY, tmp_path)
+    planted = command(TINY, tmp_path, timeout=280)
     assert planted.returncode != 0 and not marker.exists()
     assert f"resume=true: {job / 'checkpoint' / 'state.pt'}: not loaded: it names" in (
         planted.stderr
     )
     assert (job / "events.jsonl").read_bytes() == events
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_tuning_stage_goes_through_hydras_launcher(tmp_path):
-    """joblib runs the tuning and the final stage in worker processes: same layout."""
-    done = run([*TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sweep = tmp_path / "sweep"
-    assert len(list((sweep / "tune").rglob("summary.json"))) == 12  # 8 + 2 × 2 beyond
-    cells = json.loads((sweep / "tuning.json").read_text())["cells"]
-    assert [c["selected"] for c in cells] == [{LR: GOOD["asp"]}, {LR: GOOD["bsp"]}]
-    assert sorted(p.parent.name for p in sweep.glob("*/summary.json")) == ["0", "1", "2", "3"]
 
 
 @pytest.mark.timeout(120)
@@ -192,8 +293,8 @@ def test_the_tuning_stage_goes_through_hydras_launcher(tmp_path):
         ("sweep.tune.max_extensions=-1", "sweep.tune.max_extensions"),
     ],
 )
-def test_a_bad_tune_block_is_refused_by_key_before_any_job(tmp_path, override, key):
-    done = run([*TINY, override], tmp_path, timeout=110)
+def test_a_bad_tune_block_is_refused_by_key_before_any_job(command, tmp_path, override, key):
+    done = command([*TINY, override], tmp_path, timeout=110)
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("stalebench: error:")]
     assert key in line
@@ -202,10 +303,10 @@ def test_a_bad_tune_block_is_refused_by_key_before_any_job(tmp_path, override, k
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_tuned_key_the_command_line_sets_is_not_tuned(tmp_path):
+def test_a_tuned_key_the_command_line_sets_is_not_tuned(command, tmp_path):
     """The command line wins: with the only tuned key pinned, nothing is left to tune and
     the sweep runs as Hydra's basic sweeper runs it."""
-    done = run([*TINY, f"{LR}=0.3"], tmp_path)
+    done = command([*TINY, f"{LR}=0.3"], tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "algorithm.update.lr is set by the sweep's overrides" in done.stderr + done.stdout
     sweep = tmp_path / "sweep"
@@ -248,12 +349,14 @@ def test_the_stalebench_sweeper_is_the_default_and_hydra_finds_it():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_second_stage_runs_seeds_only_for_the_claims_still_open(tmp_path):
+def test_the_second_stage_runs_seeds_only_for_the_claims_still_open(command, tmp_path):
     """tiny_looks: at the sweep's 2 seeds the paper claim is short of its 3 (inconclusive),
     the self-check holds; look 2 runs seed 2 for the claim's two arms (with their tuned
-    rates), and looks go on, one seed each, while it is open, up to 4 seeds."""
+    rates), and looks go on, one seed each, while it is open, up to 4 seeds. Its tuning
+    stage is at its least that selects (one tuning seed, no extension: tiny_looks.yaml);
+    Hydra's basic launcher runs it all."""
     args = ["-m", "+test_sweep=tiny_looks", SEARCHPATH, "hydra.sweep.dir=sweep"]
-    done = run(args, tmp_path)
+    done = command(args, tmp_path, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     sweep = tmp_path / "sweep"
     verdicts = {c["id"]: c for c in json.loads((sweep / "claims.json").read_text())["claims"]}
@@ -278,7 +381,7 @@ def test_the_second_stage_runs_seeds_only_for_the_claims_still_open(tmp_path):
     # a rerun judges again from disk: the claim is decided or at its last look, so no look
     # is launched, and nothing is run again
     before = mtimes(sweep)
-    again = run(args, tmp_path)
+    again = command(args, tmp_path, timeout=280)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "final stage: 4 of 4 jobs finished before" in again.stderr + again.stdout
     assert "Look " not in again.stderr + again.stdout
