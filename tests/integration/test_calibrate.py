@@ -3,6 +3,8 @@ profile that a run then composes (`cluster=calibrated`)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from stalebench import calibrate
@@ -13,6 +15,8 @@ from tests.conftest import compose
 def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
     monkeypatch.setenv("STALEBENCH_CONF", str(tmp_path / "conf"))
     monkeypatch.setattr(calibrate, "PROBE_S", 0.5)  # the wiring, not the precision
+    # and so one real run per probe, not the median of PROBE_REPEATS (`measure` calls it)
+    monkeypatch.setattr(calibrate, "probe", functools.partial(calibrate.probe, repeats=1))
     small = ["dataset=synthetic", "model=mlp", "model.hidden=[16]"]
     written = calibrate.run(compose(small), "here")
     assert written == tmp_path / "conf" / "cluster" / "here.yaml" and written.is_file()

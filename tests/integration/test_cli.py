@@ -1,5 +1,5 @@
 """The `stalebench` command end to end, in subprocesses: the default job, a Hydra
-multirun, torchrun, a worker killed mid-run, and an out-of-tree plugin."""
+multirun, torchrun (its ranks with an out-of-tree plugin), a worker killed mid-run."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_multirun_gives_each_job_its_directory_and_every_algorithm_learns(tmp_pa
     assert len(list((tmp_path / "sweep" / "figures").glob("*.png"))) == 4
 
 
-def torchrun(tmp_path: Path, nproc: int, args: list[str]) -> None:
+def torchrun(tmp_path: Path, nproc: int, args: list[str], env=None) -> None:
     """`torchrun --standalone --nproc-per-node nproc -m stalebench.cli args` in tmp_path."""
     done = subprocess.run(
         [
@@ -119,15 +119,45 @@ def torchrun(tmp_path: Path, nproc: int, args: list[str]) -> None:
         timeout=110,
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.fixture(scope="module")
+def plugin_under_torchrun(tmp_path_factory) -> Path:
+    """One run for two tests: torchrun's 3 ranks (a server and 2 workers), each a
+    `stalebench` process of its own, with examples/plugin's update rule, which each finds
+    through its entry point. Made importable as an installed distribution: a dist-info
+    directory with its entry point, on PYTHONPATH (what `pip install` would write)."""
+    tmp_path = tmp_path_factory.mktemp("torchrun")
+    site = tmp_path / "site"
+    info = site / "stalebench_signsgd-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: stalebench-signsgd\nVersion: 0.1.0\n"
+    )
+    (info / "entry_points.txt").write_text("[stalebench.plugins]\nsignsgd = stalebench_signsgd\n")
+    pythonpath = os.pathsep.join([str(site), str(ROOT / "examples" / "plugin")])
+    args = [
+        "algorithm=asp",
+        "algorithm/update=signsgd",
+        "algorithm.update.lr=0.01",
+        "cluster.num_workers=2",
+        "budget.max_updates=40",
+        *FAST,
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    torchrun(run, 3, args, env={"PYTHONPATH": pythonpath})
+    return run
+
+
 @pytest.mark.timeout(120)
-def test_torchrun_ranks_share_one_run_directory(tmp_path):
-    torchrun(tmp_path, 3, ["cluster.num_workers=2", "budget.max_updates=30", *FAST])
+def test_torchrun_ranks_share_one_run_directory(plugin_under_torchrun):
+    tmp_path = plugin_under_torchrun
     (summary,) = summaries(tmp_path)
-    assert summary["status"] == "completed" and summary["updates"] == 30
+    assert summary["status"] == "completed" and summary["updates"] == 40
     run_dirs = [
         p
         for p in tmp_path.rglob("*")
@@ -215,34 +245,14 @@ def test_a_killed_server_fails_the_run_and_leaves_no_process(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_out_of_tree_plugin_is_found_through_entry_points(tmp_path):
-    # Make examples/plugin importable as an installed distribution: a dist-info directory
-    # with its entry point, on PYTHONPATH (what `pip install` would write).
-    site = tmp_path / "site"
-    info = site / "stalebench_signsgd-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: stalebench-signsgd\nVersion: 0.1.0\n"
-    )
-    (info / "entry_points.txt").write_text("[stalebench.plugins]\nsignsgd = stalebench_signsgd\n")
-    pythonpath = os.pathsep.join([str(site), str(ROOT / "examples" / "plugin")])
-    args = [
-        "algorithm=asp",
-        "algorithm/update=signsgd",
-        "algorithm.update.lr=0.01",
-        "cluster.num_workers=2",
-        "budget.max_updates=40",
-        "hydra.run.dir=run",
-        *FAST,
-    ]
-    done = stalebench(args, tmp_path, timeout=110, env={"PYTHONPATH": pythonpath})
-    assert done.returncode == 0, done.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+def test_out_of_tree_plugin_is_found_through_entry_points(plugin_under_torchrun):
+    (summary,) = summaries(plugin_under_torchrun)
     assert summary["status"] == "completed"
     assert (summary["update_rule"], summary["algorithm"]) == ("signsgd", "asp+signsgd")
+    run_dir = next(plugin_under_torchrun.rglob("summary.json")).parent
     tests = [
         e
-        for e in read_events(tmp_path / "run" / "events.jsonl")
+        for e in read_events(run_dir / "events.jsonl")
         if e["kind"] == "eval" and e["split"] == "train"
     ]
     assert tests[-1]["loss"] < tests[0]["loss"]

@@ -1,6 +1,10 @@
 """examples/own_data (docs/models-and-data.md): a researcher's own dataset (CSV files) and
 model (a residual MLP), installed as a package with an entry point, train in both runtimes
-and in a sweep with its report; a bad path is refused by name before anything starts."""
+and in a sweep with its report; a bad path is refused by name before anything starts.
+
+The `stalebench` commands run once, in one driver process that forks a child per command
+(tests/integration/test_cli_driver.py: torch and Hydra imported once, not per command);
+each test asserts on the commands it is about (`ran`)."""
 
 from __future__ import annotations
 
@@ -13,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
+from tests.integration.test_cli_driver import case, drive
 
-pytestmark = pytest.mark.slow
+# the first test runs every command (`ran`): at most 180 s each, as a command's own timeout
+# was, two at a time
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_data"
-CLI = [sys.executable, "-m", "stalebench.cli"]
 RUN = ["dataset=csv", "model=resmlp", "algorithm.update.lr=0.05", "logger=none"]
 
 
@@ -42,6 +48,62 @@ def installed(tmp_path_factory) -> tuple[dict[str, str], Path]:
     return env, tmp
 
 
+BAD = [
+    ("dataset.dir=nowhere", "stalebench: error: dataset.dir=nowhere: no train.csv in it"),
+    ("dataset.label=y", "stalebench: error: dataset.label='y': not a column of data/"),
+    ("model.widht=8", "stalebench: error: model.widht: no such config key; did you mean "),
+    ("model.blocks=0", "stalebench: error: model.blocks must be >= 1, got 0"),
+]
+RUNTIMES = ["sim", "real"]
+
+
+def training(runtime: str, run_dir: Path) -> list[str]:
+    """The arguments of test_it_trains_in_both_runtimes's run in `runtime`."""
+    budget = ["budget.max_updates=300", "budget.max_wall_s=0", "eval.every_s=0"]
+    setup = ["cluster=homogeneous", "cluster.num_workers=2", "cluster.compute_ms=5"]
+    if runtime == "sim":
+        setup = ["runtime=sim", "cluster.num_workers=4"]
+    args = [*RUN, "dataset.dir=data", *setup, *budget, "eval.every_updates=100"]
+    return [*args, "algorithm=ssp", f"hydra.run.dir={run_dir}"]
+
+
+def sweeping(sweep: Path) -> list[str]:
+    """The arguments of test_a_sweep_on_it_writes_its_report's sweep."""
+    args = ["-m", *RUN, "dataset.dir=data", "runtime=sim", "cluster.num_workers=4"]
+    args += ["algorithm=asp,ssp", "seed=0", "budget.max_updates=150"]
+    args += ["budget.max_wall_s=0", "eval.every_s=0", "eval.every_updates=50"]
+    return [*args, f"hydra.sweep.dir={sweep}"]
+
+
+@pytest.fixture(scope="module")
+def ran(installed) -> dict[str, dict]:
+    """Every `stalebench` command of this file, run once in the example's folder (with the
+    generator's data/): case id -> the case, its exit code, stdout and stderr."""
+    env, tmp = installed
+    cases = [  # the longest first: two at a time, the short ones fill in
+        *[case(f"train-{r}", tmp, training(r, tmp / f"run-{r}"), limit=180) for r in RUNTIMES],
+        case("sweep", tmp, sweeping(tmp / "sweep"), limit=180),
+        case("list-dataset", tmp, ["list", "dataset"], limit=180),
+        case("list-model", tmp, ["list", "model"], limit=180),
+        *[
+            case(f"bad-{override}", tmp, [*RUN, "dataset.dir=data", override,
+                                          f"hydra.run.dir={refused(tmp, override)}"], limit=180)
+            for override, _ in BAD
+        ],
+    ]  # fmt: skip
+    return drive(cases, env, at_once=2)
+
+
+def refused(tmp: Path, override: str) -> Path:
+    """The run directory a bad input's command is given (one each: they may run at once)."""
+    return tmp / f"refused-{[o for o, _ in BAD].index(override)}"
+
+
+def succeeded(done: dict) -> dict:
+    assert done["code"] == 0, f"{done['args']}\n{done['stdout'][-3000:]}\n{done['stderr'][-3000:]}"
+    return done
+
+
 def test_the_generator_writes_a_table_in_the_format_the_dataset_reads(installed):
     _, tmp = installed
     for split, rows in (("train", 3000), ("test", 600)):
@@ -50,40 +112,26 @@ def test_the_generator_writes_a_table_in_the_format_the_dataset_reads(installed)
         assert {line.rsplit(",", 1)[1] for line in lines[1:]} == {"0", "1", "2"}
 
 
-def test_the_plugin_is_listed_beside_the_built_ins(installed):
-    env, tmp = installed
-    datasets = run([*CLI, "list", "dataset"], env, tmp).stdout
+def test_the_plugin_is_listed_beside_the_built_ins(ran):
+    datasets = succeeded(ran["list-dataset"])["stdout"]
     assert "  csv " in datasets and "  mnist1d " in datasets
-    assert "  resmlp " in run([*CLI, "list", "model"], env, tmp).stdout
+    assert "  resmlp " in succeeded(ran["list-model"])["stdout"]
 
 
-@pytest.mark.parametrize(
-    "override, said",
-    [
-        ("dataset.dir=nowhere", "stalebench: error: dataset.dir=nowhere: no train.csv in it"),
-        ("dataset.label=y", "stalebench: error: dataset.label='y': not a column of data/"),
-        ("model.widht=8", "stalebench: error: model.widht: no such config key; did you mean "),
-        ("model.blocks=0", "stalebench: error: model.blocks must be >= 1, got 0"),
-    ],
-)
-def test_bad_input_is_refused_by_name_before_anything_starts(installed, override, said):
-    env, tmp = installed
-    args = [*RUN, "dataset.dir=data", override, f"hydra.run.dir={tmp / 'refused'}"]
-    done = run([*CLI, *args], env, tmp, code=2)
-    assert done.stderr.startswith(said), done.stderr
-    assert not (tmp / "refused" / "events.jsonl").exists()
+@pytest.mark.parametrize("override, said", BAD)
+def test_bad_input_is_refused_by_name_before_anything_starts(installed, ran, override, said):
+    _, tmp = installed
+    done = ran[f"bad-{override}"]
+    assert done["code"] == 2, f"{done['stdout'][-3000:]}\n{done['stderr'][-3000:]}"
+    assert done["stderr"].startswith(said), done["stderr"]
+    assert not (refused(tmp, override) / "events.jsonl").exists()
 
 
-@pytest.mark.parametrize("runtime", ["sim", "real"])
-def test_it_trains_in_both_runtimes(installed, runtime):
-    env, tmp = installed
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_it_trains_in_both_runtimes(installed, ran, runtime):
+    _, tmp = installed
     run_dir = tmp / f"run-{runtime}"
-    budget = ["budget.max_updates=300", "budget.max_wall_s=0", "eval.every_s=0"]
-    setup = ["cluster=homogeneous", "cluster.num_workers=2", "cluster.compute_ms=5"]
-    if runtime == "sim":
-        setup = ["runtime=sim", "cluster.num_workers=4"]
-    args = [*RUN, "dataset.dir=data", *setup, *budget, "eval.every_updates=100"]
-    run([*CLI, *args, "algorithm=ssp", f"hydra.run.dir={run_dir}"], env, tmp)
+    succeeded(ran[f"train-{runtime}"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["runtime"]) == ("completed", runtime)
     assert (summary["dataset"], summary["model"], summary["updates"]) == ("csv", "resmlp", 300)
@@ -92,13 +140,10 @@ def test_it_trains_in_both_runtimes(installed, runtime):
     assert summary["final"]["accuracy"] > summary["chance_accuracy"] + 0.1
 
 
-def test_a_sweep_on_it_writes_its_report(installed):
-    env, tmp = installed
+def test_a_sweep_on_it_writes_its_report(installed, ran):
+    _, tmp = installed
     sweep = tmp / "sweep"
-    args = ["-m", *RUN, "dataset.dir=data", "runtime=sim", "cluster.num_workers=4"]
-    args += ["algorithm=asp,ssp", "seed=0", "budget.max_updates=150"]
-    args += ["budget.max_wall_s=0", "eval.every_s=0", "eval.every_updates=50"]
-    run([*CLI, *args, f"hydra.sweep.dir={sweep}"], env, tmp)
+    succeeded(ran["sweep"])
     report = (sweep / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith(("| asp |", "| ssp |"))]
     assert len(rows) == 2, report[:2000]

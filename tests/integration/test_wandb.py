@@ -1,22 +1,29 @@
 """The W&B sink end to end, offline: what the run logged, read back from its .wandb file,
 matches events.jsonl; multirun jobs are separate runs in one group; a broken W&B never
-fails the run."""
+fails the run.
+
+Every command runs once, in one driver process that forks a child per command
+(tests/integration/test_cli_driver.py: torch and Hydra imported once; W&B imported by each
+command itself, so each starts its own W&B service, as a command does); each test asserts
+on the command it is about (`ran`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from stalebench.metrics.events import read_events
 from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP, free_port
+from tests.integration.test_cli_driver import case, drive
 from tests.wandb_log import read_run
+
+# the first test runs every command (`ran`): at most 150 s each, as a command's own
+# timeout was, two at a time
+pytestmark = pytest.mark.timeout(900)
 
 FAST = [
     "runtime=sim",
@@ -31,43 +38,101 @@ FAST = [
 ]
 
 
-def wandb_env(cwd, extra=None):
-    """The environment of a run with W&B's directories under `cwd`; without WANDB_MODE, and
-    without WANDB_SERVICE, which wandb sets in a process that used it (an earlier in-process
-    test): a child inheriting it attaches to that process's service instead of its own, and
-    its offline files may not be on disk when the child exits."""
-    env = {
-        **os.environ,
-        "WANDB_DIR": str(cwd),
-        "WANDB_CACHE_DIR": str(cwd / "cache"),
-        "WANDB_CONFIG_DIR": str(cwd / "config"),
-    }
-    for key in ("WANDB_MODE", "WANDB_SERVICE", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        env.pop(key, None)
-    return {**env, **(extra or {})}
+# the environment of every command: without WANDB_MODE, and without WANDB_SERVICE, which
+# wandb sets in a process that used it (an earlier in-process test): a child inheriting it
+# attaches to that process's service instead of its own, and its offline files may not be
+# on disk when the child exits
+ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("WANDB_MODE", "WANDB_SERVICE", "WANDB_API_KEY", "WANDB_BASE_URL")
+}
 
 
-def stalebench(args, cwd, env=None):
-    env = wandb_env(cwd, env)
-    return subprocess.run(
-        [sys.executable, "-m", "stalebench.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
+def stalebench(case_id, tmp, args, env=None, **kw):
+    """A command for the driver (tests/integration/test_cli_driver.py): `stalebench args` in
+    a folder of its own under `tmp`, with W&B's directories in it."""
+    cwd = tmp / case_id
+    where = {"WANDB_DIR": str(cwd), "WANDB_CACHE_DIR": str(cwd / "cache"),
+             "WANDB_CONFIG_DIR": str(cwd / "config")}  # fmt: skip
+    return case(case_id, cwd, args, env={**where, **(env or {})}, **kw)
 
 
 def offline_runs(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("wandb/offline-run-*/*.wandb"))
 
 
-@pytest.mark.timeout(160)
-def test_offline_run_history_matches_the_events(tmp_path):
-    done = stalebench(["logger=wandb", "algorithm=ssp", "hydra.run.dir=run", *FAST], tmp_path)
-    assert done.returncode == 0, done.stderr
-    run_dir = tmp_path / "run"
+BREAK_WANDB = """
+import wandb.sdk.wandb_run as wandb_run
+calls = [0]
+log = wandb_run.Run.log
+def failing_log(self, *args, **kwargs):
+    calls[0] += 1
+    if {fail_log} and calls[0] > 2:
+        raise RuntimeError("W&B lost its connection")
+    return log(self, *args, **kwargs)
+def failing_finish(self, *args, **kwargs):
+    raise RuntimeError("W&B could not finish")
+wandb_run.Run.log = failing_log
+if {fail_finish}:
+    wandb_run.Run.finish = failing_finish
+"""
+
+FAILING = [(True, False, "W&B lost its connection"), (False, True, "W&B could not finish")]
+MODES = [
+    ("auto", "disabled", False, None),  # WANDB_MODE is honoured
+    ("offline", "disabled", True, "W&B logs offline (logger.wandb_mode=offline), not as "
+     "WANDB_MODE=disabled says"),  # a mode set in the config wins, and says so
+]  # fmt: skip
+SWEEP = ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST]
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Every command of this file, run once: case id -> the case, its exit code, stdout,
+    stderr and seconds (tests/integration/test_cli_driver.py)."""
+    tmp = tmp_path_factory.mktemp("wandb")
+    fake = tmp / "fake"
+    (fake / "wandb").mkdir(parents=True)
+    (fake / "wandb" / "__init__.py").write_text("raise RuntimeError('W&B is broken here')\n")
+    port = free_port()  # nothing listens there once it is closed
+    cases = [
+        stalebench("history", tmp, ["logger=wandb", "algorithm=ssp", "hydra.run.dir=run", *FAST]),
+        # a multirun's jobs, online with the host unreachable: it logs offline, each job a
+        # run of one group (test_multirun_jobs_are_separate_runs_in_one_group and
+        # test_an_unreachable_host_is_checked_once_per_sweep_and_it_logs_offline)
+        stalebench("sweep", tmp, SWEEP, env={"WANDB_MODE": "online",
+                                             "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}),
+        stalebench("broken", tmp, ["logger=wandb", "hydra.run.dir=run", *FAST],
+                   env={"PYTHONPATH": str(fake)}, path=(str(fake),)),
+        # the verdicts' logging is the subject: the least stages a sweep can have
+        stalebench("paper", tmp, [*TINY_DSSP_SWEEP, *LEAST_STAGES, "logger=wandb"]),
+        *[stalebench(f"failing-{fail_log}-{fail_finish}", tmp,
+                     ["logger=wandb", "hydra.run.dir=run", *FAST],
+                     before=BREAK_WANDB.format(fail_log=fail_log, fail_finish=fail_finish))
+          for fail_log, fail_finish, _ in FAILING],
+        *[stalebench(f"mode-{configured}-{env_mode}", tmp,
+                     ["logger=wandb", f"logger.wandb_mode={configured}", "hydra.run.dir=run",
+                      *FAST], env={"WANDB_MODE": env_mode})
+          for configured, env_mode, _, _ in MODES],
+    ]  # fmt: skip
+    # the host answers (a socket that listens), but there is no API key: W&B refuses to
+    # start online
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        host = f"http://127.0.0.1:{server.getsockname()[1]}"
+        env = {"WANDB_MODE": "online", "WANDB_BASE_URL": host}
+        cases.append(stalebench("online-refused", tmp, ["logger=wandb", "hydra.run.dir=run",
+                                                         *FAST], env=env))  # fmt: skip
+        out = drive(cases, ENV, at_once=2)
+    for c in out.values():
+        c["port"] = port
+    return out
+
+
+def test_offline_run_history_matches_the_events(ran):
+    done = ran["history"]
+    assert done["code"] == 0, done["stderr"]
+    run_dir = Path(done["cwd"]) / "run"
     (log,) = offline_runs(run_dir)
     logged = read_run(log)
     assert logged["run"].job_type == "ssp"
@@ -91,45 +156,37 @@ def test_offline_run_history_matches_the_events(tmp_path):
     assert logged["summary"]["status"] == "completed"
     assert logged["summary"]["updates"] == summary["updates"]
     # where the offline run is, and the command that uploads it
-    assert f"upload it with: wandb sync {log.parent}\n" in done.stdout, done.stdout
+    assert f"upload it with: wandb sync {log.parent}\n" in done["stdout"], done["stdout"]
 
 
-@pytest.mark.timeout(200)
-def test_multirun_jobs_are_separate_runs_in_one_group(tmp_path):
-    done = stalebench(
-        ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST], tmp_path
-    )
-    assert done.returncode == 0, done.stderr
+def test_multirun_jobs_are_separate_runs_in_one_group(ran):
+    done = ran["sweep"]
+    tmp_path = Path(done["cwd"])
+    assert done["code"] == 0, done["stderr"]
     runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
     assert len(runs) == 2
     assert {r["run"].job_type for r in runs} == {"bsp", "asp"}
     assert len({r["run"].run_group for r in runs}) == 1 and runs[0]["run"].run_group
     assert len({r["run"].run_id for r in runs}) == 2
-    sync = [line for line in done.stdout.splitlines() if "wandb sync" in line]
+    sync = [line for line in done["stdout"].splitlines() if "wandb sync" in line]
     assert sync == [  # once, at the sweep's end
         f"W&B: 2 offline runs under {tmp_path / 'sweep'}; upload them with: "
         f"wandb sync {tmp_path / 'sweep'}/*/wandb/offline-run-*"
     ]
 
 
-@pytest.mark.timeout(120)
-def test_a_broken_wandb_never_fails_the_run(tmp_path):
-    fake = tmp_path / "fake"
-    (fake / "wandb").mkdir(parents=True)
-    (fake / "wandb" / "__init__.py").write_text("raise RuntimeError('W&B is broken here')\n")
-    done = stalebench(
-        ["logger=wandb", "hydra.run.dir=run", *FAST], tmp_path, env={"PYTHONPATH": str(fake)}
-    )
-    assert done.returncode == 0, done.stderr
-    assert "W&B not started: W&B is broken here" in done.stderr
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+def test_a_broken_wandb_never_fails_the_run(ran):
+    done = ran["broken"]
+    assert done["code"] == 0, done["stderr"]
+    assert "W&B not started: W&B is broken here" in done["stderr"]
+    summary = json.loads((Path(done["cwd"]) / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
 
 
-@pytest.mark.timeout(200)
-def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
-    # the verdicts' logging is the subject: the least stages a sweep can have
-    done = stalebench([*TINY_DSSP_SWEEP, *LEAST_STAGES, "logger=wandb"], tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(ran):
+    done = ran["paper"]
+    tmp_path = Path(done["cwd"])
+    assert done["code"] == 0, done["stderr"]
     runs = [read_run(p) for p in sorted(tmp_path.glob("sweep/*/wandb/offline-run-*/*.wandb"))]
     assert len(runs) == 4 and {r["run"].run_group for r in runs} == {"dssp"}
     (claims,) = [read_run(p) for p in tmp_path.glob("sweep/wandb/offline-run-*/*.wandb")]
@@ -142,41 +199,14 @@ def test_a_paper_sweep_logs_its_verdicts_to_wandb_in_the_papers_group(tmp_path):
     }
 
 
-BREAK_WANDB = """
-import wandb.sdk.wandb_run as wandb_run
-calls = [0]
-log = wandb_run.Run.log
-def failing_log(self, *args, **kwargs):
-    calls[0] += 1
-    if {fail_log} and calls[0] > 2:
-        raise RuntimeError("W&B lost its connection")
-    return log(self, *args, **kwargs)
-def failing_finish(self, *args, **kwargs):
-    raise RuntimeError("W&B could not finish")
-wandb_run.Run.log = failing_log
-if {fail_finish}:
-    wandb_run.Run.finish = failing_finish
-from stalebench.cli import main
-main()
-"""
-
-
-@pytest.mark.timeout(160)
-@pytest.mark.parametrize(
-    "fail_log, fail_finish, warning",
-    [(True, False, "W&B lost its connection"), (False, True, "W&B could not finish")],
-)
-def test_wandb_failing_after_init_never_fails_the_run(tmp_path, fail_log, fail_finish, warning):
+@pytest.mark.parametrize("fail_log, fail_finish, warning", FAILING)
+def test_wandb_failing_after_init_never_fails_the_run(ran, fail_log, fail_finish, warning):
     """W&B started, then its `log` (mid-run) or its `finish` (at the end) raises: the run
     completes, the sink is switched off with one warning, and the run directory is whole."""
-    env = wandb_env(tmp_path)
-    code = BREAK_WANDB.format(fail_log=fail_log, fail_finish=fail_finish)
-    done = subprocess.run(
-        [sys.executable, "-c", code, "logger=wandb", "hydra.run.dir=run", *FAST],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"stalebench: warning: Wandb switched off: {warning}" in done.stderr
+    done = ran[f"failing-{fail_log}-{fail_finish}"]
+    tmp_path = Path(done["cwd"])
+    assert done["code"] == 0, done["stderr"][-3000:]
+    assert f"stalebench: warning: Wandb switched off: {warning}" in done["stderr"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["updates"]) == ("completed", 120)
     events = read_events(tmp_path / "run" / "events.jsonl")
@@ -184,58 +214,38 @@ def test_wandb_failing_after_init_never_fails_the_run(tmp_path, fail_log, fail_f
     assert any(e["kind"] == "system" and e["event"] == "end" for e in events)
 
 
-@pytest.mark.timeout(160)
-@pytest.mark.parametrize(
-    "configured, env_mode, logged, said",
-    [
-        ("auto", "disabled", False, None),  # WANDB_MODE is honoured
-        ("offline", "disabled", True, "W&B logs offline (logger.wandb_mode=offline), not as "
-         "WANDB_MODE=disabled says"),  # a mode set in the config wins, and says so
-    ],
-)  # fmt: skip
-def test_wandb_mode_is_honoured_unless_the_config_sets_one(
-    tmp_path, configured, env_mode, logged, said
-):
-    args = ["logger=wandb", f"logger.wandb_mode={configured}", "hydra.run.dir=run", *FAST]
-    done = stalebench(args, tmp_path, env={"WANDB_MODE": env_mode})
-    assert done.returncode == 0, done.stderr
-    assert bool(offline_runs(tmp_path / "run")) == logged
-    assert (f"stalebench: {said}\n" in done.stderr) if said else "WANDB_MODE" not in done.stderr
+@pytest.mark.parametrize("configured, env_mode, logged, said", MODES)
+def test_wandb_mode_is_honoured_unless_the_config_sets_one(ran, configured, env_mode, logged, said):
+    done = ran[f"mode-{configured}-{env_mode}"]
+    assert done["code"] == 0, done["stderr"]
+    assert bool(offline_runs(Path(done["cwd"]) / "run")) == logged
+    stderr = done["stderr"]
+    assert (f"stalebench: {said}\n" in stderr) if said else "WANDB_MODE" not in stderr
 
 
-@pytest.mark.timeout(200)
-def test_an_unreachable_host_is_checked_once_per_sweep_and_it_logs_offline(tmp_path):
-    port = free_port()  # nothing listens there once it is closed
-    env = {"WANDB_MODE": "online", "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
-    args = ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST]
-    start = time.monotonic()
-    done = stalebench(args, tmp_path, env=env)
-    took = time.monotonic() - start
-    assert done.returncode == 0, done.stderr
-    off = [line for line in done.stderr.splitlines() if "W&B online logging is off" in line]
+def test_an_unreachable_host_is_checked_once_per_sweep_and_it_logs_offline(ran):
+    done = ran["sweep"]
+    port = done["port"]
+    assert done["code"] == 0, done["stderr"]
+    off = [line for line in done["stderr"].splitlines() if "W&B online logging is off" in line]
     assert off == [
         f"stalebench: warning: W&B online logging is off: 127.0.0.1:{port} cannot be reached "
         "(Connection refused); it logs offline, for the whole sweep"
     ]
-    assert len(list((tmp_path / "sweep").glob("*/wandb/offline-run-*/*.wandb"))) == 2
-    assert "upload them with: wandb sync" in done.stdout
-    assert took < 120, took  # never W&B's 60 s init timeout per run
+    assert len(list((Path(done["cwd"]) / "sweep").glob("*/wandb/offline-run-*/*.wandb"))) == 2
+    assert "upload them with: wandb sync" in done["stdout"]
+    assert done["took"] < 120, done["took"]  # never W&B's 60 s init timeout per run
 
 
-@pytest.mark.timeout(160)
-def test_a_failed_online_start_falls_back_to_offline_with_one_line(tmp_path):
-    # the host answers (a socket that listens), but there is no API key: W&B refuses to
-    # start online; the run logs offline and says why
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        host = f"http://127.0.0.1:{server.getsockname()[1]}"
-        env = {"WANDB_MODE": "online", "WANDB_BASE_URL": host}
-        done = stalebench(["logger=wandb", "hydra.run.dir=run", *FAST], tmp_path, env=env)
-    assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stderr.splitlines() if "did not start online" in line]
+def test_a_failed_online_start_falls_back_to_offline_with_one_line(ran):
+    done = ran["online-refused"]
+    stderr = done["stderr"]
+    assert done["code"] == 0, stderr
+    lines = [line for line in stderr.splitlines() if "did not start online" in line]
     assert len(lines) == 1 and lines[0].startswith(
         "stalebench: warning: W&B did not start online (UsageError: "
-    ), done.stderr
+    ), stderr
     assert lines[0].endswith("); it logs offline")
-    (log,) = offline_runs(tmp_path / "run")
+    (log,) = offline_runs(Path(done["cwd"]) / "run")
     assert read_run(log)["summary"]["status"] == "completed"
-    assert f"upload it with: wandb sync {log.parent}" in done.stdout
+    assert f"upload it with: wandb sync {log.parent}" in done["stdout"]
