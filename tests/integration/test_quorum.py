@@ -26,8 +26,17 @@ from stalebench.metrics.events import read_events
 from tests.conftest import compose, fast_with, run_job
 from tests.integration.test_cli import FAST, _alive, _pids
 from tests.integration.test_signals import wait_for_updates
+from tests.speed_helpers import fork_server_for_every_engine
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """The real runs here go from allreduce to local to gossip: their ranks forked from one
+    server (not one started again, torch imported again, at each change of engine)."""
+    fork_server_for_every_engine()
+
 
 BSP4 = ["engine=allreduce", "algorithm=bsp", "cluster.num_workers=4", "budget.max_updates=60"]
 DIE = "cluster.faults=[{worker:2,at_s:0.3,action:die}]"

@@ -5,7 +5,12 @@ simulator bit for bit (events.jsonl but for its `resume` line, and model.pt), fo
 engine=local (DiLoCo, streaming DiLoCo with engine.delay=0), engine=allreduce after a
 replica was lost (over the replicas left), and gossip and DiLoCo healed by a spare; in real
 processes, DiLoCo on 4 replicas stopped by SIGTERM ends with the same θ, bit for bit (its
-rounds are synchronous and gloo's ring sums in a fixed order), each round once."""
+rounds are synchronous and gloo's ring sums in a fixed order), each round once.
+
+The run that is interrupted goes through the CLI (the signal reaches its top process); the
+uninterrupted run and the resumed one run in this process (`experiment.run`, what the CLI
+calls: the same events byte for byte), the uninterrupted one while the interrupted one
+starts, a thread watching for its checkpoint to signal it."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -28,62 +34,112 @@ from tests.conftest import compose
 
 DIE = "cluster.faults=[{worker:2,at_s:0.5,action:die}]"
 COMMON = ["cluster.num_workers=4", "dataset=synthetic", "model=mlp", "logger=none"]
+# Each run lasts 8.4-9 simulated seconds (the simulator's real time goes with them): a few
+# checkpoints in the uninterrupted run, the first at 1-2 s, and 6 s or more of the run after
+# it for the signal to land in (the first run of a heterogeneous 4-worker round: 0.6 s for
+# DiLoCo's 10 inner steps, 60 ms for a BSP or gossip step). Where a replica is lost (at
+# 0.6 s, the end of the round it died in) the first checkpoint comes after that round.
 SIM = {
-    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=80",
-               "checkpoint_every_s=2"],
+    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=14",
+               "checkpoint_every_s=1"],
     # the inner optimizer's scheduler goes on from its step (it was unpicklable: its
     # function is not data; now kept as its state_dict)
     "diloco-lr-decay": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
-                        "budget.max_updates=80", "checkpoint_every_s=2",
+                        "budget.max_updates=14", "checkpoint_every_s=1",
                         "algorithm.inner.lr_decay=cosine", "algorithm.inner.lr_decay_steps=400"],
     "streaming-diloco": ["algorithm=streaming_diloco", "engine.delay=0",
-                         "algorithm.outer.inner_steps=10", "budget.max_updates=120",
-                         "checkpoint_every_s=2"],
+                         "algorithm.outer.inner_steps=10", "budget.max_updates=28",
+                         "checkpoint_every_s=1"],
     # checkpoints after a replica was lost (it comes back as a spare), and after a spare
     # took a lost worker's place (its part is that worker's)
-    "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=600",
+    "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=150",
                        "checkpoint_every_s=1", "cluster.min_replicas=3", DIE],
+    # (1.5 s: a checkpoint due in the round that finds the loss, 1.2 s, is not this case's)
     "diloco-healed": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
-                      "budget.max_updates=80", "checkpoint_every_s=2",
+                      "budget.max_updates=14", "checkpoint_every_s=1.5",
                       "cluster.min_replicas=3", "cluster.spares=1", DIE],
-    "gossip-healed": ["algorithm=dpsgd", "budget.max_updates=500", "checkpoint_every_s=2",
+    "gossip-healed": ["algorithm=dpsgd", "budget.max_updates=150", "checkpoint_every_s=1",
                       "cluster.min_replicas=3", "cluster.spares=1", DIE],
 }  # fmt: skip
 
 
-def cli(run_dir: Path, args: list[str], **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "stalebench.cli", *COMMON, *args, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **kwargs,
-    )
+def cli(run_dir: Path, args: list[str]) -> subprocess.Popen:
+    """The CLI on `args` into run_dir; its output to files beside it (nothing reads a pipe
+    while this process runs a job of its own)."""
+    out = run_dir.parent / f"{run_dir.name}.out"
+    with open(out, "w") as stdout, open(out.with_suffix(".err"), "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stalebench.cli", *COMMON, *args, f"hydra.run.dir={run_dir}"],
+            cwd=run_dir.parent,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
 
 
-def finished(proc: subprocess.Popen) -> None:
-    _, err = proc.communicate(timeout=200)
-    assert proc.returncode == 0, err[-3000:]
+def stderr_of(run_dir: Path) -> str:
+    return (run_dir.parent / f"{run_dir.name}.err").read_text()[-3000:]
 
 
-def interrupted(run_dir: Path, args: list[str], sig: signal.Signals) -> dict:
-    """Run until its first checkpoint set is committed, then signal it; its summary."""
-    proc = cli(run_dir, args)
-    try:
+def in_process(run_dir: Path, args: list[str]) -> dict:
+    """The job the CLI runs on `args`, run here (`experiment.run`): its summary."""
+    cfg = compose([*COMMON, *args])
+    cfg.run_dir = str(run_dir)
+    return experiment.run(cfg)
+
+
+def committed(run_dir: Path) -> bool:
+    return (run_dir / "checkpoint" / "state.pt").exists()
+
+
+class Interrupter(threading.Thread):
+    """Signals `proc` once its first checkpoint set is committed in run_dir (this process
+    runs a job of its own meanwhile); `error` says why it did not."""
+
+    def __init__(self, proc: subprocess.Popen, run_dir: Path, sig: signal.Signals):
+        super().__init__(daemon=True)
+        self.proc, self.run_dir, self.sig = proc, run_dir, sig
+        self.error: str | None = None
+
+    def run(self) -> None:
         deadline = time.monotonic() + 120
-        while not (run_dir / "checkpoint" / "state.pt").exists():
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no checkpoint in 120 s"
-            time.sleep(0.02)
-        proc.send_signal(sig)
-        proc.communicate(timeout=60)
+        try:
+            while not committed(self.run_dir):
+                if self.proc.poll() is not None:
+                    self.error = "it ended before its first checkpoint"
+                    return
+                if time.monotonic() > deadline:
+                    self.error = "no checkpoint in 120 s"
+                    return
+                time.sleep(0.02)
+            self.proc.send_signal(self.sig)
+        except Exception as exc:  # reported by the test's thread
+            self.error = repr(exc)
+
+
+def interrupted_beside(tmp_path: Path, args: list[str], sig: signal.Signals) -> tuple[dict, dict]:
+    """The run in tmp_path/run through the CLI, signalled once its first checkpoint set is
+    committed, while the same job runs here uninterrupted into
+    tmp_path/whole: (the interrupted run's summary, the uninterrupted run's)."""
+    run_dir = tmp_path / "run"
+    proc = cli(run_dir, args)
+    watcher = Interrupter(proc, run_dir, sig)
+    watcher.start()
+    try:
+        whole = in_process(tmp_path / "whole", args)
+        watcher.join(timeout=150)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + sig, "the run ended before the signal: make it longer"
-    return json.loads((run_dir / "summary.json").read_text())
+            proc.wait()
+    assert watcher.error is None, (watcher.error, stderr_of(run_dir))
+    assert proc.returncode == 128 + sig, (
+        "the run ended before the signal: make it longer",
+        stderr_of(run_dir),
+    )
+    return json.loads((run_dir / "summary.json").read_text()), whole
 
 
 def resumed_events(run_dir: Path) -> list[str]:
@@ -106,14 +162,18 @@ def same_model(a: Path, b: Path) -> bool:
 @pytest.mark.parametrize("case", list(SIM))
 def test_sim_an_interrupted_run_resumed_is_the_uninterrupted_one(tmp_path, case):
     args = ["runtime=sim", *SIM[case]]
-    whole = cli(tmp_path / "whole", args)
-    stopped = interrupted(tmp_path / "run", args, signal.SIGINT)
+    stopped, whole = interrupted_beside(tmp_path, args, signal.SIGINT)
     assert stopped["status"] == "interrupted"
-    again = cli(tmp_path / "run", [*args, "resume=true"])
-    finished(whole)
-    finished(again)
+    assert whole["status"] == "completed", whole["error"]
+    summary = in_process(tmp_path / "run", [*args, "resume=true"])
+    assert summary["status"] == "completed", summary["error"]
     expected = (tmp_path / "whole" / "events.jsonl").read_text().splitlines()
     assert sum('"event": "checkpoint"' in line for line in expected) >= 2
+    if DIE in args:  # every checkpoint after the loss (and the spare's arrival)
+        events = [json.loads(line) for line in expected]
+        saved = [i for i, e in enumerate(events) if e.get("event") == "checkpoint"]
+        worker = [i for i, e in enumerate(events) if e["kind"] == "worker"]
+        assert worker and max(worker) < saved[0]
     assert resumed_events(tmp_path / "run") == expected
     assert same_model(tmp_path / "whole", tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -128,12 +188,11 @@ REAL_DILOCO = ["runtime=real", "algorithm=diloco", "algorithm.outer.inner_steps=
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
-    whole = cli(tmp_path / "whole", REAL_DILOCO)
-    finished(whole)
+    stopped, whole = interrupted_beside(tmp_path, REAL_DILOCO, signal.SIGTERM)
+    assert whole["status"] == "completed" and whole["updates"] == 24, whole["error"]
     run_dir = tmp_path / "run"
-    stopped = interrupted(run_dir, REAL_DILOCO, signal.SIGTERM)
     assert stopped["status"] == "interrupted" and stopped["updates"] < 24
-    finished(cli(run_dir, [*REAL_DILOCO, "resume=true"]))
+    in_process(run_dir, [*REAL_DILOCO, "resume=true"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates"] == 24
     events = read_events(run_dir / "events.jsonl")
@@ -160,7 +219,8 @@ def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
 def test_real_allreduce_healed_then_stopped_resumes_with_the_spare_in_place(tmp_path):
     # worker 2 dies, spare rank 4 takes its place, a checkpoint, SIGTERM: the resumed run
     # goes on over ranks 0, 1, 3, 4 (rank 2, started again, stands by) to the budget
-    args = ["runtime=real", "engine=allreduce", "algorithm=bsp", "budget.max_updates=300",
+    budget = 200  # 6 s of rounds (worker 3 steps 30 ms): stopped at about 1 s
+    args = ["runtime=real", "engine=allreduce", "algorithm=bsp", f"budget.max_updates={budget}",
             "cluster.compute_ms=10", "checkpoint_every_s=0.5", "timeout_s=20",
             "cluster.min_replicas=3", "cluster.spares=1",
             "cluster.faults=[{worker:2,at_s:0.3,action:die}]"]  # fmt: skip
@@ -169,26 +229,27 @@ def test_real_allreduce_healed_then_stopped_resumes_with_the_spare_in_place(tmp_
     try:  # stopped once a checkpoint after the spare's arrival is committed
         deadline = time.monotonic() + 120
         while not _checkpoint_after_replaced(run_dir):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert proc.poll() is None, stderr_of(run_dir)
             assert time.monotonic() < deadline, "no checkpoint after the spare joined"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM
-    finished(cli(run_dir, [*args, "resume=true"]))
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr_of(run_dir)
+    in_process(run_dir, [*args, "resume=true"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["updates"] == 300
+    assert summary["status"] == "completed" and summary["updates"] == budget, summary["error"]
     assert summary["workers_lost"] == [2] and summary["workers_replaced"] == [2]
     events = read_events(run_dir / "events.jsonl")
     (resume,) = [e for e in events if e.get("event") == "resume"]
     for w in range(4):  # each round once per worker (worker 2 missed the one it was lost in)
         rounds = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == w]
-        assert rounds == sorted(set(rounds)) and len(rounds) >= 299
+        assert rounds == sorted(set(rounds)) and len(rounds) >= budget - 1
         assert [v for v in rounds if v > resume["version"]] == list(
-            range(resume["version"] + 1, 301)
+            range(resume["version"] + 1, budget + 1)
         )
     assert "rank 2 of 5" in (run_dir / "logs" / "rank-2.log").read_text()
 
