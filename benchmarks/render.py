@@ -98,6 +98,7 @@ def render(root: Path = ROOT) -> str:
     sections = [
         ("baselines.json", "stalebench against PyTorch's own baselines", baselines),
         ("baselines_allreduce_overlap.json", "Overlapping communication against DDP", baselines),
+        ("baselines_start_to_first.json", "Start-up, measured again alone", baselines),
     ]
     for file, title, fn in sections:
         path = results / file

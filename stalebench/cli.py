@@ -68,6 +68,18 @@ def to_run_config(dcfg: DictConfig, overrides: list[str] = ()) -> RunConfig:
     return cfg
 
 
+def _start_forkserver(cfg) -> None:
+    """A real run's fork server, started before this process imports torch (`experiment`
+    does): the server's own import of torch and the run's modules then runs beside this
+    one's instead of after it. `experiment.prepare` finds it running."""
+    from stalebench import plugins
+    from stalebench.config import ENGINES
+    from stalebench.runtime import forkserver
+
+    plugins.load()
+    forkserver.start(plugins.rank_imports(cfg, ENGINES.build(cfg.engine, cfg)))
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
@@ -86,6 +98,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if cfg.logger.name != "none" and rank == 0:  # a live line from the start
             progress = Progress(cfg.label, cfg.budget.max_updates, cfg.budget.max_wall_s)
             progress.say("preparing data and model …")
+        if cfg.runtime == "real" and rank == 0 and not nodes.under_torchrun():
+            _start_forkserver(cfg)
         from stalebench import experiment
         from stalebench.runtime import forkserver
 

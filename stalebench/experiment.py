@@ -27,7 +27,6 @@ from stalebench.errors import ConfigError, RunDirTaken, last_line, with_tracebac
 from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
-from stalebench.registry import PARTS, REGISTRIES
 from stalebench.runtime import checkpoint, compute, forkserver, nodes
 from stalebench.runtime.signals import Interrupted, interrupt_if_deferred, interruptible
 
@@ -52,17 +51,13 @@ def prepare(cfg: RunConfig) -> Engine:
     """Everything that can be wrong with the input, checked before any process starts;
     returns the run's engine."""
     engine = engine_of(cfg)
-    imports = []  # what the run's parts import when first used (`imports`)
-    for slot in PARTS:  # a part set to a name no registry knows
-        part, registry = getattr(cfg.algorithm, slot), REGISTRIES.get(f"algorithm/{slot}")
-        if part is not None and registry is not None:
-            imports += getattr(registry.get(part.name)[0], "imports", ())
+    imports = plugins.rank_imports(cfg, engine)  # a part set to a name no registry knows
     MODELS.get(cfg.model.name)
     Profile(cfg.cluster, cfg.seed)  # a trace file is read (and refused) here, not per process
     if cfg.runtime == "real" and not nodes.under_torchrun():
         # its imports overlap the checks below (the data, the model); the engine's programs
         # too (registering it imports none of them), so no rank imports them after its fork
-        forkserver.start([type(engine).__module__, *engine.program_modules, *imports])
+        forkserver.start(imports)  # running already where the CLI started it
     dataset = DATASETS.build(cfg.dataset)
     dataset.prepare()
     splits = load_splits(cfg, dataset)  # eval.split=val: what workers shard is smaller

@@ -40,6 +40,21 @@ def load() -> None:
             _conf_dirs.append(conf)
 
 
+def rank_imports(cfg, engine) -> list[str]:
+    """What a real run's ranks import beyond the runtime's own, for its fork server to
+    import once (runtime/forkserver.py): the engine's module and its role programs', and what
+    the algorithm's parts import when first used (a registered part's `imports`); a part
+    named by no registry is refused here, by name."""
+    from stalebench.registry import PARTS, REGISTRIES
+
+    imports = [type(engine).__module__, *engine.program_modules]
+    for slot in PARTS:
+        part, registry = getattr(cfg.algorithm, slot), REGISTRIES.get(f"algorithm/{slot}")
+        if part is not None and registry is not None:
+            imports += getattr(registry.get(part.name)[0], "imports", ())
+    return imports
+
+
 def user_conf() -> Path:
     """The user's config folder (`$STALEBENCH_CONF`, or ~/.config/stalebench): profiles
     written there (`stalebench calibrate`) compose like the built-in ones."""
