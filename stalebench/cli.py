@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from stalebench.config import RunConfig, register_configs
-from stalebench.errors import ConfigError, RunDirTaken
+from stalebench.errors import BadCheckpoint, ConfigError, RunDirTaken
 from stalebench.keys import check_keys
 from stalebench.metrics import wandb_mode
 from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
@@ -98,6 +98,11 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if cfg.logger.name != "none" and rank == 0:  # a live line from the start
             progress = Progress(cfg.label, cfg.budget.max_updates, cfg.budget.max_wall_s)
             progress.say("preparing data and model …")
+        if cfg.resume and rank == 0 and cfg.resume_unreadable != "restart":
+            from stalebench.job import config_sha
+            from stalebench.runtime.archive import refuse_early
+
+            refuse_early(Path(cfg.run_dir), config_sha(cfg))  # torch and the data unread
         if cfg.runtime == "real" and rank == 0 and not nodes.under_torchrun():
             _start_forkserver(cfg)
         from stalebench import experiment
@@ -109,7 +114,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if progress is not None:
             progress.close(None)  # the error on a line of its own
         print(f"stalebench: error: {exc}", file=sys.stderr)
-        if multirun and rank == 0 and _bad_checkpoint(exc):
+        if multirun and rank == 0 and isinstance(exc, BadCheckpoint):
             # the sweep goes on, and its end names this job, whose directory is left as it is
             from stalebench.callbacks import record_refused
 
@@ -228,13 +233,6 @@ def _overrun_line(overrun: dict | None) -> str:
         f"\n  warning: {'; '.join(missed)}: this machine was not the cluster asked for "
         "(runtime=sim, fewer workers or a slower profile)"
     )
-
-
-def _bad_checkpoint(exc: ConfigError) -> bool:
-    """Whether `exc` refuses a job's checkpoint (resume=true): `experiment` raised it, so it
-    is imported by then, and this module does not import torch for it."""
-    experiment = sys.modules.get("stalebench.experiment")
-    return experiment is not None and isinstance(exc, experiment.BadCheckpoint)
 
 
 def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> None:

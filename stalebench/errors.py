@@ -9,6 +9,18 @@ class RunDirTaken(ConfigError):
     """run_dir holds a run and neither resume nor overwrite was asked for."""
 
 
+class BadCheckpoint(RunDirTaken):
+    """resume=true, and the run's checkpoint of this config holds a file that cannot be read
+    safely: the run is not started, and nothing of its directory is changed."""
+
+    def __init__(self, why: str):
+        super().__init__(
+            f"resume=true: {why}. Nothing of the run directory was changed: set "
+            "resume_unreadable=restart to start over (the run's files moved aside to "
+            "previous/), or remove the checkpoint"
+        )
+
+
 class RunError(RuntimeError):
     """A run that cannot go on (dead peer, timeout, deadlock); the message names the culprit."""
 

@@ -23,7 +23,13 @@ from stalebench.cluster import Profile, check_regions
 from stalebench.config import ENGINES, RunConfig
 from stalebench.data import DATASETS
 from stalebench.engines.base import Engine
-from stalebench.errors import ConfigError, RunDirTaken, last_line, with_traceback
+from stalebench.errors import (
+    BadCheckpoint,
+    ConfigError,
+    RunDirTaken,
+    last_line,
+    with_traceback,
+)
 from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
@@ -217,11 +223,6 @@ def _available_mb() -> int | None:
     return None
 
 
-class BadCheckpoint(RunDirTaken):
-    """resume=true, and the run's checkpoint of this config holds a file that cannot be read
-    safely: the run is not started, and nothing of its directory is changed."""
-
-
 PREVIOUS = "previous"  # where resume=true moves a run it does not go on from
 RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint")
 
@@ -288,11 +289,7 @@ def _checkpoint(run_dir: Path, cfg: RunConfig) -> dict[str, Any] | None:
         if cfg.resume_unreadable == "restart":
             log.warning("resume=true: %s; resume_unreadable=restart: starting over", exc)
             return None
-        raise BadCheckpoint(
-            f"resume=true: {exc}. Nothing of the run directory was changed: set "
-            "resume_unreadable=restart to start over (the run's files moved aside to "
-            f"{PREVIOUS}/), or remove the checkpoint"
-        ) from None
+        raise BadCheckpoint(str(exc)) from None
     return saved
 
 

@@ -28,12 +28,10 @@ and a write error (a full disk) names the file.
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 import re
 import shutil
-import zipfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,9 +42,8 @@ from stalebench.evaluation import Snapshot, Snapshots
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import write_json
 from stalebench.registry import STORED
+from stalebench.runtime.archive import CONFIG, DIR, Unreadable, check, config_of, container_fault
 
-DIR = "checkpoint"
-CONFIG = "config.json"  # {"config_sha": ...}: the config of the run whose checkpoint it is
 EVERY_S = 60.0  # checkpoint_every_s's default in runtime=real (the simulator: none)
 
 
@@ -57,10 +54,6 @@ def every_s(cfg: Any) -> float:
     if cfg.checkpoint_every_s is not None:
         return float(cfg.checkpoint_every_s)
     return 0.0 if cfg.runtime == "sim" else EVERY_S
-
-
-class Unreadable(RunError):
-    """A checkpoint file that holds what the safe loader refuses, or cannot be read."""
 
 
 def _safe_types() -> list[type]:
@@ -84,9 +77,6 @@ def read(source: Path | IO[bytes], name: str | None = None) -> Any:
         raise Unreadable(f"{name}: not loaded: {_why_unreadable(exc, source, start)}") from None
 
 
-ARCHIVE = b"PK\x03\x04"  # how every file torch.save writes begins (a zip archive)
-
-
 def _why_unreadable(exc: Exception, source: Path | IO[bytes], start: int) -> str:
     """What is wrong with a file the loader refused, in one line: the global it names, or
     what the file is. torch's own message is not relayed: it may advise loading the file
@@ -98,21 +88,9 @@ def _why_unreadable(exc: Exception, source: Path | IO[bytes], start: int) -> str
             f"it names {refused.group(1)}, which is not data a checkpoint may hold (tensors, "
             "plain data, and the classes marked with stalebench.registry.stored)"
         )
-    try:
-        if hasattr(source, "seek"):
-            source.seek(start)
-            head, whole = source.read(len(ARCHIVE)), zipfile.is_zipfile(source)
-        else:
-            with open(source, "rb") as f:
-                head, whole = f.read(len(ARCHIVE)), zipfile.is_zipfile(f)
-    except OSError as error:
-        return f"it cannot be read ({error.strerror or error})"
-    if not head:
-        return "the file is empty"
-    if head != ARCHIVE:
-        return "not a stalebench checkpoint (not a torch.save archive)"
-    if not whole:
-        return "the file is truncated or corrupt (not a whole torch.save archive)"
+    fault = container_fault(source, start)
+    if fault:
+        return fault
     # the weights-only unpickler's own reason, when it gives one, without torch's advice
     reason = re.search(r"WeightsUnpickler error: *\n*(.+)", text)
     return "not a stalebench checkpoint (a torch.save archive the weights-only loader " + (
@@ -169,24 +147,8 @@ def load(run_dir: Path, sha: str) -> dict[str, Any] | None:
     path = Path(run_dir) / DIR / "state.pt"
     if not path.exists() or config_of(run_dir) != sha:
         return None
-    saved = read(path)
-    if not isinstance(saved, dict) or "config_sha" not in saved:
-        what = type(saved).__name__
-        raise Unreadable(f"{path}: not a stalebench checkpoint (it holds a {what}, no config_sha)")
-    if saved["config_sha"] != sha:
-        raise Unreadable(
-            f"{path}: from another config: its config_sha is {saved['config_sha']}, its "
-            f"{CONFIG}'s {sha}"
-        )
-    return saved
-
-
-def config_of(run_dir: Path) -> str | None:
-    """The config sha `config.json` names (None: no checkpoint, or one that names none)."""
-    try:
-        return json.loads((Path(run_dir) / DIR / CONFIG).read_text()).get("config_sha")
-    except (OSError, ValueError, AttributeError):
-        return None
+    check(path, sha)  # what it says of itself, read without torch (`archive`)
+    return read(path)
 
 
 def verify(run_dir: Path, saved: dict[str, Any]) -> None:
