@@ -287,8 +287,29 @@ def check_finite(obj: Any, prefix: str = "") -> None:
 
 def register_configs() -> None:
     """The run's schema and the loggers, in Hydra's ConfigStore (after the plugins are
-    loaded, so that the schema has every algorithm part they declare)."""
+    loaded, so that the schema has every algorithm part they declare). Stored again only
+    when the parts declared changed since the last call, or the store no longer holds the
+    nodes it stored (building RunConfig's schema is most of a call's time, and every
+    composition calls it)."""
     cs = ConfigStore.instance()
+    parts = tuple(PARTS.items())  # all the schema depends on (`algorithm_schema`)
+    if _REGISTERED and _REGISTERED[0] == parts:
+        held = _registered(cs)
+        if all(a is b for a, b in zip(held, _REGISTERED[1], strict=True)):
+            return
     cs.store(name="stalebench", node=RunConfig)
     for name in LOGGERS:
         cs.store(group="logger", name=name, node=LoggerConfig(name=name))
+    _REGISTERED[:] = [parts, _registered(cs)]
+
+
+# register_configs' last call: the parts declared then, and the nodes it stored
+_REGISTERED: list[tuple] = []
+
+
+def _registered(cs: ConfigStore) -> tuple:
+    """The ConfigStore's nodes register_configs stores (None where absent)."""
+    loggers = cs.repo.get("logger")
+    return (cs.repo.get("stalebench.yaml"),) + tuple(
+        loggers.get(f"{name}.yaml") if isinstance(loggers, dict) else None for name in LOGGERS
+    )

@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,12 +142,18 @@ def dotted(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def claim_rows(runs: pd.DataFrame) -> tuple[list[dict], dict[str, dict]]:
+def claim_rows(
+    runs: pd.DataFrame, configs: Mapping[str, dict[str, Any]] | None = None
+) -> tuple[list[dict], dict[str, dict]]:
     """One dict per run (summary fields + dotted config keys, e.g. `algorithm.barrier.staleness`)
-    and the sweeps found in the runs' configs: name -> {paper, scale, claims}."""
+    and the sweeps found in the runs' configs: name -> {paper, scale, claims}. `configs`:
+    each run directory's config already read (load_config's), else each is read here."""
     rows, sweeps = [], {}
     for run in runs.to_dict("records"):
-        config = load_config(run["run_dir"])
+        if configs is None:
+            config = load_config(run["run_dir"])
+        else:
+            config = configs[run["run_dir"]]
         name = add_sweep(config, sweeps)
         keys = {k: v for k, v in dotted(config).items() if "." in k and k != "sweep.claims"}
         rows.append({**keys, **run, "sweep": name})
@@ -1194,22 +1200,32 @@ def _shown(claim: ClaimConfig, tests: list[Test]) -> str:
     )
 
 
-def evaluate(runs: pd.DataFrame, curves: pd.DataFrame) -> list[dict[str, Any]]:
+def evaluate(
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    configs: Mapping[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Every claim of every sweep found under the runs, one dict per claim, with its test,
     p value and Holm-adjusted p (over the sweep's paper and recalled claims; self-checks
-    are a family of their own). Raises ClaimError for a claim these runs cannot judge."""
+    are a family of their own). Raises ClaimError for a claim these runs cannot judge.
+    `configs`: the runs' configs already read (claim_rows), else read from their
+    directories."""
     if runs.empty:
         return []
     return [
         _result(name, sweep, claim, j)
-        for name, sweep, mine in _sweeps(runs, curves)
+        for name, sweep, mine in _sweeps(runs, curves, configs)
         for claim, j in _sequential(sweep, mine, curves)
     ]
 
 
-def _sweeps(runs: pd.DataFrame, curves: pd.DataFrame):
+def _sweeps(
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    configs: Mapping[str, dict[str, Any]] | None = None,
+):
     """(name, sweep, its rows) for every sweep found under the runs, blow-ups marked."""
-    rows, sweeps = claim_rows(runs)
+    rows, sweeps = claim_rows(runs, configs)
     mark_blow_ups(rows, curves)
     for name, sweep in sweeps.items():
         yield name, sweep, [r for r in rows if r["sweep"] == name]

@@ -629,26 +629,32 @@ def read_runs(path: Path) -> pd.DataFrame:
 
 def _evaluator_inputs(
     table: pd.DataFrame, sweep: dict[str, Any], where: Path
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The runs and curves from which claims.evaluate computes, for each run of the table
-    but the tuning stage's, the numbers the table holds: each run a directory under `where`
-    whose config is the sweep's block (the claims); a final accuracy, loss or perplexity as
-    summary.json's final_tail; a time to target as a curve that reaches the target at that
-    time (one evaluation at the target's value), or, censored, ends there without reaching
-    it (`metric` censors at a run's end, its last evaluation here)."""
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, dict[str, Any]]]:
+    """The runs, curves and configs from which claims.evaluate computes, for each run of the
+    table but the tuning stage's, the numbers the table holds: each run named as a directory
+    under `where`, its config the sweep's block (the claims), written once to `where`'s
+    .hydra/config.yaml and read back as a run's is (claims.load_config), one for all; a
+    final accuracy, loss or perplexity as summary.json's final_tail; a time to target as a
+    curve that reaches the target at that time (one evaluation at the target's value), or,
+    censored, ends there without reaching it (`metric` censors at a run's end, its last
+    evaluation here)."""
     columns = list(table.columns)
     targets = {
         claims_mod.target_label(c.target): c.target
         for c in (claims_mod.claim_from_dict(raw) for raw in sweep.get("claims") or [])
         if c.target is not None
     }
-    runs, points = [], []
+    runs, points, configs = [], [], {}
+    config = None  # every run's: the same file, written and read once (with the first run)
     for rec in table.to_dict("records"):
         if rec.get("stage") == TUNING_STAGE:
             continue
+        if config is None:
+            (where / ".hydra").mkdir(parents=True, exist_ok=True)
+            (where / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sweep": sweep}))
+            config = claims_mod.load_config(where)
         run_dir = where / str(rec["run"])
-        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sweep": sweep}))
+        configs[str(run_dir)] = config
         stage = str(rec.get("stage") or "final")
         look = 1 if stage == "final" else int(stage.removeprefix("look"))
         row = {"run_dir": str(run_dir), "final_tail_evals": 1, "sweep.look": look}
@@ -670,15 +676,15 @@ def _evaluator_inputs(
                     row[f"final_tail_{claims_mod.TAIL_METRICS[key]}"] = x
         runs.append(row)
     curves = pd.DataFrame(points, columns=CURVE_COLUMNS)
-    return pd.DataFrame(runs), curves
+    return pd.DataFrame(runs), curves, configs
 
 
 def recompute(table: pd.DataFrame, sweep: dict[str, Any]) -> list[dict[str, Any]]:
     """Every claim's verdict record as claims.evaluate makes it from the table's runs alone
     (the runs of looks 1.., not the tuning stage's), judged by the claims of `sweep`."""
     with tempfile.TemporaryDirectory() as tmp:
-        runs, curves = _evaluator_inputs(table, sweep, Path(tmp))
-        return claims_mod.evaluate(runs, curves)
+        runs, curves, configs = _evaluator_inputs(table, sweep, Path(tmp))
+        return claims_mod.evaluate(runs, curves, configs)
 
 
 # what `--check` compares between a committed verdict and the one recomputed from runs.csv
@@ -1426,7 +1432,11 @@ PROBE = "import json; from stalebench.job import environment; print(json.dumps(e
 
 
 def this_machine(timeout: float = 120.0) -> tuple[dict[str, Any] | None, str | None]:
-    """This machine's environment as a run would record it, or None and why not."""
+    """This machine's environment as a run would record it, or None and why not. Probed
+    once a process for its interpreter (an interpreter importing torch: seconds of CPU),
+    the probe's answer read again on every later call; a probe that failed is not kept."""
+    if sys.executable in _PROBED:
+        return json.loads(_PROBED[sys.executable]), None
     try:
         out = subprocess.run(
             [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout
@@ -1437,9 +1447,14 @@ def this_machine(timeout: float = 120.0) -> tuple[dict[str, Any] | None, str | N
         lines = out.stderr.strip().splitlines()
         return None, lines[-1] if lines else f"exit {out.returncode}"
     try:
-        return json.loads(out.stdout), None
+        here = json.loads(out.stdout)
     except ValueError:
         return None, f"not JSON: {out.stdout[:80]!r}"
+    _PROBED[sys.executable] = out.stdout
+    return here, None
+
+
+_PROBED: dict[str, str] = {}  # this_machine's probe: the interpreter -> what it printed
 
 
 def _differs(field: str, recorded: Any, here: Any) -> str:

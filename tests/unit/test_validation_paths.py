@@ -5,15 +5,91 @@ reports which `raise ConfigError` sites this leaves unexecuted (see docs/testing
 
 from __future__ import annotations
 
+import copy
 import re
 
+import hydra
 import pytest
+from omegaconf import OmegaConf
 
 from stalebench import experiment
 from stalebench.errors import ConfigError
 from tests.conftest import compose, fast_with
 
 PIPE = ["algorithm=gpipe", "dataset=chars", "model=transformer"]
+HYDRA_COMPOSE = hydra.compose  # Hydra's own, as stalebench.cli.compose_run calls it
+
+
+def _split(overrides: list[str]):
+    """Hydra's own split of `overrides` (its defaults_list.Overrides, against the initialized
+    repository): the group choices, as given, and the value overrides, parsed; None where
+    Hydra itself should decide (hydra.*, sweeps, a group override it refuses)."""
+    from hydra._internal.defaults_list import Overrides
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if any(o.is_hydra_override() or o.is_sweep_override() for o in parsed):
+        return None
+    try:
+        values = Overrides(GlobalHydra.instance().config_loader().repository, parsed)
+    except Exception:  # a bad group override: Hydra's compose names it
+        return None
+    ids = {id(o) for o in values.config_overrides}
+    return tuple(o.input_line for o in parsed if id(o) not in ids), values.config_overrides
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """experiment.prepare starts a real run's fork server (stalebench.runtime.forkserver)
+    and replaces it whenever a case's engine or parts import a module the running one did
+    not (an interpreter importing torch again: seconds of CPU, five times over these cases
+    in file order). Started first with what every registered engine and part imports, one
+    serves every case; prepare still starts it, or finds it serving, as in any process."""
+    from stalebench import plugins
+    from stalebench.config import ENGINES
+    from stalebench.registry import PARTS, REGISTRIES
+    from stalebench.runtime import forkserver
+
+    plugins.load()
+    imports = []
+    for name in ENGINES.names():
+        engine = ENGINES.get(name)[0]
+        imports += [engine.__module__, *engine.program_modules]
+    for registry in filter(None, (REGISTRIES.get(f"algorithm/{slot}") for slot in PARTS)):
+        imports += [
+            m for name in registry.names() for m in getattr(registry.get(name)[0], "imports", ())
+        ]
+    forkserver.start(list(dict.fromkeys(imports)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def choices_composed_once():
+    """Hydra composes the defaults list of a case's group choices (FAST's and its own) once
+    per distinct choices; each case then gets a copy with its value overrides applied by
+    Hydra's own step (ConfigLoaderImpl._apply_overrides_to_config, what hydra.compose does
+    after composing the defaults: value overrides never change the defaults list). The rest
+    of stalebench.cli.compose_run (its checks, to_run_config's validation) runs as ever;
+    test_a_shared_composition_is_hydras_own checks the copies against Hydra's compose."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    composed = {}
+
+    def shared(config_name=None, overrides=None, return_hydra_config=False, **kwargs):
+        split = None if return_hydra_config or kwargs else _split(list(overrides or []))
+        if split is None:
+            return HYDRA_COMPOSE(config_name, overrides, return_hydra_config, **kwargs)
+        choices, values = split
+        if (config_name, choices) not in composed:
+            composed[config_name, choices] = HYDRA_COMPOSE(config_name, list(choices))
+        cfg = copy.deepcopy(composed[config_name, choices])
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        return cfg
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hydra, "compose", shared)
+        yield
+
 
 # (overrides, a fragment of the message: the key and the value it names)
 CASES = [
@@ -605,6 +681,45 @@ CASES = [
         "dataset.sharding=replicated, or fewer workers",
     ),
 ]
+
+
+def test_a_shared_composition_is_hydras_own():
+    """The module's shared composition (choices_composed_once) gives the config Hydra's own
+    compose gives, for cases of each kind: value overrides only, swapped groups with values
+    set in them, a group of a group (algorithm/update), an appended sweep whose values
+    reach the run through interpolations, a list of typed faults."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from stalebench.config import register_configs
+    from stalebench.plugins import load as load_plugins
+
+    picked = [
+        ["budget.max_updates=-1"],
+        [*PIPE, "dataset.batch_size=30"],
+        ["algorithm=bsp", "algorithm/update=gap_aware"],
+        ["algorithm=streaming_diloco", "algorithm.outer.inner_steps=7"],
+        ["+sweep=sync_bends", "+sweep/arms/sync_bends=dbs_disturbed", "sweep.params.disturbance=5"],
+        ["cluster.faults=[{worker:1,at_step:5,action:slow_compute,factor:3,duration_steps:-1}]"],
+        ["dataset.sharding=dirichlet", "dataset.dirichlet_alpha=0.01", "dataset.batch_size=64"],
+    ]
+    assert all(any(o == c for c, _ in CASES) for o in picked)
+    assert hydra.compose is not HYDRA_COMPOSE  # the fixture's, which the cases go through
+    load_plugins()  # the ConfigStore as compose_run fills it
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("stalebench.conf", version_base=None):
+            for overrides in (fast_with(["budget.max_updates=5", *o]) for o in picked):
+                assert _split(overrides) is not None, overrides
+                theirs = HYDRA_COMPOSE("config", overrides=overrides)
+                for _ in range(2):  # the choices composed (or found composed), then found
+                    mine = hydra.compose("config", overrides=overrides)
+                    assert OmegaConf.to_container(mine) == OmegaConf.to_container(theirs)
+                    assert OmegaConf.to_yaml(mine) == OmegaConf.to_yaml(theirs), overrides
+                    assert OmegaConf.is_struct(mine) and OmegaConf.is_struct(theirs)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(o) for o, _ in CASES])
