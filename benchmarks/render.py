@@ -74,7 +74,8 @@ def sim_batch(result: dict, source: str) -> list[str]:
              f"From `{source}`: events per second of PS-ASP on the gamma profile against a "
              "bare single-process loop on the same model and data (`off`: one gradient at a "
              "time; `auto`, `on`: the workers' pending gradients computed together).", "",
-             "| model | workers | sim.batch | events/s (median) | ÷ bare loop | mean batch | target |",
+             "| model | workers | sim.batch | events/s (median) | ÷ bare loop | mean batch "
+             "| target |",
              "|---|---:|---|---:|---:|---:|---|"]  # fmt: skip
     for name, row in result["figures"].items():
         model, workers, batch = name.split("/")

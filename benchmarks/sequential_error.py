@@ -4,7 +4,7 @@ looks at 5, 10, 15, 20 seeds, α 0.025 then 0.025 / 3 per later look).
     python -m benchmarks.sequential_error [--trials 100000]
 
 One claim: per-seed advantages ~ N(effect, 1) against a margin of 0, judged look by look
-as stalebench.report.claims judges them (holds: one-sided p < α_k; does not hold: the
+as stalebench.report.claim_judge judges them (holds: one-sided p < α_k; does not hold: the
 (1 − α_k) interval below the margin; a decided claim stops), vectorized over trials and
 checked against the evaluator's own look-by-look judgement on the first trials. A family
 of claims (Holm at every look, decided claims entering with p 0 or 1) goes through the

@@ -6,7 +6,7 @@ the claims from the run directories alone. This module is pure (no torch, no eng
 the schema is shared by the CLI, which validates it before any process starts, and by the
 report, which evaluates it.
 
-How a claim is judged (stalebench.report.claims; docs/design.md, "Claims"):
+How a claim is judged (stalebench.report.claim_judge; docs/design.md, "Claims"):
 
 - every claim states `origin` (paper: the paper's checked text; recalled: a statement
   recalled from the paper, not checked against its text; self-check: a check of the harness

@@ -13,7 +13,7 @@ Without `sweep.tune.params` this is BasicSweeper, untouched. With them, one mult
 4. the second stage (`sweep.sequential`): while a claim is inconclusive and looks remain,
    the arms of every such claim run the next block of seeds (above the sweep's own, with
    their cells' selections) as look k, in `<sweep_dir>/look<k>/<cell>/<seed>`, recorded
-   as `sweep.look`; the claims are judged again (stalebench.report.claims, from disk).
+   as `sweep.look`; the claims are judged again (stalebench.report.claim_judge, from disk).
 
 Every job goes through Hydra's launcher (joblib, submitit...). Rerun with the same
 `hydra.sweep.dir`, a job whose directory holds a completed or diverged run of the same
@@ -179,7 +179,7 @@ class TuningSweeper(BasicSweeper):
     def _later_looks(self, jobs, keys, cells, chosen, dirs: list[Path]) -> list:
         """The second stage: look after look, the cells of the claims still open run the
         look's block of seeds, until no claim is open or the last look has run."""
-        from stalebench.report import claims as verdicts  # the report's own rule
+        from stalebench.report import claim_judge  # the report's own rule
         from stalebench.report.collect import collect
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -192,7 +192,7 @@ class TuningSweeper(BasicSweeper):
         done = 1
         while True:
             runs, curves, _ = collect([sweep_dir])
-            want = verdicts.wanting(runs, curves).get(name)
+            want = claim_judge.wanting(runs, curves).get(name)
             if not want:
                 return returns
             k, run_dirs = want

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from stalebench.metrics.summary import OLD_RUN_TIME, write_json
-from stalebench.report import claims as claims_mod
+from stalebench.report import claim_judge, claim_metrics, claim_selection, claim_verdicts
 from stalebench.report.collect import collect
 from stalebench.report.groups import assign, load_configs
 from stalebench.report.groups import display as groups_display
@@ -26,6 +26,7 @@ from stalebench.report.tables import (
     to_markdown,
     write_table,
 )
+from stalebench.sweep import ALPHA
 
 
 def build_report(
@@ -57,9 +58,9 @@ def build_report(
     # runs.csv says a run's length once, on its clock: not under the old key too
     write_table("runs", labelled.drop(columns=OLD_RUN_TIME, errors="ignore"),
                 per_run_display(labelled, settings), out)  # fmt: skip
-    claimed = claims_mod.claim_targets(configs.values())  # the configs read above
+    claimed = claim_metrics.claim_targets(configs.values())  # the configs read above
     figures = all_figures(labelled, curves, updates, out, claimed)
-    verdicts = claims_mod.evaluate(runs, curves)
+    verdicts = claim_verdicts.evaluate(runs, curves)
     targets = target_section(labelled, settings, curves, claimed)
 
     n_done = int((runs["status"] == "completed").sum())
@@ -132,11 +133,11 @@ def target_section(
                **{name: groups_display(first[key]) for key, name in settings.items()},
                "clock": group_clock(group) or MISSING}  # fmt: skip
         for target in targets:
-            times = [claims_mod.first_reached(by_run.get(d), target) for d in done["run_dir"]]
+            times = [claim_metrics.first_reached(by_run.get(d), target) for d in done["run_dir"]]
             hit = [t for t in times if t is not None]
             spread = np.std(hit, ddof=1) if len(hit) > 1 else 0.0
             mean = f"{np.mean(hit):.3g} ± {spread:.2g}" if hit else "—"
-            row[claims_mod.target_label(target)] = f"{mean} ({len(hit)}/{len(done)})"
+            row[claim_metrics.target_label(target)] = f"{mean} ({len(hit)}/{len(done)})"
         rows.append(row)
     table = pd.DataFrame(rows)
     clock = one_clock(table["clock"])
@@ -285,22 +286,22 @@ def claim_section(verdicts: list[dict], out: Path, figures: list[Path] = ()) -> 
     write_json(
         out / "claims.json",
         {
-            "rule": claims_mod.RULE,
-            "alpha": claims_mod.ALPHA,
-            "correction": claims_mod.CORRECTION,
+            "rule": claim_judge.RULE,
+            "alpha": ALPHA,
+            "correction": claim_judge.CORRECTION,
             "claims": verdicts,
         },
     )
-    lines = ["", "## Claims", "", f"Rule: {claims_mod.RULE}", ""]
+    lines = ["", "## Claims", "", f"Rule: {claim_judge.RULE}", ""]
     for sweep in dict.fromkeys(v["sweep"] for v in verdicts):
         first = next(v for v in verdicts if v["sweep"] == sweep)
         lines += [
             f"### {sweep} ({first['scale']}): {first['paper']}",
             "",
-            f"Verdicts: {claims_mod.tally(verdicts, sweep)}.",
+            f"Verdicts: {claim_verdicts.tally(verdicts, sweep)}.",
             "",
             to_markdown(
-                claims_mod.table(verdicts, sweep).assign(
+                claim_verdicts.table(verdicts, sweep).assign(
                     figure=[
                         figure_links(v["metric"], list(figures))
                         for v in verdicts
@@ -329,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     damaged: list[tuple[str, str]] = []
     try:
         report = build_report(args.dirs, args.out or Path(args.dirs[0]), args.baseline, damaged)
-    except (LookupError, FileNotFoundError, claims_mod.ClaimError) as err:
+    except (LookupError, FileNotFoundError, claim_selection.ClaimError) as err:
         print(f"stalebench-report: error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from stalebench.report.claims import dotted, load_config
+from stalebench.report.claim_selection import dotted, load_config
 
 # Keys that never split a group: the seed (pooled), where and how a run was written and
 # supervised, its logger, and the sweep block (its name, claims and tuning; what a sweep
