@@ -9,8 +9,9 @@ The same holds for the update rules that are torch's optimizers (stalebench/algo
 torch_optim.py): allreduce-BSP with `algorithm/update=adamw|adam|nadam|torch_sgd` ends
 bit-identical to DDP with torch.optim.AdamW, Adam, NAdam and SGD (Nesterov, heavy ball)
 given the same lr, betas, eps and weight decay; so do allreduce-BSP's buckets and PS-BSP
-(AdamW at the server) with AdamW. The references are trained one after the other in one
-pair of DDP processes."""
+(AdamW at the server) with AdamW. The references (plain SGD's too) are trained one after
+the other in one pair of DDP processes, forked from the fork server the runs' ranks are
+(torch imported once)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from tests.conftest import compose, fast_with, free_port, run_job
+from tests.speed_helpers import fork_server_for_every_engine
 
 STEPS = 50
 ARGS = ["algorithm=bsp", "cluster.num_workers=2", f"budget.max_updates={STEPS}"]
@@ -44,25 +46,14 @@ def _ddp_final(job, rank: int, optimizer) -> torch.Tensor:
     return parameters_to_vector(model.parameters()).detach().clone()
 
 
-def _ddp(rank: int, port: int, overrides: list[str], out: str) -> None:
-    from stalebench.job import Job
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """The runs here go from engine=allreduce to engine=ps and back: their ranks, and the
+    DDP references', forked from one server (not one started again, torch imported again,
+    at each change of engine)."""
+    import stalebench.experiment  # noqa: F401  (registers the engines the server loads)
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    job = Job.build(compose(overrides))
-    lr = job.cfg.algorithm.update.lr
-    final = _ddp_final(job, rank, lambda params: torch.optim.SGD(params, lr=lr))
-    if rank == 0:
-        torch.save(final, out)
-    dist.barrier()
-    os._exit(0)  # no teardown: gloo's threads can abort an exiting process
-
-
-def ddp_params(tmp_path) -> torch.Tensor:
-    port = free_port()
-    out = str(tmp_path / "ddp.pt")
-    mp.start_processes(_ddp, args=(port, fast_with(ARGS), out), nprocs=2, start_method="spawn")
-    return torch.load(out)
+    fork_server_for_every_engine()
 
 
 def final_params(run) -> torch.Tensor:
@@ -72,8 +63,8 @@ def final_params(run) -> torch.Tensor:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path):
-    reference = ddp_params(tmp_path)
+def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path, ddp_optimizers):
+    reference = ddp_optimizers["sgd"]
     fifo = BUCKETS
     runs = {
         "allreduce": ["engine=allreduce"],
@@ -126,14 +117,16 @@ TORCH_RULES = {
 
 
 def _ddp_optimizers(rank: int, port: int, overrides: list[str], out: str) -> None:
-    """Every TORCH_RULES reference, one after the other, each from θ₀ and the start of
-    the per-rank data streams, with a DDP model of its own."""
+    """The reference with torch.optim.SGD at the job's lr (`sgd`), then every TORCH_RULES
+    reference, one after the other, each from θ₀ and the start of the per-rank data
+    streams, with a DDP model of its own."""
     from stalebench.job import Job
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     job = Job.build(compose(overrides))
-    finals = {}
+    lr = job.cfg.algorithm.update.lr
+    finals = {"sgd": _ddp_final(job, rank, lambda params: torch.optim.SGD(params, lr=lr))}
     for name, (_, optimizer, kwargs) in TORCH_RULES.items():
         make = getattr(torch.optim, optimizer)
         finals[name] = _ddp_final(job, rank, lambda params, m=make, k=kwargs: m(params, **k))
@@ -147,7 +140,7 @@ def _ddp_optimizers(rank: int, port: int, overrides: list[str], out: str) -> Non
 def ddp_optimizers(tmp_path_factory) -> dict[str, torch.Tensor]:
     out = str(tmp_path_factory.mktemp("ddp") / "ddp.pt")
     args = (free_port(), fast_with(ARGS), out)
-    mp.start_processes(_ddp_optimizers, args=args, nprocs=2, start_method="spawn")
+    mp.start_processes(_ddp_optimizers, args=args, nprocs=2, start_method="forkserver")
     return torch.load(out)
 
 

@@ -4,17 +4,18 @@ registry of *step rules* (`algorithm/step=`), and is installed here as a
 `stalebench.plugins` entry point (a dist-info folder on PYTHONPATH, as pip would leave
 one). Nothing in stalebench names it: the schema gets `algorithm.step`, the CLI checks its
 names, `stalebench list` shows them, its preset is found, and runs are labelled by it, in
-both runtimes."""
+both runtimes. The commands are forked by one driver that imported the CLI and torch once
+(tests/cli_driver.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_driver import case, drive
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "tests" / "engine_plugin"
@@ -43,19 +44,31 @@ def installed(tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def stalebench(env, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    code = "from stalebench.cli import main; main()"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def ran(installed, tmp_path_factory) -> dict[str, dict]:
+    """Every `stalebench` command of this file, run once, two at a time, by one driver that
+    imported the CLI and torch once (tests/cli_driver.py), in the plugin's user's
+    environment: case id -> the case, its exit code, stdout and stderr."""
+    tmp = tmp_path_factory.mktemp("own_kind")
+
+    def run(case_id: str, *overrides: str) -> dict:
+        run_dir = tmp / case_id
+        args = [*COMMON, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}", *overrides]
+        return case(case_id, tmp, args)
+
+    cases = [
+        *[run(r, "algorithm=lone_sign", f"runtime={r}") for r in ("sim", "real")],
+        run("sgd", "algorithm=lone_sign", "algorithm/step=sgd", "runtime=sim"),
+        case("list", tmp, ["list"]),
+        case("bad", tmp, ["algorithm=lone_sign", "algorithm/step=nope"]),
+        case("cost", tmp, ["algorithm=lone_sign", "runtime=sim", "sim.numerics=false"]),
+    ]
+    return drive(cases, installed, at_once=2)
 
 
-def run(env, run_dir: Path, *overrides: str) -> dict:
-    out = stalebench(env, *COMMON, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}", *overrides,
-                     cwd=run_dir.parent)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())
+def summary(done: dict) -> dict:
+    assert done["code"] == 0, done["stderr"][-3000:]
+    return json.loads((Path(done["cwd"]) / done["id"] / "summary.json").read_text())
 
 
 def test_the_plugin_is_a_module_and_a_preset():
@@ -67,40 +80,36 @@ def test_the_plugin_is_a_module_and_a_preset():
     assert files == ["stalebench_lone/__init__.py", "stalebench_lone/conf/algorithm/lone_sign.yaml"]
 
 
-@pytest.mark.timeout(300)
-def test_an_engine_with_its_own_kind_runs_from_its_preset_in_both_runtimes(tmp_path, installed):
+@pytest.mark.timeout(600)
+def test_an_engine_with_its_own_kind_runs_from_its_preset_in_both_runtimes(ran):
     for runtime in ("sim", "real"):
-        s = run(installed, tmp_path / runtime, "algorithm=lone_sign", f"runtime={runtime}")
+        s = summary(ran[runtime])
         assert (s["status"], s["engine"], s["algorithm"], s["updates"]) == (
             "completed", "lone", "lone_sign", 30,
         )  # fmt: skip
         assert s["parts"] == {"step": "sign"} and s["barrier"] is None  # its own kind
         assert s["final"]["accuracy"] > 0.5  # it trains (chance is 0.25)
     # a swapped part of its kind relabels the run by its parts, and changes what runs
-    sgd = run(installed, tmp_path / "sgd", "algorithm=lone_sign", "algorithm/step=sgd",
-              "runtime=sim")  # fmt: skip
+    sgd = summary(ran["sgd"])
     assert sgd["algorithm"] == "sgd"
-    assert (
-        sgd["final"]["loss"]
-        != json.loads((tmp_path / "sim" / "summary.json").read_text())["final"]["loss"]
-    )
+    assert sgd["final"]["loss"] != summary(ran["sim"])["final"]["loss"]
 
 
-def test_its_kind_is_listed_and_its_names_are_checked(tmp_path, installed):
-    listed = stalebench(installed, "list", cwd=tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    text = listed.stdout
+@pytest.mark.timeout(600)
+def test_its_kind_is_listed_and_its_names_are_checked(ran):
+    listed = ran["list"]
+    assert listed["code"] == 0, listed["stderr"]
+    text = listed["stdout"]
     assert "step rules (algorithm/step=)" in text
     names = {line.split()[0] for line in text.splitlines() if line.startswith("  ")}
     assert {"lone", "sgd", "sign", "lone_sign"} <= names
-    bad = stalebench(installed, "algorithm=lone_sign", "algorithm/step=nope", cwd=tmp_path)
-    assert bad.returncode == 2
-    assert "algorithm/step: unknown 'nope'" in bad.stderr
+    bad = ran["bad"]
+    assert bad["code"] == 2
+    assert "algorithm/step: unknown 'nope'" in bad["stderr"]
     # an engine that does not declare `cost_only` is refused a cost-only run, by key
-    cost = stalebench(installed, "algorithm=lone_sign", "runtime=sim", "sim.numerics=false",
-                      cwd=tmp_path)  # fmt: skip
-    assert cost.returncode == 2
+    cost = ran["cost"]
+    assert cost["code"] == 2
     assert (
         "sim.numerics=false: engine=lone does not run cost-only (engines that do: allreduce, "
-        "gossip, local, pipeline, ps)" in cost.stderr
+        "gossip, local, pipeline, ps)" in cost["stderr"]
     )

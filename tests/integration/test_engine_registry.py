@@ -2,18 +2,19 @@
 process trains alone, no server, no messages) is taken from the guide as it stands,
 imports and all, written to a module outside the package, registered by importing it, and
 run through the normal CLI path in both runtimes. The spawned processes of the real
-runtime find it on PYTHONPATH, as they would a user's module."""
+runtime find it on PYTHONPATH, as they would a user's module. The commands are forked by one
+driver that imported the CLI and torch once (tests/cli_driver.py), two at a time."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.cli_driver import case, drive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,26 +48,48 @@ COMMON = [
 ]
 
 
-def launch(outside: Path, run_dir: Path, *overrides: str, timeout: int = 150):
-    """The normal CLI entry (`stalebench.cli.main`), with the user's module imported first."""
-    code = "import guide_engine; from stalebench.cli import main; main()"
+def command(case_id: str, outside: Path, run_dir: Path, *overrides: str) -> dict:
+    """The normal CLI entry (`stalebench.cli.main`), with the user's module imported first
+    (tests/cli_driver.py's `case`)."""
+    args = [*COMMON, f"run_dir={run_dir}", *overrides]
+    return {**case(case_id, outside, args, before="import guide_engine"), "run_dir": str(run_dir)}
+
+
+PAUSE = "cluster.faults=[{worker:0,at_step:5,duration_s:0.3}]"
+DIE = "cluster.faults=[{worker:0,at_step:5,action:die}]"
+
+
+@pytest.fixture(scope="module")
+def ran(outside, tmp_path_factory) -> tuple[dict[str, dict], Path]:
+    """Every command of this file, run once, two at a time, in one driver that imported the
+    CLI and torch once (the user's module is imported by each command; the spawned
+    processes find it on PYTHONPATH): case id -> the case, its exit code, stdout, stderr;
+    and the folder of the run directories."""
+    runs = tmp_path_factory.mktemp("runs")
+    seq = "engine=sequential"
+    cases = [
+        command("sim", outside, runs / "sim", seq, "runtime=sim"),
+        command("real", outside, runs / "real", seq, "runtime=real"),
+        command("ps", outside, runs / "ps", "engine=ps", "runtime=sim"),
+        *[command(f"{f}-{r}", outside, runs / f"{f[0]}-{r}", seq, f"runtime={r}", fault)
+          for r in ("sim", "real") for f, fault in (("pause", PAUSE), ("die", DIE))],
+        command("refused", outside, runs / "refused", seq, "cluster.push_latency_ms=3"),
+    ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(outside), str(ROOT)])}
-    return subprocess.run(
-        [sys.executable, "-c", code, *COMMON, f"run_dir={run_dir}", *overrides],
-        cwd=outside, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return drive(cases, env, at_once=2), runs
 
 
-def cli(outside: Path, run_dir: Path, *overrides: str) -> dict:
-    out = launch(outside, run_dir, *overrides)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads((run_dir / "summary.json").read_text())
+def summary(ran, case_id: str, code: int | None = 0) -> dict:
+    """The case's summary.json (its exit code checked first: 0 unless `code` says)."""
+    done = ran[0][case_id]
+    if code is not None:
+        assert done["code"] == code, done["stderr"][-3000:]
+    return json.loads((Path(done["run_dir"]) / "summary.json").read_text())
 
 
-@pytest.mark.timeout(300)
-def test_the_guides_engine_registered_from_outside_runs_in_both_runtimes(tmp_path, outside):
-    sim = cli(outside, tmp_path / "sim", "engine=sequential", "runtime=sim")
-    real = cli(outside, tmp_path / "real", "engine=sequential", "runtime=real")
+@pytest.mark.timeout(600)
+def test_the_guides_engine_registered_from_outside_runs_in_both_runtimes(ran):
+    sim, real = summary(ran, "sim"), summary(ran, "real")
     for s in (sim, real):
         assert (s["status"], s["engine"], s["updates"], s["num_workers"]) == (
             "completed",
@@ -77,10 +100,11 @@ def test_the_guides_engine_registered_from_outside_runs_in_both_runtimes(tmp_pat
         assert s["final"]["accuracy"] > 0.5  # it trains (chance is 0.25)
     assert real["run_time_s"] >= 40 * 0.005  # each step lasted the profile's step time
     # the same numbers as a parameter server with one ASP worker: SGD on one stream
-    cli(outside, tmp_path / "ps", "engine=ps", "runtime=sim")
+    summary(ran, "ps")
+    runs = ran[1]
     for run in ("sim", "real"):
-        ours = torch.load(tmp_path / run / "model.pt")
-        theirs = torch.load(tmp_path / "ps" / "model.pt")
+        ours = torch.load(runs / run / "model.pt")
+        theirs = torch.load(runs / "ps" / "model.pt")
         assert all(torch.equal(ours[k], theirs[k]) for k in theirs), run
 
 
@@ -89,25 +113,20 @@ def test_the_guides_engine_is_one_small_module():
     assert len(guide_example().strip().splitlines()) <= 55
 
 
-@pytest.mark.timeout(300)
-def test_the_guides_engine_strikes_its_faults_in_both_runtimes(tmp_path, outside):
+@pytest.mark.timeout(600)
+def test_the_guides_engine_strikes_its_faults_in_both_runtimes(ran):
     """A pause lengthens the run by its duration; a death ends it `failed`, summary.json
     written, in each runtime."""
-    pause = "cluster.faults=[{worker:0,at_step:5,duration_s:0.3}]"
     for runtime in ("sim", "real"):
-        s = cli(
-            outside, tmp_path / f"p-{runtime}", "engine=sequential", f"runtime={runtime}", pause
-        )
+        s = summary(ran, f"pause-{runtime}")
         assert s["status"] == "completed" and s["run_time_s"] >= 40 * 0.005 + 0.3, runtime
-        die = "cluster.faults=[{worker:0,at_step:5,action:die}]"
-        run_dir = tmp_path / f"d-{runtime}"
-        launch(outside, run_dir, "engine=sequential", f"runtime={runtime}", die)
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = summary(ran, f"die-{runtime}", code=None)
         assert s["status"] == "failed" and "worker 0" in s["error"], (runtime, s["error"])
         assert "fault injected by cluster.faults" in s["error"], (runtime, s["error"])
 
 
-def test_an_engine_refuses_the_profile_fields_it_does_not_model(tmp_path, outside):
-    out = launch(outside, tmp_path, "engine=sequential", "cluster.push_latency_ms=3", timeout=60)
-    assert out.returncode == 2
-    assert "cluster.push_latency_ms=3.0: engine=sequential does not model this" in out.stderr
+@pytest.mark.timeout(600)
+def test_an_engine_refuses_the_profile_fields_it_does_not_model(ran):
+    out = ran[0]["refused"]
+    assert out["code"] == 2
+    assert "cluster.push_latency_ms=3.0: engine=sequential does not model this" in out["stderr"]

@@ -14,8 +14,20 @@ import torch
 from stalebench.job import Job
 from stalebench.runtime.launch import OVERRUN_LIMIT
 from tests.conftest import compose, fast_with, run_job
+from tests.speed_helpers import fork_server_for_every_engine
 
 SIM = ["runtime=sim", "cluster.num_workers=4", "budget.max_updates=12"]
+
+
+@pytest.fixture(scope="module")
+def one_fork_server():
+    """The ranks of the real runs here forked from a server loaded for every engine: one
+    started before in this process, or one started at the first real test here (not while
+    the simulated runs before it compute) that later modules' runs, of any engine, fork
+    from too."""
+    import stalebench.experiment  # noqa: F401  (registers the engines the server loads)
+
+    fork_server_for_every_engine()
 
 
 def sim(tmp_path, name, *overrides):
@@ -125,6 +137,7 @@ def test_a_dead_worker_fails_the_simulated_run_with_its_summary(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+@pytest.mark.usefixtures("one_fork_server")
 @pytest.mark.parametrize(
     "mode",
     [
@@ -320,10 +333,11 @@ def test_dynamic_local_updates_give_slow_workers_fewer_steps(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("one_fork_server")
 def test_real_processes_a_pause_stalls_a_sync_round_but_not_the_async_workers(tmp_path):
-    base = ["algorithm=local_sgd", "cluster.compute_ms=10", "budget.max_updates=12"]
+    base = ["algorithm=local_sgd", "cluster.compute_ms=10"]  # rounds of 0.1 s
     pause = "cluster.faults=[{worker:1,at_s:0.3,duration_s:0.8}]"
-    sync = run_job(tmp_path / "sync", [*base, pause])
+    sync = run_job(tmp_path / "sync", [*base, pause, "budget.max_updates=8"])
     stalled = [e for e in updates(sync) if e["paused_s"] > 0]
     assert [e["worker"] for e in stalled] == [1]
     others = [

@@ -3,7 +3,7 @@ model (a residual MLP), installed as a package with an entry point, train in bot
 and in a sweep with its report; a bad path is refused by name before anything starts.
 
 The `stalebench` commands run once, in one driver process that forks a child per command
-(tests/integration/test_cli_driver.py: torch and Hydra imported once, not per command);
+(tests/cli_driver.py: torch and Hydra imported once, not per command);
 each test asserts on the commands it is about (`ran`)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
-from tests.integration.test_cli_driver import case, drive
+from tests.cli_driver import SWEEP_IMPORTS, Driver, case
 
 # the first test runs every command (`ran`): at most 180 s each, as a command's own timeout
 # was, two at a time
@@ -34,15 +34,30 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path, code: int = 0, timeout: 
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[dict[str, str], Path]:
+def user(tmp_path_factory) -> tuple[dict[str, str], Path]:
+    """A user's folder, with a folder on PYTHONPATH to install the example into."""
+    tmp = tmp_path_factory.mktemp("own_data")
+    (tmp / "site").mkdir()
+    path = os.pathsep.join(p for p in (str(tmp / "site"), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}, tmp
+
+
+@pytest.fixture(scope="module")
+def driver(user):
+    """The driver that forks the `stalebench` commands (tests/cli_driver.py): torch and
+    Hydra imported once, while the example is installed."""
+    with Driver(user[0], SWEEP_IMPORTS) as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def installed(user, driver) -> tuple[dict[str, str], Path]:
     """The example installed as a user would (pip, from its pyproject; here into a folder on
     PYTHONPATH rather than the environment), and a spirals table made by its generator."""
-    tmp = tmp_path_factory.mktemp("own_data")
-    site = tmp / "site"
-    pip = ["pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
-    subprocess.run([sys.executable, "-m", *pip, str(EXAMPLE)], check=True, timeout=120)
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    env, tmp = user
+    pip = ["pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target"]
+    subprocess.run([sys.executable, "-m", *pip, str(tmp / "site"), str(EXAMPLE)], check=True,
+                   timeout=120)  # fmt: skip
     made = run([sys.executable, "-m", "stalebench_tabular.spirals", "data"], env, tmp)
     assert "train.csv (3000 rows)" in made.stdout
     return env, tmp
@@ -76,7 +91,7 @@ def sweeping(sweep: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ran(installed) -> dict[str, dict]:
+def ran(installed, driver) -> dict[str, dict]:
     """Every `stalebench` command of this file, run once in the example's folder (with the
     generator's data/): case id -> the case, its exit code, stdout and stderr."""
     env, tmp = installed
@@ -91,7 +106,7 @@ def ran(installed) -> dict[str, dict]:
             for override, _ in BAD
         ],
     ]  # fmt: skip
-    return drive(cases, env, at_once=2)
+    return driver.run(cases, at_once=2)
 
 
 def refused(tmp: Path, override: str) -> Path:

@@ -13,10 +13,20 @@ import torch
 from stalebench import experiment
 from stalebench.metrics.events import read_events, schema_errors
 from tests.conftest import SUMMARY_FIELDS, compose
-from tests.integration.test_cli import _alive, kill_mid_run, torchrun
+from tests.integration.test_cli import _alive, torchrun
+from tests.integration.test_worker_loss import kill_mid_run
+from tests.speed_helpers import fork_server_for_every_engine
 from tests.unit.test_pipeline_rules import SMALL, losses
 
 REAL = [o for o in SMALL if o != "runtime=sim"] + ["timeout_s=30", "num_threads=1"]
+UPDATES = 40  # of a real run that learns, and of a real and a simulated run compared
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """The ranks of every real run here (the torchrun's apart) forked from one server,
+    loaded for every engine (one started before in this process may serve them already)."""
+    fork_server_for_every_engine()
 
 
 def run(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
@@ -27,10 +37,26 @@ def run(run_dir: Path, *overrides: str) -> tuple[dict, list[dict]]:
     return summary, read_events(run_dir / "events.jsonl")
 
 
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """real_run(*overrides): the real run of UPDATES updates on those overrides, run once
+    for every test that reads it (a preset's run learns, and matches the simulator's):
+    its summary, events and run directory."""
+    runs: dict[tuple[str, ...], tuple[dict, list[dict], Path]] = {}
+
+    def get(*overrides: str) -> tuple[dict, list[dict], Path]:
+        if overrides not in runs:
+            run_dir = tmp_path_factory.mktemp("real")
+            runs[overrides] = (*run(run_dir, *overrides, f"budget.max_updates={UPDATES}"), run_dir)
+        return runs[overrides]
+
+    return get
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("preset", ["nesterov_pp", "pipedream", "gpipe"])
-def test_four_stage_real_run_of_each_preset_completes_and_learns(tmp_path, preset):
-    summary, events = run(tmp_path, f"algorithm={preset}", "budget.max_updates=40")
+def test_four_stage_real_run_of_each_preset_completes_and_learns(real_run, preset):
+    summary, events, run_dir = real_run(f"algorithm={preset}")
     assert summary["status"] == "completed", summary["error"]
     assert SUMMARY_FIELDS <= set(summary)
     assert summary["updates"] == 40 and summary["num_workers"] == 4
@@ -46,7 +72,7 @@ def test_four_stage_real_run_of_each_preset_completes_and_learns(tmp_path, prese
     )
     assert [e["version"] for e in vals] == [0, 10, 20, 30, 40]
     assert vals[-1]["loss"] < vals[0]["loss"] - 0.3, (vals[0], vals[-1])
-    logs = sorted(p.name for p in (tmp_path / "logs").glob("rank-*.log"))
+    logs = sorted(p.name for p in (run_dir / "logs").glob("rank-*.log"))
     assert len(logs) == 4
 
 
@@ -60,9 +86,9 @@ def test_four_stage_real_run_of_each_preset_completes_and_learns(tmp_path, prese
     ],
     ids=["nadamw-stashing", "adamw-no-stashing", "gpipe"],
 )
-def test_real_and_sim_agree_step_for_step(tmp_path, overrides):
-    real, real_events = run(tmp_path / "real", *overrides, "budget.max_updates=25")
-    sim, sim_events = run(tmp_path / "sim", *overrides, "budget.max_updates=25", "runtime=sim")
+def test_real_and_sim_agree_step_for_step(tmp_path, real_run, overrides):
+    real, real_events, _ = real_run(*overrides)  # the preset's run that learns, if it is one
+    sim, sim_events = run(tmp_path, *overrides, f"budget.max_updates={UPDATES}", "runtime=sim")
     assert real["status"] == sim["status"] == "completed"
     for k in range(4):
         assert losses(real_events, k) == pytest.approx(losses(sim_events, k), rel=1e-5)
@@ -83,7 +109,7 @@ def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path, runt
         tmp_path,
         "algorithm=pipedream",
         "budget.max_updates=0",
-        "budget.max_wall_s=3",
+        "budget.max_wall_s=2",  # 60 updates or more (30 at a load of 13 on 2 cores)
         f"runtime={runtime}",
     )
     assert summary["status"] == "completed", summary["error"]
@@ -98,8 +124,7 @@ def test_a_wall_clock_budget_stops_every_stage_at_the_same_update(tmp_path, runt
 def test_a_killed_stage_fails_the_run_and_leaves_no_process(tmp_path):
     run_dir = tmp_path / "run"
     args = ["algorithm=pipedream", *REAL, "budget.max_updates=100000", "timeout_s=10"]
-    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=4, rank=2)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary, pids, ended_after = kill_mid_run(run_dir, args, world=4, rank=2)  # run here
     assert summary["status"] == "failed"
     assert "stage 2 (rank 2)" in summary["error"], summary["error"]
     assert ended_after < 30, ended_after

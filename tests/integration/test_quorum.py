@@ -23,19 +23,48 @@ import torch
 from stalebench import experiment
 from stalebench.errors import ConfigError
 from stalebench.metrics.events import read_events
+from stalebench.metrics.summary import EXIT_CODES
+from stalebench.runtime import forkserver
 from tests.conftest import compose, fast_with, run_job
 from tests.integration.test_cli import FAST, _alive, _pids
 from tests.integration.test_signals import wait_for_updates
+from tests.integration.test_worker_loss import run_beside, training
 from tests.speed_helpers import fork_server_for_every_engine
 
 pytestmark = pytest.mark.timeout(120)
 
+# the fork server's pid: the file its ranks write their stderr to (`ranks_stderr`)
+RANKS_STDERR: dict[int, Path] = {}
+
+
+def ranks_stderr(folder: Path) -> Path:
+    """The file where the ranks of the runs this process starts write their stderr (a gloo
+    abort says why there): a fork server loaded for every engine, started with its stderr
+    (which the ranks it forks inherit) there, unless this function started the one running."""
+    from multiprocessing import forkserver as server
+
+    if server._forkserver._forkserver_pid in RANKS_STDERR:
+        return RANKS_STDERR[server._forkserver._forkserver_pid]
+    forkserver.stop()  # one started before, its stderr elsewhere
+    path = folder / "ranks.err"
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as err:
+            os.dup2(err.fileno(), 2)
+            fork_server_for_every_engine()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    RANKS_STDERR[server._forkserver._forkserver_pid] = path
+    return path
+
 
 @pytest.fixture(scope="module", autouse=True)
-def one_fork_server():
+def one_fork_server(tmp_path_factory) -> Path:
     """The real runs here go from allreduce to local to gossip: their ranks forked from one
-    server (not one started again, torch imported again, at each change of engine)."""
-    fork_server_for_every_engine()
+    server (not one started again, torch imported again, at each change of engine), whose
+    ranks' stderr is this file."""
+    return ranks_stderr(tmp_path_factory.mktemp("forkserver"))
 
 
 BSP4 = ["engine=allreduce", "algorithm=bsp", "cluster.num_workers=4", "budget.max_updates=60"]
@@ -145,8 +174,9 @@ def test_sim_an_unused_spare_changes_nothing(tmp_path):
 @pytest.mark.slow
 def test_real_a_spare_heals_and_the_run_ends_with_four(tmp_path):
     die = "cluster.faults=[{worker:2,at_s:0.3,action:die}]"
-    run = run_job(tmp_path, ["runtime=real", *BSP4[:-1], "budget.max_updates=200", *SPARE, die])
-    healed(run.summary, run.events, 200)
+    # the loss in round 20-70 (at 0.3 s), the spare standing by from the start
+    run = run_job(tmp_path, ["runtime=real", *BSP4[:-1], "budget.max_updates=120", *SPARE, die])
+    healed(run.summary, run.events, 120)
     log = (tmp_path / "logs" / "rank-4.log").read_text()
     assert "ranks [0, 1, 3, 4] from here" in log
 
@@ -237,7 +267,10 @@ def test_sim_diloco_without_a_loss_min_replicas_changes_nothing(tmp_path):
     assert runs[0] == runs[1] == runs[2]
 
 
-GOSSIP4 = ["cluster.num_workers=4", "budget.max_updates=200", "engine.sync_every=10"]
+# 15 meetings (one every 10 updates): the loss (at 0.3 s) comes by update 70 (by update 20
+# on a loaded machine), 8 meetings or more after it
+GOSSIP_UPDATES = 150
+GOSSIP4 = ["cluster.num_workers=4", f"budget.max_updates={GOSSIP_UPDATES}", "engine.sync_every=10"]
 
 
 def consensus_by_meeting(events, since: int = 0) -> list[float]:
@@ -265,7 +298,7 @@ def test_gossip_goes_on_over_the_nodes_left(tmp_path, runtime, preset):
     assert summary["workers_lost"] == [2]
     (lost,) = [e for e in events if e["kind"] == "worker" and e["event"] == "lost"]
     rounds = updates_by_worker(events)
-    assert rounds[0] == rounds[1] == rounds[3] == 200 and rounds[2] < lost["round"]
+    assert rounds[0] == rounds[1] == rounds[3] == GOSSIP_UPDATES and rounds[2] < lost["round"]
     # the nodes left keep agreeing (a share lost at every step would make them drift apart,
     # their disagreement growing to the end), and learn as well as four healthy ones
     after = consensus_by_meeting(events, since=lost["round"])
@@ -284,9 +317,11 @@ def test_a_spare_takes_a_lost_gossip_nodes_place(tmp_path, runtime):
     events = read_events(tmp_path / "events.jsonl")
     lost = replaced_by_the_spare(summary, events)
     rounds = updates_by_worker(events)
-    assert rounds[0] == rounds[1] == rounds[3] == 200
+    assert rounds[0] == rounds[1] == rounds[3] == GOSSIP_UPDATES
     node2 = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == 2]
-    assert [v for v in node2 if v > lost["round"]] == list(range(lost["round"] + 1, 201))
+    assert [v for v in node2 if v > lost["round"]] == list(
+        range(lost["round"] + 1, GOSSIP_UPDATES + 1)
+    )
     after = consensus_by_meeting(events, since=lost["round"])
     assert len(after) >= 5 and after[-1] < max(after)
 
@@ -423,21 +458,20 @@ def test_real_a_replica_lost_after_the_regroup_counted_it(tmp_path, engine):
     args = [*FAST, *TWO_LOSSES[engine], "cluster=homogeneous", "cluster.num_workers=4",
             "cluster.min_replicas=2", faults, "timeout_s=20"]  # fmt: skip
     run_dir = tmp_path / "run"
-    proc = cli(tmp_path, run_dir, args)
-    try:
+
+    def kill(ended):
         deadline = time.monotonic() + 90
         while "agreeing on the ranks left (epoch 1)" not in log_of(run_dir, 2):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert not ended.is_set() and time.monotonic() < deadline, "no regroup"
             time.sleep(0.01)
         time.sleep(0.2)  # registered (it logs, then registers), waiting for worker 3
         os.kill(_pids(run_dir)[2], signal.SIGKILL)
-        killed = time.monotonic()
-        proc.communicate(timeout=120)
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    summary = json.loads((run_dir / "summary.json").read_text())
+        return time.monotonic()
+
+    # the run here (what the CLI runs), the kill from a thread beside it
+    summary, killed, ended = run_beside(run_dir, args, kill)
+    took = ended - killed
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
     assert summary["status"] == "completed", summary["error"]
     assert summary["workers_lost"] == [1, 2]
     assert took < 15  # no wait of timeout_s=20 (the rest of the run takes a few seconds)
@@ -455,17 +489,21 @@ def test_real_a_replica_lost_after_the_regroup_counted_it(tmp_path, engine):
 # completes over the survivors, or fails naming every replica lost: never a survivor
 # aborting in gloo, a wait of timeout_s, or rounds summed out of step. One try per engine
 # here; the fault matrix runs 20 of each (tests/integration/test_fault_matrix.py).
+# A try runs to a number of rounds (max_wall_s=60 only a backstop): the kills come in round
+# 10 or before (allreduce; round 5 or before for DiLoCo's; round 3 or 4 of both on a loaded
+# 2-core machine), and rounds after them follow whatever the survivors waited (a wall
+# budget could end the run inside a wait of timeout_s, before a round showed it).
 PROBE_16MB = [
     "dataset=synthetic", "model=mlp", "model.hidden=[2000,2000]", "cluster=homogeneous",
     "cluster.compute_ms=5", "eval.every_s=0", "eval.every_updates=1000",
-    "cluster.num_workers=4", "cluster.min_replicas=2", "timeout_s=5", "budget.max_wall_s=8",
+    "cluster.num_workers=4", "cluster.min_replicas=2", "timeout_s=5", "budget.max_wall_s=60",
     # 4 replicas of a 4M-parameter MLP at 5 ms a step need more than 2 cores: the probe is of
     # kills inside an all-reduce, not of step times
     "oversubscribe=true",
 ]  # fmt: skip
 PROBE_ENGINES = {
-    "allreduce": ["algorithm=bsp", "engine=allreduce"],
-    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=2"],
+    "allreduce": ["algorithm=bsp", "engine=allreduce", "budget.max_updates=20"],
+    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=2", "budget.max_updates=8"],
 }
 RING_PART = 2 * 3 / 4 * 4 * 4_052_004  # what each of 4 ranks sends in a ring all-reduce
 
@@ -478,16 +516,27 @@ def _written(pid: int) -> int:
     raise AssertionError(f"no wchar in /proc/{pid}/io")
 
 
-def two_kills(tmp_path: Path, engine: str, attempt: int, at: str = "10-90 ms") -> dict:
-    """One try of the probe (draws seeded by engine, `at` and attempt): its outcome."""
+def two_kills(
+    tmp_path: Path,
+    engine: str,
+    attempt: int,
+    at: str = "10-90 ms",
+    stderr: Path | None = None,
+) -> dict:
+    """One try of the probe (draws seeded by engine, `at` and attempt): its outcome. Through
+    the CLI; or, given `stderr` (where the ranks of runs started here write theirs:
+    `ranks_stderr`), run here (`experiment.run`, what the CLI runs), the kills from a thread
+    beside it."""
     draw = random.Random(f"{engine}-{at}-{attempt}")
     first, second = draw.sample([1, 2, 3], 2)  # rank 0 writes the run directory
     into, share = draw.uniform(0.010, 0.090), draw.uniform(0.8, 1.0)
     gap = draw.uniform(0.0, 0.100)
     run_dir = tmp_path / "run"
-    proc = cli(tmp_path, run_dir, [*PROBE_ENGINES[engine], *PROBE_16MB])
-    try:
-        pids = wait_for_updates(proc, run_dir, 4)
+    args = [*PROBE_ENGINES[engine], *PROBE_16MB]
+
+    def kill(pids: dict[int, int]) -> tuple[float, float]:
+        """SIGKILL `first` as drawn into its send of an all-reduce, `second` `gap` after: how
+        far into its send the first was killed, and when the second was (time.monotonic)."""
         before = _written(pids[first])
         while (now := _written(pids[first])) - before < 1 << 18:  # 256 kB within a poll
             before = now
@@ -499,16 +548,38 @@ def two_kills(tmp_path: Path, engine: str, attempt: int, at: str = "10-90 ms") -
         else:
             time.sleep(max(sending + into - time.perf_counter(), 0.0))
         os.kill(pids[first], signal.SIGKILL)
-        into = time.perf_counter() - sending
+        killed_into = time.perf_counter() - sending
         time.sleep(gap)
         os.kill(pids[second], signal.SIGKILL)
-        killed = time.monotonic()
-        stderr = proc.communicate(timeout=120)[1]
-        took = time.monotonic() - killed
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    summary = json.loads((run_dir / "summary.json").read_text())
+        return killed_into, time.monotonic()
+
+    if stderr is None:
+        proc = cli(tmp_path, run_dir, args)
+        try:
+            pids = wait_for_updates(proc, run_dir, 4)
+            into, killed = kill(pids)
+            err = proc.communicate(timeout=120)[1]
+            took = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        code = proc.returncode
+    else:
+        written = stderr.stat().st_size
+
+        def once_training(ended) -> tuple[dict[int, int], float, float]:
+            deadline = time.monotonic() + 90
+            while not (pids := training(run_dir, 4, updates=5)):
+                assert not ended.is_set() and time.monotonic() < deadline, "it did not start"
+                time.sleep(0.2)
+            return pids, *kill(pids)
+
+        summary, (pids, into, killed), ended = run_beside(run_dir, args, once_training)
+        took = ended - killed
+        with open(stderr, errors="replace") as f:
+            err = f.read()[written:]
+        code = EXIT_CODES[summary["status"]]  # the CLI's exit for the status the run returned
     left = [r for r, pid in pids.items() if _alive(pid)]
     for pid in pids.values():
         if _alive(pid):
@@ -520,14 +591,14 @@ def two_kills(tmp_path: Path, engine: str, attempt: int, at: str = "10-90 ms") -
     row = {
         "engine": engine, "at": at, "attempt": attempt, "killed": [first, second],
         "into_ms": round(into * 1000), "gap_ms": round(gap * 1000),
-        "status": summary["status"], "exit": proc.returncode, "seconds": round(took, 1),
+        "status": summary["status"], "exit": code, "seconds": round(took, 1),
         "workers_lost": summary.get("workers_lost"), "error": (summary["error"] or "")[:300],
         "left": left, "updates": summary["updates"],
         "stall_s": round(max(gaps, default=0.0), 2),  # the longest time between rounds
         # how the survivors got back in step: rounds handed over, rounds summed again
         "handed": sum(log.count("taken from rank") for log in logs),
         "again": sum(log.count("summed again") for log in logs),
-        "gloo_aborts": stderr.count("doesn't match"),  # a rank's abort: to the CLI's stderr
+        "gloo_aborts": err.count("doesn't match"),  # a rank's abort: to its stderr
     }  # fmt: skip
     row["verdict"] = verdict(row)
     return row
@@ -551,6 +622,6 @@ def verdict(row: dict) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("engine", list(PROBE_ENGINES))
-def test_real_two_kills_inside_a_16mb_all_reduce(tmp_path, engine):
-    row = two_kills(tmp_path, engine, 0)
+def test_real_two_kills_inside_a_16mb_all_reduce(tmp_path, engine, one_fork_server):
+    row = two_kills(tmp_path, engine, 0, stderr=one_fork_server)  # run here
     assert row["verdict"] != "bad", row

@@ -7,20 +7,23 @@ replica was lost (over the replicas left), and gossip and DiLoCo healed by a spa
 processes, DiLoCo on 4 replicas stopped by SIGTERM ends with the same θ, bit for bit (its
 rounds are synchronous and gloo's ring sums in a fixed order), each round once.
 
-The run that is interrupted goes through the CLI (the signal reaches its top process); the
-uninterrupted run and the resumed one run in this process (`experiment.run`, what the CLI
-calls: the same events byte for byte), the uninterrupted one while the interrupted one
-starts, a thread watching for its checkpoint to signal it."""
+Every run is in this process (`experiment.run`, what the CLI calls: the same events byte
+for byte), its ranks forked from one server loaded for every engine: the interrupted one is
+signalled as the CLI's top process would be (this process, by a thread watching for its
+checkpoint), and ends `interrupted` with the CLI's exit code (SIGINT and SIGTERM through
+the CLI itself: tests/integration/test_signals.py); then the uninterrupted run, then the
+resumed one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,56 +33,47 @@ from stalebench import experiment
 from stalebench.errors import ConfigError
 from stalebench.metrics.events import read_events, schema_errors
 from stalebench.runtime import checkpoint
+from stalebench.runtime.signals import Interrupted
 from tests.conftest import compose
+from tests.speed_helpers import fork_server_for_every_engine
 
 DIE = "cluster.faults=[{worker:2,at_s:0.5,action:die}]"
 COMMON = ["cluster.num_workers=4", "dataset=synthetic", "model=mlp", "logger=none"]
-# Each run lasts 8.4-9 simulated seconds (the simulator's real time goes with them): a few
-# checkpoints in the uninterrupted run, the first at 1-2 s, and 6 s or more of the run after
-# it for the signal to land in (the first run of a heterogeneous 4-worker round: 0.6 s for
-# DiLoCo's 10 inner steps, 60 ms for a BSP or gossip step). Where a replica is lost (at
-# 0.6 s, the end of the round it died in) the first checkpoint comes after that round.
+# Each run lasts 4.8 simulated seconds (the simulator's real time goes with them, 0.5 s or
+# more): two checkpoints or more in the uninterrupted run, the first at 1-2 s, and 3 s or more
+# of the run after it for the signal to land in (this process signals itself within tens of
+# ms of the checkpoint; the first run of a heterogeneous 4-worker round: 0.6 s for DiLoCo's
+# 10 inner steps, 60 ms for a BSP or gossip step). Where a replica is lost (at 0.6 s, the
+# end of the round it died in) the first checkpoint comes after that round.
 SIM = {
-    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=14",
+    "diloco": ["algorithm=diloco", "algorithm.outer.inner_steps=10", "budget.max_updates=8",
                "checkpoint_every_s=1"],
     # the inner optimizer's scheduler goes on from its step (it was unpicklable: its
     # function is not data; now kept as its state_dict)
     "diloco-lr-decay": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
-                        "budget.max_updates=14", "checkpoint_every_s=1",
+                        "budget.max_updates=8", "checkpoint_every_s=1",
                         "algorithm.inner.lr_decay=cosine", "algorithm.inner.lr_decay_steps=400"],
     "streaming-diloco": ["algorithm=streaming_diloco", "engine.delay=0",
-                         "algorithm.outer.inner_steps=10", "budget.max_updates=28",
+                         "algorithm.outer.inner_steps=10", "budget.max_updates=16",
                          "checkpoint_every_s=1"],
     # checkpoints after a replica was lost (it comes back as a spare), and after a spare
     # took a lost worker's place (its part is that worker's)
-    "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=150",
+    "allreduce-lost": ["engine=allreduce", "algorithm=bsp", "budget.max_updates=80",
                        "checkpoint_every_s=1", "cluster.min_replicas=3", DIE],
     # (1.5 s: a checkpoint due in the round that finds the loss, 1.2 s, is not this case's)
     "diloco-healed": ["algorithm=diloco", "algorithm.outer.inner_steps=10",
-                      "budget.max_updates=14", "checkpoint_every_s=1.5",
+                      "budget.max_updates=8", "checkpoint_every_s=1.5",
                       "cluster.min_replicas=3", "cluster.spares=1", DIE],
-    "gossip-healed": ["algorithm=dpsgd", "budget.max_updates=150", "checkpoint_every_s=1",
+    "gossip-healed": ["algorithm=dpsgd", "budget.max_updates=80", "checkpoint_every_s=1",
                       "cluster.min_replicas=3", "cluster.spares=1", DIE],
 }  # fmt: skip
 
 
-def cli(run_dir: Path, args: list[str]) -> subprocess.Popen:
-    """The CLI on `args` into run_dir; its output to files beside it (nothing reads a pipe
-    while this process runs a job of its own)."""
-    out = run_dir.parent / f"{run_dir.name}.out"
-    with open(out, "w") as stdout, open(out.with_suffix(".err"), "w") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "stalebench.cli", *COMMON, *args, f"hydra.run.dir={run_dir}"],
-            cwd=run_dir.parent,
-            stdout=stdout,
-            stderr=stderr,
-            text=True,
-            start_new_session=True,
-        )
-
-
-def stderr_of(run_dir: Path) -> str:
-    return (run_dir.parent / f"{run_dir.name}.err").read_text()[-3000:]
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """The real runs here go from engine=local to engine=allreduce: their ranks forked from
+    one server (not one started again, torch imported again, at the change of engine)."""
+    fork_server_for_every_engine()
 
 
 def in_process(run_dir: Path, args: list[str]) -> dict:
@@ -93,53 +87,87 @@ def committed(run_dir: Path) -> bool:
     return (run_dir / "checkpoint" / "state.pt").exists()
 
 
-class Interrupter(threading.Thread):
-    """Signals `proc` once its first checkpoint set is committed in run_dir (this process
-    runs a job of its own meanwhile); `error` says why it did not."""
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, proc: subprocess.Popen, run_dir: Path, sig: signal.Signals):
+
+@contextlib.contextmanager
+def signals_kept() -> Iterator[list[int]]:
+    """While inside, SIGINT and SIGTERM that reach this process outside a run (whose
+    `interruptible()` takes them while it runs) are kept in the list, not fatal to pytest."""
+    kept: list[int] = []
+    previous = {s: signal.signal(s, lambda n, _f: kept.append(n)) for s in SIGNALS}
+    try:
+        yield kept
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Interrupter(threading.Thread):
+    """Signals this process (the run's top process: the main thread runs the job) once
+    `ready(run_dir)`, by default once its first checkpoint set is committed; `error` says
+    why it did not. `done` (the run has ended) stops it waiting."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        sig: signal.Signals,
+        ready: Callable[[Path], bool] = committed,
+    ):
         super().__init__(daemon=True)
-        self.proc, self.run_dir, self.sig = proc, run_dir, sig
+        self.run_dir, self.sig, self.ready = run_dir, sig, ready
+        self.done = threading.Event()
         self.error: str | None = None
 
     def run(self) -> None:
         deadline = time.monotonic() + 120
         try:
-            while not committed(self.run_dir):
-                if self.proc.poll() is not None:
-                    self.error = "it ended before its first checkpoint"
+            while not self.ready(self.run_dir):
+                if self.done.is_set():
+                    self.error = "it ended before the signal: make it longer"
                     return
                 if time.monotonic() > deadline:
-                    self.error = "no checkpoint in 120 s"
+                    self.error = "not ready to be signalled in 120 s"
                     return
                 time.sleep(0.02)
-            self.proc.send_signal(self.sig)
+            os.kill(os.getpid(), self.sig)
         except Exception as exc:  # reported by the test's thread
             self.error = repr(exc)
 
 
-def interrupted_beside(tmp_path: Path, args: list[str], sig: signal.Signals) -> tuple[dict, dict]:
-    """The run in tmp_path/run through the CLI, signalled once its first checkpoint set is
-    committed, while the same job runs here uninterrupted into
-    tmp_path/whole: (the interrupted run's summary, the uninterrupted run's)."""
-    run_dir = tmp_path / "run"
-    proc = cli(run_dir, args)
-    watcher = Interrupter(proc, run_dir, sig)
-    watcher.start()
-    try:
-        whole = in_process(tmp_path / "whole", args)
-        watcher.join(timeout=150)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert watcher.error is None, (watcher.error, stderr_of(run_dir))
-    assert proc.returncode == 128 + sig, (
-        "the run ended before the signal: make it longer",
-        stderr_of(run_dir),
-    )
-    return json.loads((run_dir / "summary.json").read_text()), whole
+def interrupted(
+    run_dir: Path,
+    args: list[str],
+    sig: signal.Signals,
+    ready: Callable[[Path], bool] = committed,
+) -> dict:
+    """The job on `args` run here into run_dir, signalled with `sig` once `ready(run_dir)`:
+    its summary.json, once it has ended `Interrupted` with the CLI's exit code."""
+    watcher = Interrupter(run_dir, sig, ready)
+    ended: Interrupted | None = None
+    with signals_kept() as late:
+        watcher.start()
+        try:
+            in_process(run_dir, args)
+        except Interrupted as exc:
+            ended = exc
+        finally:
+            watcher.done.set()
+            watcher.join()
+    assert watcher.error is None, watcher.error
+    assert not late, f"{late}: the run ended before the signal: make it longer"
+    assert ended is not None and ended.exit_code == 128 + sig, ended
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def interrupted_then_whole(
+    tmp_path: Path, args: list[str], sig: signal.Signals
+) -> tuple[dict, dict]:
+    """The run in tmp_path/run, signalled once its first checkpoint set is committed, then
+    the same job uninterrupted into tmp_path/whole: (the interrupted run's summary, the
+    uninterrupted run's)."""
+    stopped = interrupted(tmp_path / "run", args, sig)
+    return stopped, in_process(tmp_path / "whole", args)
 
 
 def resumed_events(run_dir: Path) -> list[str]:
@@ -162,7 +190,7 @@ def same_model(a: Path, b: Path) -> bool:
 @pytest.mark.parametrize("case", list(SIM))
 def test_sim_an_interrupted_run_resumed_is_the_uninterrupted_one(tmp_path, case):
     args = ["runtime=sim", *SIM[case]]
-    stopped, whole = interrupted_beside(tmp_path, args, signal.SIGINT)
+    stopped, whole = interrupted_then_whole(tmp_path, args, signal.SIGINT)
     assert stopped["status"] == "interrupted"
     assert whole["status"] == "completed", whole["error"]
     summary = in_process(tmp_path / "run", [*args, "resume=true"])
@@ -180,28 +208,31 @@ def test_sim_an_interrupted_run_resumed_is_the_uninterrupted_one(tmp_path, case)
     assert summary["status"] == "completed"
 
 
+# 16 rounds of 5 inner steps, 1.5 s or more (the slowest worker steps 15 ms); stopped after
+# the first checkpoint, at about 0.4 s (round 5)
+ROUNDS = 16
 REAL_DILOCO = ["runtime=real", "algorithm=diloco", "algorithm.outer.inner_steps=5",
-               "budget.max_updates=24", "cluster.compute_ms=10", "checkpoint_every_s=0.4",
-               "timeout_s=20"]  # fmt: skip
+               f"budget.max_updates={ROUNDS}", "cluster.compute_ms=5",
+               "checkpoint_every_s=0.4", "timeout_s=20"]  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
-    stopped, whole = interrupted_beside(tmp_path, REAL_DILOCO, signal.SIGTERM)
-    assert whole["status"] == "completed" and whole["updates"] == 24, whole["error"]
+    stopped, whole = interrupted_then_whole(tmp_path, REAL_DILOCO, signal.SIGTERM)
+    assert whole["status"] == "completed" and whole["updates"] == ROUNDS, whole["error"]
     run_dir = tmp_path / "run"
-    assert stopped["status"] == "interrupted" and stopped["updates"] < 24
+    assert stopped["status"] == "interrupted" and stopped["updates"] < ROUNDS
     in_process(run_dir, [*REAL_DILOCO, "resume=true"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["updates"] == 24
+    assert summary["status"] == "completed" and summary["updates"] == ROUNDS
     events = read_events(run_dir / "events.jsonl")
     assert not [e for e in events if schema_errors(e)]
     (resume,) = [e for e in events if e.get("event") == "resume"]
     assert resume["version"] > 0
     for w in range(4):  # each round once per worker, in order, across the resume
         rounds = [e["version"] for e in events if e["kind"] == "update" and e["worker"] == w]
-        assert rounds == list(range(1, 25))
+        assert rounds == list(range(1, ROUNDS + 1))
     times = [e["t"] for e in events if e["kind"] != "eval"]
     assert times == sorted(times)
     assert same_model(tmp_path / "whole", run_dir)
@@ -219,26 +250,15 @@ def test_real_diloco_stopped_by_sigterm_resumes_to_the_same_theta(tmp_path):
 def test_real_allreduce_healed_then_stopped_resumes_with_the_spare_in_place(tmp_path):
     # worker 2 dies, spare rank 4 takes its place, a checkpoint, SIGTERM: the resumed run
     # goes on over ranks 0, 1, 3, 4 (rank 2, started again, stands by) to the budget
-    budget = 200  # 6 s of rounds (worker 3 steps 30 ms): stopped at about 1 s
+    budget = 120  # 2 s of rounds or more (worker 3 steps 15 ms): stopped at about 1 s at most
     args = ["runtime=real", "engine=allreduce", "algorithm=bsp", f"budget.max_updates={budget}",
-            "cluster.compute_ms=10", "checkpoint_every_s=0.5", "timeout_s=20",
+            "cluster.compute_ms=5", "checkpoint_every_s=0.5", "timeout_s=20",
             "cluster.min_replicas=3", "cluster.spares=1",
             "cluster.faults=[{worker:2,at_s:0.3,action:die}]"]  # fmt: skip
     run_dir = tmp_path / "run"
-    proc = cli(run_dir, args)
-    try:  # stopped once a checkpoint after the spare's arrival is committed
-        deadline = time.monotonic() + 120
-        while not _checkpoint_after_replaced(run_dir):
-            assert proc.poll() is None, stderr_of(run_dir)
-            assert time.monotonic() < deadline, "no checkpoint after the spare joined"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr_of(run_dir)
+    # stopped once a checkpoint after the spare's arrival is committed
+    stopped = interrupted(run_dir, args, signal.SIGTERM, ready=_checkpoint_after_replaced)
+    assert stopped["status"] == "interrupted" and stopped["updates"] < budget
     in_process(run_dir, [*args, "resume=true"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates"] == budget, summary["error"]

@@ -5,7 +5,7 @@ the same sweep directory, it trains nothing that completed. Arms are a config gr
 directory of the test's own, the way a paper's sweep composes its arms.
 
 Each `stalebench` command is a process forked by a driver that imported the CLI once
-(tests/integration/test_tuning.py's `Command`)."""
+(tests/cli_driver.py's `Command`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_driver import SWEEP_IMPORTS, Command
 from tests.integration.test_cli import FAST
-from tests.integration.test_tuning import Command
 
 pytestmark = pytest.mark.slow
 
@@ -56,9 +56,8 @@ def sweep(command: Command, tmp_path: Path, conf: Path, *extra: str):
 
 @pytest.fixture
 def command(tmp_path_factory):
-    command = Command(tmp_path_factory.mktemp("driver"))
-    yield command
-    command.close()
+    with Command(tmp_path_factory.mktemp("driver"), imports=SWEEP_IMPORTS) as command:
+        yield command
 
 
 def jobs(sweep_dir: Path) -> dict[str, Path]:

@@ -8,20 +8,17 @@ launches only what is not finished, extensions included. Bad tune blocks are ref
 key before any job starts; a run with eval.split=val never evaluates the test split.
 
 Each command is a process of its own, forked by one driver process that imported the CLI,
-torch, Hydra, the experiment and the report once (as tests/unit/test_cli_errors.py's DRIVER
-does): the command's `main`, its arguments, working directory, stdout and stderr, and its
-exit code, as the installed `stalebench` script runs them (tests/integration/test_sweeps.py
-runs that script itself, from outside the checkout)."""
+torch, Hydra, the experiment and the report once (tests/cli_driver.py's `Command`): the
+command's `main`, its arguments, working directory, stdout and stderr, and its exit code,
+as the installed `stalebench` script runs them (tests/integration/test_sweeps.py runs that
+script itself, from outside the checkout)."""
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -30,6 +27,7 @@ import torch
 import yaml
 
 from stalebench.metrics.events import read_events
+from tests.cli_driver import SWEEP_IMPORTS, Command
 from tests.conftest import compose
 from tests.integration.test_run_dir_is_data import Payload
 
@@ -41,90 +39,20 @@ LR = "algorithm.update.lr"
 GOOD = {"asp": 0.2, "bsp": 0.4}
 JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
-# One command per line read: a child forked per command runs the console script's
-# `sys.exit(main())` in the command's directory, its stdout and stderr into files, and ends
-# as the command would (atexit and all: a launcher's workers are shut down); the driver
-# answers each line with the child's exit code.
-DRIVER = """
-import json, os, sys
-from stalebench.cli import main
-# what a command imports: once, not once per command (a sweep's jobs and its report)
-import hydra, torch, stalebench.experiment, stalebench.runtime.sim, stalebench.callbacks
-import stalebench.report.cli, stalebench.report.figures, stalebench.tuning
-import hydra_plugins.hydra_joblib_launcher.joblib_launcher
-
-for line in sys.stdin:
-    case = json.loads(line)
-    pid = os.fork()
-    if pid == 0:  # the command, as a process of its own
-        os.chdir(case["cwd"])
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = ["stalebench", *case["args"]]
-        sys.exit(main())
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
-"""
-
-
-class Command:
-    """`stalebench ARGS` run in a directory, as a process forked by the driver (started at
-    the first command, and again after a command that did not end in its time)."""
-
-    def __init__(self, where: Path):
-        self.where = where
-        self.driver: subprocess.Popen | None = None
-        self.count = 0
-
-    def __call__(self, args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedProcess:
-        if self.driver is None:
-            self.log = open(self.where / "driver.log", "w+")  # noqa: SIM115  (its own errors)
-            self.driver = subprocess.Popen(
-                [sys.executable, "-c", DRIVER],
-                cwd=self.where,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self.log,
-                text=True,
-                env={**os.environ, "PYTHONPATH": ""},
-                start_new_session=True,  # its commands in its process group: stopped with it
-            )
-        self.count += 1
-        out = {k: str(self.where / f"{self.count}.{k}") for k in ("stdout", "stderr")}
-        try:
-            self.driver.stdin.write(json.dumps({"args": args, "cwd": str(cwd), **out}) + "\n")
-            self.driver.stdin.flush()
-            ready, _, _ = select.select([self.driver.stdout], [], [], timeout)
-            if not ready:
-                raise subprocess.TimeoutExpired(["stalebench", *args], timeout)
-            line = self.driver.stdout.readline()
-            self.log.seek(0)
-            assert line, f"the driver ended: {self.log.read()[-3000:]}"
-        except BaseException:  # a command cut short (pytest's timeout too): no driver left
-            self.close()
-            raise
-        stdout, stderr = (Path(out[k]).read_text() for k in ("stdout", "stderr"))
-        return subprocess.CompletedProcess(["stalebench", *args], json.loads(line), stdout, stderr)
-
-    def close(self) -> None:
-        """Ends the driver at once (with the command it runs, if one is running)."""
-        if self.driver is not None:
-            if self.driver.poll() is None:
-                os.killpg(self.driver.pid, signal.SIGKILL)
-            self.driver.wait()
-            self.driver = None
-            self.log.close()
+# what a command imports, imported once by the driver: a sweep's jobs, its tuning and
+# report, joblib's launcher
+IMPORTS = (*SWEEP_IMPORTS, "stalebench.runtime.sim", "stalebench.tuning",
+           "hydra_plugins.hydra_joblib_launcher.joblib_launcher")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def command():
+    """`stalebench ARGS` in a directory (tests/cli_driver.py's `Command`), the driver's
+    environment without PYTHONPATH: the commands import the installed stalebench."""
     with tempfile.TemporaryDirectory() as where:
-        command = Command(Path(where))
-        try:
+        env = {**os.environ, "PYTHONPATH": ""}
+        with Command(Path(where), env=env, imports=IMPORTS) as command:
             yield command
-        finally:
-            command.close()
 
 
 def config(run_dir: Path) -> dict:
@@ -280,21 +208,30 @@ def test_a_tuned_sweep_selects_on_validation_data_and_resumes(command, joblib_sw
     assert (job / "events.jsonl").read_bytes() == events
 
 
+BAD_TUNE = [
+    ("seed=1,1000", "sweep.tune.seeds"),
+    ("sweep.tune.validation_fraction=0.7", "sweep.tune.validation_fraction"),
+    ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4]}", "sweep.tune.arms.bsp"),
+    ("++sweep.tune.arms.sgd={algorithm.update.lr:[0.4,0.1]}", "sweep.tune.arms.sgd"),
+    # bsp's grid at ×4 against asp's at ×20000: one resolution for every arm
+    ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4,0.1]}", "asp x20000; bsp x4"),
+    ("sweep.tune.max_extensions=-1", "sweep.tune.max_extensions"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(command, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """TINY with each bad tune block, each in a folder of its own, two at a time: override
+    -> the command and its folder."""
+    runs = [([*TINY, override], tmp_path_factory.mktemp("refused")) for override, _ in BAD_TUNE]
+    done = command.many(runs, timeout=110, at_once=2)
+    return {o: (d, w) for (o, _), d, (_, w) in zip(BAD_TUNE, done, runs, strict=True)}
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("seed=1,1000", "sweep.tune.seeds"),
-        ("sweep.tune.validation_fraction=0.7", "sweep.tune.validation_fraction"),
-        ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4]}", "sweep.tune.arms.bsp"),
-        ("++sweep.tune.arms.sgd={algorithm.update.lr:[0.4,0.1]}", "sweep.tune.arms.sgd"),
-        # bsp's grid at ×4 against asp's at ×20000: one resolution for every arm
-        ("++sweep.tune.arms.bsp={algorithm.update.lr:[0.4,0.1]}", "asp x20000; bsp x4"),
-        ("sweep.tune.max_extensions=-1", "sweep.tune.max_extensions"),
-    ],
-)
-def test_a_bad_tune_block_is_refused_by_key_before_any_job(command, tmp_path, override, key):
-    done = command([*TINY, override], tmp_path, timeout=110)
+@pytest.mark.parametrize("override, key", BAD_TUNE)
+def test_a_bad_tune_block_is_refused_by_key_before_any_job(refused, override, key):
+    done, tmp_path = refused[override]
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("stalebench: error:")]
     assert key in line

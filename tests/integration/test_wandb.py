@@ -3,22 +3,24 @@ matches events.jsonl; multirun jobs are separate runs in one group; a broken W&B
 fails the run.
 
 Every command runs once, in one driver process that forks a child per command
-(tests/integration/test_cli_driver.py: torch and Hydra imported once; W&B imported by each
+(tests/cli_driver.py: torch and Hydra imported once; W&B imported by each
 command itself, so each starts its own W&B service, as a command does); each test asserts
 on the command it is about (`ran`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from stalebench.metrics.events import read_events
-from tests.conftest import LEAST_STAGES, TINY_DSSP_SWEEP, free_port
-from tests.integration.test_cli_driver import case, drive
+from tests.cli_driver import SWEEP_IMPORTS, case, drive
+from tests.conftest import TINY_DSSP_SWEEP, free_port
 from tests.wandb_log import read_run
 
 # the first test runs every command (`ran`): at most 150 s each, as a command's own
@@ -50,7 +52,7 @@ ENV = {
 
 
 def stalebench(case_id, tmp, args, env=None, **kw):
-    """A command for the driver (tests/integration/test_cli_driver.py): `stalebench args` in
+    """A command for the driver (tests/cli_driver.py): `stalebench args` in
     a folder of its own under `tmp`, with W&B's directories in it."""
     cwd = tmp / case_id
     where = {"WANDB_DIR": str(cwd), "WANDB_CACHE_DIR": str(cwd / "cache"),
@@ -85,18 +87,37 @@ MODES = [
      "WANDB_MODE=disabled says"),  # a mode set in the config wins, and says so
 ]  # fmt: skip
 SWEEP = ["-m", "logger=wandb", "algorithm=bsp,asp", "hydra.sweep.dir=sweep", *FAST]
+PINNED = ["algorithm.update.lr=0.1", "sweep.sequential.max_seeds=0"]
+
+
+@contextlib.contextmanager
+def answering_host():
+    """A host that answers: it takes every connection and closes it. (One that never took
+    them would hold the command at its exit: W&B's telemetry exporters wait ~10 s for it.)"""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def serve():
+            with contextlib.suppress(OSError):  # the server closed
+                while True:
+                    server.accept()[0].close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
     """Every command of this file, run once: case id -> the case, its exit code, stdout,
-    stderr and seconds (tests/integration/test_cli_driver.py)."""
+    stderr and seconds (tests/cli_driver.py)."""
     tmp = tmp_path_factory.mktemp("wandb")
     fake = tmp / "fake"
     (fake / "wandb").mkdir(parents=True)
     (fake / "wandb" / "__init__.py").write_text("raise RuntimeError('W&B is broken here')\n")
     port = free_port()  # nothing listens there once it is closed
-    cases = [
+    cases = [  # the longest first: two at a time, the short ones fill in
+        # the verdicts' logging is the subject: the least stages a sweep can have (the rate
+        # pinned: no tuning stage; no second stage of seeds)
+        stalebench("paper", tmp, [*TINY_DSSP_SWEEP, *PINNED, "logger=wandb"]),
         stalebench("history", tmp, ["logger=wandb", "algorithm=ssp", "hydra.run.dir=run", *FAST]),
         # a multirun's jobs, online with the host unreachable: it logs offline, each job a
         # run of one group (test_multirun_jobs_are_separate_runs_in_one_group and
@@ -105,8 +126,6 @@ def ran(tmp_path_factory):
                                              "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}),
         stalebench("broken", tmp, ["logger=wandb", "hydra.run.dir=run", *FAST],
                    env={"PYTHONPATH": str(fake)}, path=(str(fake),)),
-        # the verdicts' logging is the subject: the least stages a sweep can have
-        stalebench("paper", tmp, [*TINY_DSSP_SWEEP, *LEAST_STAGES, "logger=wandb"]),
         *[stalebench(f"failing-{fail_log}-{fail_finish}", tmp,
                      ["logger=wandb", "hydra.run.dir=run", *FAST],
                      before=BREAK_WANDB.format(fail_log=fail_log, fail_finish=fail_finish))
@@ -118,12 +137,11 @@ def ran(tmp_path_factory):
     ]  # fmt: skip
     # the host answers (a socket that listens), but there is no API key: W&B refuses to
     # start online
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        host = f"http://127.0.0.1:{server.getsockname()[1]}"
+    with answering_host() as host:
         env = {"WANDB_MODE": "online", "WANDB_BASE_URL": host}
         cases.append(stalebench("online-refused", tmp, ["logger=wandb", "hydra.run.dir=run",
                                                          *FAST], env=env))  # fmt: skip
-        out = drive(cases, ENV, at_once=2)
+        out = drive(cases, ENV, at_once=2, imports=SWEEP_IMPORTS)
     for c in out.values():
         c["port"] = port
     return out

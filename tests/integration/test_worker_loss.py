@@ -7,13 +7,91 @@ worker killed from outside."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from stalebench import experiment
 from stalebench.metrics.events import read_events
-from tests.conftest import run_job
-from tests.integration.test_cli import FAST, _alive, kill_mid_run
+from tests.conftest import compose, run_job
+from tests.integration.test_cli import FAST, _alive, _pids
+from tests.speed_helpers import fork_server_for_every_engine
+
+T = TypeVar("T")
+
+
+def run_beside(
+    run_dir: Path, args: list[str], act: Callable[[threading.Event], T]
+) -> tuple[dict, T, float]:
+    """The job the CLI runs on `args`, run here (`experiment.run`, in this thread, its ranks
+    forked from this process's fork server) into run_dir while `act` runs in another thread,
+    given an event set once the run has ended: the run's summary, what `act` returned, and
+    when the run ended (time.monotonic). What `act` raised is raised here."""
+    cfg = compose(args)
+    cfg.run_dir = str(run_dir)
+    ended = threading.Event()
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = act(ended)
+        except BaseException as exc:  # raised in the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, name="beside-the-run", daemon=True)
+    thread.start()
+    try:
+        summary = experiment.run(cfg)
+    finally:
+        end = time.monotonic()
+        ended.set()
+        thread.join(timeout=60)
+    if "error" in out:
+        raise out["error"]
+    return summary, out["value"], end
+
+
+def training(run_dir: Path, world: int, updates: int = 20) -> dict[int, int] | None:
+    """The ranks' pids once all `world` of them run and more than `updates` updates are
+    recorded; else None."""
+    pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
+    if len(pids) < world:
+        return None
+    recorded = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
+    return pids if len(recorded) > updates else None
+
+
+def kill_mid_run(run_dir: Path, args: list[str], world: int, rank: int):
+    """Run the job on `args` here (`run_beside`), wait until all `world` ranks run and updates
+    flow, SIGKILL `rank`: the run's summary, the ranks' pids and the seconds from the kill to
+    the run's end (test_cli.kill_mid_run does it through the CLI)."""
+
+    def kill(ended: threading.Event) -> tuple[dict[int, int], float]:
+        deadline = time.monotonic() + 60
+        while not (pids := training(run_dir, world)):
+            assert not ended.is_set() and time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        os.kill(pids[rank], signal.SIGKILL)
+        return pids, time.monotonic()
+
+    summary, (pids, killed_at), end = run_beside(run_dir, args, kill)
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    return summary, pids, end - killed_at
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_fork_server():
+    """The real runs here go from engine=ps to engine=local and back: their ranks forked
+    from one server (not one started again, torch imported again, at each change)."""
+    fork_server_for_every_engine()
+
 
 DIE = "cluster.faults=[{worker:1,at_s:0.2,action:die}]"
 SIM = ["runtime=sim", "budget.max_updates=300", DIE]
@@ -66,9 +144,8 @@ def test_in_the_simulator_a_run_that_loses_every_worker_fails(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_real_asp_run_that_loses_one_of_four_workers_completes_with_three(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["algorithm=asp", "budget.max_wall_s=5", "timeout_s=10", *FAST[:-1]]
-    pids, ended_after = kill_mid_run(tmp_path, run_dir, args, world=5, rank=2)  # worker 1
-    summary = json.loads((run_dir / "summary.json").read_text())
+    args = ["algorithm=asp", "budget.max_wall_s=3", "timeout_s=10", *FAST[:-1]]
+    summary, pids, ended_after = kill_mid_run(run_dir, args, world=5, rank=2)  # worker 1
     events = read_events(run_dir / "events.jsonl")
     assert summary["status"] == "completed", summary["error"]
     assert summary["workers_lost"] == [1]

@@ -1,10 +1,9 @@
 """Bad input on the command line: exit code 2, one line on stderr naming the config key and
 the bad value, nothing on stdout, and no process started (no per-rank logs/ anywhere).
 
-Each case is the `stalebench` command in a process of its own: one driver process imports
-the CLI (and torch, Hydra and the experiment) once, then forks a child per case that runs
-`stalebench.cli.main` with the case's arguments, its working directory and its stdout and
-stderr as files, and exits with main's code, as the command would."""
+Each case is the `stalebench` command in a process of its own, forked by one driver process
+that imported the CLI (and torch, Hydra and the experiment) once (tests/cli_driver.py), its
+stdout and stderr in files outside its working directory."""
 
 from __future__ import annotations
 
@@ -12,14 +11,13 @@ import io
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from stalebench.job import config_sha
+from tests.cli_driver import Driver, case
 from tests.conftest import compose
 
 # a simulated run (no process is started before its checkpoint is read)
@@ -131,60 +129,29 @@ def files(folder: Path) -> dict[str, bytes]:
     }
 
 
-DRIVER = """
-import json, os, sys
-from stalebench.cli import main
-import hydra, torch, stalebench.experiment  # what a run imports: once, not once per case
-
-for case in json.loads(sys.argv[1]):
-    pid = os.fork()
-    if pid == 0:  # the command, as a process of its own
-        os.chdir(case["cwd"])
-        os.environ["STALEBENCH_CACHE"] = case["cache"]
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv = ["stalebench", *case["args"]]
-        code = 0
-        try:
-            main()
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    case["code"] = os.waitstatus_to_exitcode(status)
-    print(json.dumps(case), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, dict]:
-    """Every case run as the command: its exit code, stdout, stderr and directory."""
-    cases, planted = [], {}
-    for case_id, (args, _, _) in zip(IDS, CASES, strict=True):
-        where = tmp_path_factory.mktemp(case_id)
-        out = tmp_path_factory.mktemp(case_id + "-out")
-        args = [a.replace("{tmp}", str(where)) for a in args]
-        sha = ""
-        if case_id in PLANTED:
-            sha = config_sha(compose([a for a in args if not a.startswith("hydra.")]))
-            plant(PLANTED[case_id], where / "run", sha)
-        planted[case_id] = files(where)
-        cases.append(dict(id=case_id, cwd=str(where), args=args, cache=str(out / "cache"), sha=sha,
-                          stdout=str(out / "stdout"), stderr=str(out / "stderr")))  # fmt: skip
+    """Every case run as the command: its exit code, stdout, stderr and directory (its
+    output files outside it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(cases)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    ran = [json.loads(line) for line in done.stdout.splitlines()]
-    return {case["id"]: {**case, "planted": planted[case["id"]]} for case in ran}
+    # the driver imports what a refused command imports (not torch._dynamo, which only a
+    # run needs) while the cases are made here
+    with Driver(env, imports=("hydra", "torch", "stalebench.experiment")) as driver:
+        cases, planted = [], {}
+        for case_id, (args, _, _) in zip(IDS, CASES, strict=True):
+            where = tmp_path_factory.mktemp(case_id)
+            out = tmp_path_factory.mktemp(case_id + "-out")
+            args = [a.replace("{tmp}", str(where)) for a in args]
+            sha = ""
+            if case_id in PLANTED:
+                sha = config_sha(compose([a for a in args if not a.startswith("hydra.")]))
+                plant(PLANTED[case_id], where / "run", sha)
+            planted[case_id] = files(where)
+            command = case(case_id, where, args, env={"STALEBENCH_CACHE": str(out / "cache")},
+                           stdout=out / "stdout", stderr=out / "stderr")  # fmt: skip
+            cases.append({**command, "sha": sha})
+        ran = driver.run(cases, at_once=2)
+    return {i: {**c, "planted": planted[i]} for i, c in ran.items()}
 
 
 @pytest.mark.parametrize(
@@ -194,7 +161,7 @@ def test_bad_input_is_one_line_and_exit_2(outcomes, case_id, args, key, value):
     case = outcomes[case_id]
     tmp_path = Path(case["cwd"])
     value = value.replace("{tmp}", str(tmp_path)).replace("{sha}", case["sha"])
-    stdout, stderr = (Path(case[k]).read_text() for k in ("stdout", "stderr"))
+    stdout, stderr = case["stdout"], case["stderr"]
 
     assert case["code"] == 2, stderr
     assert stdout == ""
@@ -213,7 +180,7 @@ def test_bad_input_is_one_line_and_exit_2(outcomes, case_id, args, key, value):
 def test_a_bad_checkpoint_changes_nothing_and_never_relays_torchs_advice(outcomes, case_id):
     case = outcomes[case_id]
     where = Path(case["cwd"])
-    line = Path(case["stderr"]).read_text()
+    line = case["stderr"]
     assert "weights_only" not in line and "torch.load" not in line, line
     assert files(where) == case["planted"]  # the checkpoint as it was, nothing added
     assert not (where / "MARKER").exists()
