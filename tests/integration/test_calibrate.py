@@ -14,7 +14,7 @@ from tests.conftest import compose
 @pytest.mark.timeout(120)
 def test_calibrate_writes_a_profile_a_run_composes(tmp_path, monkeypatch):
     monkeypatch.setenv("STALEBENCH_CONF", str(tmp_path / "conf"))
-    monkeypatch.setattr(calibrate, "PROBE_S", 0.2)  # the wiring, not the precision
+    monkeypatch.setattr(calibrate, "PROBE_S", 0.1)  # the wiring, not the precision
     # and so one real run per probe, not the median of PROBE_REPEATS (`measure` calls it)
     monkeypatch.setattr(calibrate, "probe", functools.partial(calibrate.probe, repeats=1))
     small = ["dataset=synthetic", "model=mlp", "model.hidden=[16]"]
