@@ -37,6 +37,7 @@ from stalebench.errors import ConfigError
 if TYPE_CHECKING:
     from stalebench.data import Splits
     from stalebench.job import Job
+    from stalebench.runtime.driver import Role
     from stalebench.runtime.world import Op, World
 
 __all__ = ["ENGINES", "NETWORK", "Engine", "EngineConfig"]
@@ -207,5 +208,14 @@ class Engine:
         a = self.run.algorithm
         return [f.name for f in dataclasses.fields(a) if f.name != "name" and getattr(a, f.name)]
 
+    def role(self, job: Job, world: World) -> Role:
+        """What rank `world.rank` plays, built off the clock (`stalebench.runtime.driver`:
+        the role supplies its steps and exchanges, the driver its life)."""
+        raise NotImplementedError(f"engine={self.name} has no role")
+
     def program(self, job: Job, world: World) -> Op[dict[str, Any] | None]:
-        raise NotImplementedError(f"engine={self.name} has no rank program")
+        """One rank's program: its role's life (`driver.drive`); the recording rank returns
+        the run's summary."""
+        from stalebench.runtime.driver import drive
+
+        return drive(self.role(job, world), world)

@@ -11,7 +11,7 @@ processes in one order fixed at start-up, the same on every rank, as backward ho
 them, with `World.pace` spreading the profile's step time over forward and backward so that
 what the pieces overlap is the modelled computation; on the virtual clock as one all-reduce
 lasting what the pieces would). `Rounds` holds a replica's side of it, for the replica's
-one program (stalebench.engines.allreduce.replica.replica).
+one role (stalebench.engines.allreduce.replica.Replica).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class Rounds:
         if self.left_in[k] == 0:
             self.pieces.post(k, self.round)
 
-    def finish(self) -> None:
+    def header_written(self) -> None:
         """Backward is done and the tail written: it completes piece 0."""
         if self.pieces.hooked:
             self.one_less(0)

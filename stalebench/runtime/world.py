@@ -100,7 +100,7 @@ class World:
     profile: Profile
     run_dir: Path  # the run directory (each rank's own, with torchrun across machines)
     record: RunRecord | None
-    faults: Faults | None = None
+    faults: Faults | None = None  # the worker's this rank plays (`play`)
     # a parameter server's rank: one NIC for all its peers, whose messages queue on it
     hub = False
     # the run's hubs, known to every rank once `begin` has passed: a message from a hub
@@ -115,6 +115,13 @@ class World:
     def now(self) -> float:
         """Run time: seconds since every rank started (real or virtual)."""
         raise NotImplementedError
+
+    def play(self, worker: int, since: float = 0.0, step: int = 0, replaced: bool = False):
+        """This rank plays `worker` from run time `since` and the worker's step `step` on
+        (`replaced`: in a lost worker's place): the profile's faults of that worker strike
+        its steps (`strike`) and slow its messages. They are kept with this rank's part of
+        each checkpoint and are back, as they were, in a resumed run (`begin`)."""
+        self.faults = Faults(self.profile, worker, since, step, replaced=replaced)
 
     @property
     def events(self) -> EventLog:
@@ -163,13 +170,15 @@ class World:
     def checkpoint(self, version: int, part: Any, t: float, live: bool = False) -> Op[None]:
         """Every rank at once, at the same point of the run (a round's end, nothing in
         flight): `part`, what this rank needs to go on from here (its θ, optimizer state,
-        worker, faults; the random generator's state is added here), to the run directory;
+        worker; the random generator's state and the faults are added here), to the run
+        directory;
         once every rank's part is on disk, rank 0 commits the set (`checkpoint.Checkpoints`),
         so that a kill at any moment leaves the last complete set. `t`: the run time the
         checkpoint was due by (the next falls due `every_s` after it); `live`: over the
         ranks in the rounds (cluster.min_replicas: spares standing by take no part)."""
         run_dir = self.run_dir
-        checkpoint.save_part(run_dir, version, self.rank, {"part": part, "rng": rng_state()})
+        saved = {"part": part, "rng": rng_state(), "faults": self.faults}
+        checkpoint.save_part(run_dir, version, self.rank, saved)
         self.checkpoint_taken(t)
         barrier, ranks = torch.zeros(1), list(range(self.size))
         if live:  # the ranks in the rounds: those that wrote a part
@@ -190,7 +199,7 @@ class World:
         if version >= 0 and self.rank in ranks:
             saved = checkpoint.load_part(self.run_dir, version, self.rank)
             set_rng_state(saved["rng"])
-            self.resumed = saved["part"]
+            self.resumed, self.faults = saved["part"], saved["faults"]
 
     def _start_of(self) -> tuple[float, int, float, list[int]]:
         """Rank 0: when the run starts (a resumed run's checkpoint time), the version of

@@ -416,7 +416,7 @@ def test_a_joining_replica_computes_at_the_theta_it_is_sent():
     cpu = torch.device("cpu")
     _, theta0, rule, net, _ = build_replica(job, cpu)
     sent = torch.randn_like(theta0)
-    params, got_rule, _ = join(cpu, net, {"params": sent.clone(), "rule": rule, "at": {}})
+    params, got_rule, _ = join(cpu, net, {"params": sent.clone(), "rule": rule, "progress": {}})
     assert torch.equal(params, sent) and got_rule is rule
     assert torch.equal(torch.cat([p.detach().flatten() for p in net.parameters()]), sent)
     params.add_(1.0)  # a step on θ is a step of the net

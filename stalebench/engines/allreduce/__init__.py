@@ -3,7 +3,7 @@ round's gradients with one all-reduce, and takes the same local optimizer step (
 configured update rule with the mean gradient, worker −1, lag 0). Rank 0 writes the run
 directory.
 
-A replica is one program (`replica.replica`) in both runtimes: one all-reduce per round carries
+A replica is one role (`replica.Replica`) in both runtimes: one all-reduce per round carries
 the gradient and, in a tail of 3·N + 1 slots, each rank's compute time, loss and seconds
 paused and rank 0's stop flag, so all replicas stop on the same round. The cluster
 profile's network is paid by the world (a ring all-reduce of that whole message per
@@ -126,7 +126,7 @@ class AllReduceEngine(DataParallel):
                 "shrink; use engine=ps to re-form the barrier over the survivors"
             )
 
-    def program(self, job, world):
-        from stalebench.engines.allreduce.replica import replica
+    def role(self, job, world):
+        from stalebench.engines.allreduce.replica import Replica
 
-        return replica(job, world)
+        return Replica(job, world)

@@ -1,5 +1,15 @@
-"""engine=allreduce's replica, one program for both runtimes (the engine, its config and
-checks: `stalebench.engines.allreduce`, which imports no torch)."""
+"""engine=allreduce's replica, one role for both runtimes (the engine, its config and
+checks: `stalebench.engines.allreduce`, which imports no torch).
+
+The protocol, a round at a time: every replica computes its gradient, writes its statistics
+(compute time, loss, seconds paused) and rank 0 its word (stop, save, or go on) into the
+header of one message, and all-reduces it with the gradient — in one message, or with
+engine.bucket_mb in pieces as backward makes them (`Rounds`; P3: applied by layer in the
+next round's forward pass). Each replica then takes the mean gradient's step, and rank 0
+reports the round. The word rank 0 decides in a round travels in the next: that round is
+not applied (stop), or every rank saves its part of a checkpoint after it (save). A spare
+(a rank after the N replicas) stands by until it takes a lost replica's place.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +29,7 @@ from stalebench.engines.rounds import (
 )
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
-from stalebench.runtime.faults import Faults, WorkerDied
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.record import gradient
 from stalebench.runtime.wire import Message
 from stalebench.runtime.world import Op, World
@@ -28,118 +38,161 @@ from stalebench.runtime.world import Op, World
 STOP, SAVE = 1.0, 2.0
 
 
-def replica(job: Job, world: World) -> Op[dict[str, Any] | None]:
-    """One replica's program: a round's statistics and gradient all-reduced (in one
-    message, or with engine.bucket_mb in pieces as backward makes them: `Rounds`), then the
-    mean gradient's step (P3: applied by layer in the next round's forward pass); rank 0
-    reports the round and decides the stop, which the next round's message carries to every
-    rank (that round is not applied). A spare (a rank after the N replicas) stands by until
-    it takes a lost replica's place (`join`)."""
-    n, rank, record, profile = job.num_workers, world.rank, world.record, job.profile
-    device, eng = job.device(rank), job.cfg.engine
-    model, params, rule, net, net_params = build_replica(job, device)
-    x, y = job.splits.x_train[:1], job.splits.y_train[:1]
-    yield from world.begin(lambda: gradient(net, net_params, (x, y), device))
-    placed = yield from place(job, world, net, params, rule)
-    if placed is None:  # a spare the run did not need
-        return None
-    params, rule, at = placed
-    me, d, resumed, tail = at["workers"][rank], params.numel(), world.resumed, 3 * n + 1
-    # the tail (statistics, rank 0's word), then the gradient (no values in a cost-only run)
-    msg = Message(tail, round_slots(d, n) - tail, job.numerics)
-    buf, grad = msg.buf, msg.payload
-    step, faults = worker_of(job, world, net, params, me, at["version"], grad)
-    if resumed is not None:  # its faults as they were
-        world.faults = faults = resumed["faults"]
-    p3, rounds = eng.schedule == "p3", None
-    if eng.bucket_mb:
-        nominal = (yield from measure_step(job, world, net, net_params)) if p3 else 1.0
-        rounds = Rounds(job, world, step, params, rule, nominal, msg)
-        step = rounds.step if rounds.pieces.hooked else step
-    head = msg.head.numpy()  # the slots the protocol reads, as numpy: no tensor op a scalar
-    stats, word = head[: 3 * n].reshape(n, 3), head[3 * n : tail]
-    hooked = rounds is not None and rounds.pieces.hooked
-    status, error, version = "completed", None, at["version"]
-    t_last = world.now() if resumed is not None else 0.0
-    quorum, live, bytes_sent = job.cfg.cluster.min_replicas, at["live"], at["bytes"]
-    stop = save = False
-    if record is not None and resumed is None:
-        record.snapshots.maybe(0.0, 0, params)
+class Replica(Role):
+    """One replica's rank: its model, θ and update rule, and the round it is at."""
 
-    def close(round_stats, reduce_s: float, own: float, live: list[int]) -> None:
-        nonlocal version, bytes_sent, status, stop, t_last  # the round is in θ
-        version, bytes_sent = version + 1, bytes_sent + ring_volume(msg.size, len(live))
-        if record is not None:  # rank 0 reports it and decides the stop
-            t_last = world.now()
-            bad, spent_ = close_round(record, t_last, version, round_stats, reduce_s, own,
-                                      params, live)  # fmt: skip
-            status, stop = "diverged" if bad else status, stop or bad or spent_
+    def __init__(self, job: Job, world: World):
+        self.job, self.world, self.n = job, world, job.num_workers
+        self.device = job.device(world.rank)
+        self.model, self.params, self.rule, self.net, self.net_params = build_replica(
+            job, self.device
+        )
+        self.quorum = job.cfg.cluster.min_replicas
+        self.status, self.stop, self.save, self.looping = "completed", False, False, False
 
-    try:
-        while True:
-            paused = world.strike()  # a pause stalls the round
-            step_s = profile.step_s(me)  # the round's draw from the worker's stream
-            closing = rounds.next_round(step_s) if rounds is not None else None
-            if closing is not None and word[0] == STOP:  # P3: read from the round before
-                break
-            loss, compute = yield from world.compute(step, step_s)
-            if closing is not None:  # P3: the forward pass applied the round before
-                waited = rounds.pieces.waited - rounds.mark
-                compute -= waited
-                close(closing, waited, float(closing[0, 0]), live)
-            head[:] = 0.0
-            stats[me] = compute, loss, paused
-            word[0] = STOP if stop else SAVE if save else 0.0  # rank 0's word (the others': 0)
-            reduce_start = world.now()
-            if rounds is not None:
-                rounds.finish()  # the tail completes the first piece
-            if p3 and hooked:  # on a virtual clock: one all-reduce, the forward's wait
-                continue
-            if hooked:  # the pieces went as backward made them
-                yield from rounds.pieces.settle()
-            else:
-                lasts = rounds.pieces.comm_s(compute, faults.slow_s) if rounds else None
-                if quorum:  # over the replicas left, once some are lost
-                    before = live
-                    ranks = yield from world.all_reduce_live(buf, lasts, nbytes=msg.nbytes)
-                    live = [at["workers"][r] for r in ranks]
-                    replicas_left(record, world.now(), version + 1, before, live, quorum, n)
-                else:
-                    # the network's ring time, or gloo's
-                    yield from world.all_reduce(buf, lasts, nbytes=msg.nbytes)
-            if word[0] == STOP:  # rank 0 decided last round that this one is not applied
-                break
-            if job.numerics:  # a cost-only run takes no update's arithmetic
-                rule.step(params, grad.div_(len(live)), -1, 0)  # the mean over those left
-            close(stats, world.now() - reduce_start, compute, live)
-            if world.joining:  # spares take the lost replicas' places from the next round
-                at["live"] = live
-                live = yield from welcome(world, n, params, rule, version, stop, at)
-            if word[0] == SAVE:  # every rank, at once
-                at.update(version=version, live=live, bytes=bytes_sent)
-                part = {"params": params, "rule": rule, "at": at, "faults": faults}
-                yield from world.checkpoint(version, part, world.now(), live=bool(quorum))
-            save = record is not None and not stop and world.checkpoint_due(world.now())
-        if rounds is not None:
-            rounds.pieces.close()  # inside: a peer lost at the last piece fails the run
-    except WorkerDied:
-        raise  # it is lost; the others lose it in the next all-reduce
-    except Exception as exc:  # what is still under way is abandoned: waiting would raise again
-        status, error, t_last = "failed", str(exc), world.now()
-        if record is None:
-            raise
-        lost_in_failure(record, t_last, version + 1, live, exc, at["workers"])
-    if record is None:
-        return None
-    world.release_spares()
-    return record.finish(model, params, version, t_last, status, error, bytes_sent=bytes_sent)
+    def warm_up(self) -> Any:
+        x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
+        return gradient(self.net, self.net_params, (x, y), self.device)
+
+    def run(self) -> Op[Ending | None]:
+        placed = yield from place(self.job, self.world, self.net, self.params, self.rule)
+        if placed is None:  # a spare the run did not need
+            return None
+        yield from self.set_up(*placed)
+        self.looping = True
+        while (yield from self.round()):
+            pass
+        if self.overlap is not None:
+            self.overlap.pieces.close()  # a peer lost at the last piece fails the run
+        return self.ending()
+
+    def fail(self, exc: Exception) -> Op[Ending | None]:
+        """What is still under way is abandoned (waiting would raise again); the replicas
+        lost in the failing round are logged."""
+        if not self.looping:
+            raise exc
+        self.t_last = self.world.now()
+        lost_in_failure(self.world.record, self.t_last, self.version + 1, self.live, exc,
+                        self.progress["workers"])  # fmt: skip
+        return self.ending()
+        yield  # unreachable: an op
+
+    def ending(self) -> Ending | None:
+        if self.world.record is None:
+            return None
+        self.world.release_spares()
+        return Ending(self.model, self.params, self.version, self.t_last, self.status,
+                      bytes_sent=self.bytes_sent)  # fmt: skip
+
+    def set_up(self, params, rule, progress: dict[str, Any]) -> Op[None]:
+        """The round's message (its header: each replica's statistics, then rank 0's word;
+        then the gradient — no values in a cost-only run), the worker this rank plays and
+        its step; with engine.bucket_mb, the rounds in pieces."""
+        job, world, n = self.job, self.world, self.n
+        self.params, self.rule, self.progress = params, rule, progress
+        self.worker = progress["workers"][world.rank]
+        header = 3 * n + 1
+        self.msg = Message(header, round_slots(params.numel(), n) - header, job.numerics)
+        self.step = worker_of(job, world, self.net, params, self.worker, progress["version"],
+                              self.msg.payload)  # fmt: skip
+        eng = job.cfg.engine
+        self.p3, self.overlap, nominal = eng.schedule == "p3", None, 1.0
+        if eng.bucket_mb:
+            if self.p3:
+                nominal = yield from measure_step(job, world, self.net, self.net_params)
+            self.overlap = Rounds(job, world, self.step, params, rule, nominal, self.msg)
+            self.step = self.overlap.step if self.overlap.pieces.hooked else self.step
+        self.hooked = self.overlap is not None and self.overlap.pieces.hooked
+        # the slots the protocol reads, as numpy: no tensor op a scalar
+        self.header = self.msg.head.numpy()
+        self.stats = self.header[: 3 * n].reshape(n, 3)
+        self.word = self.header[3 * n : header]
+        self.version, self.live = progress["version"], progress["live"]
+        self.bytes_sent = progress["bytes"]
+        self.t_last = world.now() if world.resumed is not None else 0.0
+        if world.record is not None and world.resumed is None:
+            world.record.snapshots.maybe(0.0, 0, params)
+
+    def round(self) -> Op[bool]:
+        """One round; False once rank 0's word stops the rounds (that round not applied)."""
+        world, overlap = self.world, self.overlap
+        paused = world.strike()  # a pause stalls the round
+        step_s = self.job.profile.step_s(self.worker)  # the round's draw from its stream
+        closing = overlap.next_round(step_s) if overlap is not None else None
+        if closing is not None and self.word[0] == STOP:  # P3: read from the round before
+            return False
+        loss, compute = yield from world.compute(self.step, step_s)
+        if closing is not None:  # P3: the forward pass applied the round before
+            waited = overlap.pieces.waited - overlap.mark
+            compute -= waited
+            self.close(closing, waited, float(closing[0, 0]))
+        self.header[:] = 0.0
+        self.stats[self.worker] = compute, loss, paused
+        self.word[0] = STOP if self.stop else SAVE if self.save else 0.0  # the others': 0
+        reduce_start = world.now()
+        if overlap is not None:
+            overlap.header_written()  # it completes the first piece
+        if self.p3 and self.hooked:  # on a virtual clock: one all-reduce, the forward's wait
+            return True
+        yield from self.reduce(compute)
+        if self.word[0] == STOP:  # rank 0 decided last round that this one is not applied
+            return False
+        if self.job.numerics:  # a cost-only run takes no update's arithmetic
+            self.rule.step(self.params, self.msg.payload.div_(len(self.live)), -1, 0)
+        self.close(self.stats, world.now() - reduce_start, compute)
+        yield from self.after_round()
+        return True
+
+    def reduce(self, compute: float) -> Op[None]:
+        """The round's message summed over the replicas (over those left, once some are
+        lost: cluster.min_replicas): the network's ring time, or gloo's."""
+        world, overlap, msg = self.world, self.overlap, self.msg
+        if self.hooked:  # the pieces went as backward made them
+            yield from overlap.pieces.settle()
+            return
+        lasts = overlap.pieces.comm_s(compute, world.faults.slow_s) if overlap else None
+        if not self.quorum:
+            yield from world.all_reduce(msg.buf, lasts, nbytes=msg.nbytes)
+            return
+        before = self.live
+        ranks = yield from world.all_reduce_live(msg.buf, lasts, nbytes=msg.nbytes)
+        self.live = [self.progress["workers"][r] for r in ranks]
+        replicas_left(world.record, world.now(), self.version + 1, before, self.live,
+                      self.quorum, self.n)  # fmt: skip
+
+    def close(self, round_stats, reduce_s: float, own: float) -> None:
+        """The round is in θ: rank 0 reports it and decides the stop."""
+        self.version += 1
+        self.bytes_sent += ring_volume(self.msg.size, len(self.live))
+        record = self.world.record
+        if record is not None:
+            self.t_last = self.world.now()
+            bad, spent_ = close_round(record, self.t_last, self.version, round_stats, reduce_s,
+                                      own, self.params, self.live)  # fmt: skip
+            self.status = "diverged" if bad else self.status
+            self.stop = self.stop or bad or spent_
+
+    def after_round(self) -> Op[None]:
+        """Spares chosen by the round take the lost replicas' places; a checkpoint when
+        rank 0's word said so; rank 0 decides whether the next round's word is save."""
+        world, progress = self.world, self.progress
+        if world.joining:  # from the next round
+            progress["live"] = self.live
+            self.live = yield from welcome(world, self.n, self.params, self.rule, self.version,
+                                           self.stop, progress)  # fmt: skip
+        if self.word[0] == SAVE:  # every rank, at once
+            progress.update(version=self.version, live=self.live, bytes=self.bytes_sent)
+            part = {"params": self.params, "rule": self.rule, "progress": progress}
+            yield from world.checkpoint(self.version, part, world.now(), live=bool(self.quorum))
+        self.save = (world.record is not None and not self.stop
+                     and world.checkpoint_due(world.now()))  # fmt: skip
 
 
 def place(job: Job, world: World, net, params, rule) -> Op[tuple | None]:
     """Where this rank starts: a replica at round 0 (θ₀ and the rule as built); a resumed
     run's rank where its part of the checkpoint says; a spare, or a resumed run's rank that
     took no part, once it takes a lost replica's place (None: the run ended first). Returns
-    (θ, rule, at): `at` the rounds so far, whether to stop, the replicas left, each rank's
+    (θ, rule, progress): the rounds so far, whether to stop, the replicas left, each rank's
     worker index, the bytes sent so far."""
     n, device = job.num_workers, job.device(world.rank)
     if world.resumed is not None:
@@ -148,29 +201,32 @@ def place(job: Job, world: World, net, params, rule) -> Op[tuple | None]:
         got = yield from world.stand_by()
         return None if got is None else join(device, net, got[1])
     workers = list(range(n)) + [-1] * (world.size - n)
-    at = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers, "bytes": 0}
-    return params, rule, at
+    progress = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers,
+                "bytes": 0}  # fmt: skip
+    return params, rule, progress
 
 
-def worker_of(job: Job, world: World, net, params, me: int, version: int, out):
-    """Worker `me`'s step (the gradient at θ into `out`, its loss the result; on the CPU
-    the net's parameters are views of θ: no copy) and faults, from round `version` on (a
-    spare: where the replica it replaces was, with the faults after it joined)."""
+def worker_of(job: Job, world: World, net, params, worker: int, version: int, out):
+    """`worker`'s step (the gradient at θ into `out`, its loss the result; on the CPU the
+    net's parameters are views of θ: no copy), from round `version` on; the world plays its
+    faults (a spare: where the replica it replaces was, with the faults after it joined; a
+    resumed run's rank: as they were)."""
     device, profile, spare = job.device(world.rank), job.profile, world.rank >= job.num_workers
-    batches = job.batches(me)
-    catch_up(profile, me, batches, version)
+    batches = job.batches(worker)
+    catch_up(profile, worker, batches, version)
     own = Net(job, device, net, params if device.type == "cpu" else None)
     step = GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss)
-    world.faults = Faults(profile, me, world.now() if spare else 0.0, version, spare)
-    return step, world.faults
+    if world.resumed is None:
+        world.play(worker, world.now() if spare else 0.0, version, spare)
+    return step
 
 
-def welcome(world: World, n: int, params, rule, version: int, stop: bool, at: dict):
+def welcome(world: World, n: int, params, rule, version: int, stop: bool, progress: dict):
     """The replicas left hand θ and the update rule's state to the spares chosen (rank 0
     logs each `replaced`); returns the workers in the rounds from here."""
-    live = take_in_spares(world, n, at["workers"], at["live"])
-    at.update(version=version, stop=stop, live=live)
-    yield from world.welcome({"params": params, "rule": rule, "at": at})
+    live = take_in_spares(world, n, progress["workers"], progress["live"])
+    progress.update(version=version, stop=stop, live=live)
+    yield from world.welcome({"params": params, "rule": rule, "progress": progress})
     return live
 
 
@@ -178,9 +234,9 @@ def join(device: torch.device, net, state: dict):
     """A spare chosen to take a lost replica's place, or a replica of a resumed run: θ and
     the update rule as the replicas left sent them, or its checkpoint saved them (its net's
     parameters views of that θ on the CPU)."""
-    params, rule, at = state["params"], state["rule"], state["at"]
+    params, rule, progress = state["params"], state["rule"], state["progress"]
     if params.device.type == "cpu" and device.type == "cpu":
         sent = params.clone()
         flatten_parameters(net, params)  # the net's parameters views of θ (copied into it)
         params.copy_(sent)
-    return params, rule, at
+    return params, rule, progress

@@ -82,7 +82,7 @@ class GossipEngine(Engine):
             )
         self.check_shards(splits)
 
-    def program(self, job, world):
+    def role(self, job, world):
         from stalebench.engines.gossip.peer import Peer
 
-        return Peer(job, world).run()
+        return Peer(job, world)

@@ -1,5 +1,5 @@
 """What both runtimes of the gossip engine share: a node (its numerator x, weight w, local
-optimizer, minibatches, BatchNorm statistics, faults), when the engine's collective falls,
+optimizer, minibatches, BatchNorm statistics), when the engine's collective falls,
 its statistics, and the events rank 0 writes from them.
 
 One iteration k (0-based) of node i, in both runtimes:
@@ -27,7 +27,6 @@ from stalebench.algorithms.gossip import GOSSIP, Mixing
 from stalebench.algorithms.local import INNER
 from stalebench.engines.common import GradientStep, Net
 from stalebench.job import Job
-from stalebench.runtime.faults import Faults
 
 # a row of statistics per node per iteration: when it ended, the minibatch's loss, the
 # compute, the seconds it waited for messages (and the last collective), the seconds the
@@ -41,8 +40,8 @@ def mixing(job: Job) -> Mixing:
 
 
 class Node:
-    """One node: its PushSum numerator x and weight w, local optimizer, minibatches,
-    BatchNorm statistics and scheduled faults."""
+    """One node: its PushSum numerator x and weight w, local optimizer, minibatches and
+    BatchNorm statistics."""
 
     def __init__(self, job: Job, index: int, theta: torch.Tensor, net: Net, rule: Mixing):
         self.index, self.rule = index, rule
@@ -50,7 +49,6 @@ class Node:
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(index)
         self.buffers = [b.detach().clone() for b in net.buffers]
-        self.faults = Faults(job.profile, index)
 
     @property
     def z(self) -> torch.Tensor:

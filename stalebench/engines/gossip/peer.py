@@ -44,14 +44,14 @@ from stalebench.engines.rounds import (
 )
 from stalebench.errors import RunError
 from stalebench.job import Job
-from stalebench.runtime.faults import Faults, WorkerDied
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
 STOP, SAVE = 1.0, 2.0  # rank 0's word in the meeting's statistics
 
 
-class Peer:
+class Peer(Role):
     """One node's rank: its node, its sends in flight, its statistics since the last meeting."""
 
     def __init__(self, job: Job, world: World, me: int | None = None):
@@ -64,7 +64,6 @@ class Peer:
         flat = self.net.flat.detach()
         theta = (flat.cpu() if self.values else flat).clone()  # θ₀, the same in every rank
         self.node = Node(job, self.me, theta, self.net, self.rule)
-        world.faults = self.node.faults
         self.every, self.d = job.cfg.engine.sync_every, theta.numel()
         self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
@@ -77,56 +76,67 @@ class Peer:
         # each rank's node (-1: a spare standing by, or a lost rank), and each node's rank
         self.workers = list(range(self.n)) + [-1] * (world.size - self.n)
         self.ranks = list(range(self.n))  # from `workers` (`placed`)
+        self.playing: Peer | None = None  # the peer whose iterations run (a spare's: its own)
 
-    def run(self) -> Op[dict[str, Any] | None]:
-        world, net, record = self.world, self.net, self.world.record
+    def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
-        yield from world.begin(lambda: gradient(net.model, net.params, (x, y), net.device))
+        return gradient(self.net.model, self.net.params, (x, y), self.net.device)
+
+    def run(self) -> Op[Ending | None]:
+        world, record = self.world, self.world.record
         if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
-            return (yield from self.from_part(world.resumed))
+            part = world.resumed
+            peer = self if part["me"] == self.me else Peer(self.job, world, part["me"])
+            return (yield from self.run_as(peer, peer.restore(part)))
         if self.rank >= self.n or world.resumed_from >= 0:  # a spare (or took no part)
             got = yield from world.stand_by()
             if got is None or got[1]["stop"]:  # the run ends
                 return None
             peer = Peer(self.job, world, got[1]["workers"][self.rank])
-            return (yield from peer.loop(peer.take_over(got[1])))
+            return (yield from self.run_as(peer, peer.take_over(got[1])))
         if record is not None:
             record.snapshots.maybe(0.0, 0, self.z_mean)
-        return (yield from self.loop(0))
+        world.play(self.me)
+        return (yield from self.run_as(self, 0))
 
-    def from_part(self, part: dict[str, Any]) -> Op[dict[str, Any] | None]:
-        """A resumed run's rank: as the node its part of the checkpoint says."""
-        peer = self if part["me"] == self.me else Peer(self.job, self.world, part["me"])
-        return (yield from peer.loop(peer.restore(part)))
+    def run_as(self, peer: Peer, k: int) -> Op[Ending | None]:
+        """`peer`'s iterations from k on, this rank's from here."""
+        self.playing = peer
+        return (yield from peer.loop(k))
 
-    def loop(self, k: int) -> Op[dict[str, Any] | None]:
-        """Iterations from k (and the meetings) until the run stops; rank 0's summary."""
-        world, net, record, error = self.world, self.net, self.world.record, None
-        try:
-            while True:
-                yield from self.iterate(k)
-                k += 1
-                if syncs_at(k - 1, self.every, self.job.cfg.budget.max_updates):
-                    if (yield from self.meet(k)):
-                        break
-                    if self.save:  # rank 0's word at the meeting: every rank, at once
-                        yield from self.checkpoint(k)
-            t_end = world.now()
-            yield from self.drain(k)
-        except WorkerDied:
-            raise  # it is lost; its out-peers and the next collective lose it
-        except Exception as exc:
-            self.status, error, t_end = "failed", str(exc), world.now()
-            if record is None:
-                raise
-            lost_in_failure(record, t_end, k, self.met, exc, self.workers)
-        if record is None:
+    def fail(self, exc: Exception) -> Op[Ending | None]:
+        """The nodes lost before the failing meeting are logged."""
+        peer = self.playing
+        if peer is None:
+            raise exc
+        peer.t_end = self.world.now()
+        lost_in_failure(self.world.record, peer.t_end, peer.k, peer.met, exc, peer.workers)
+        return peer.ending()
+        yield  # unreachable: an op
+
+    def loop(self, k: int) -> Op[Ending | None]:
+        """Iterations from k (and the meetings) until the run stops; rank 0's ending."""
+        self.k = k
+        while True:
+            yield from self.iterate(k)
+            k = self.k = k + 1
+            if syncs_at(k - 1, self.every, self.job.cfg.budget.max_updates):
+                if (yield from self.meet(k)):
+                    break
+                if self.save:  # rank 0's word at the meeting: every rank, at once
+                    yield from self.checkpoint(k)
+        self.t_end = self.world.now()
+        yield from self.drain(k)
+        return self.ending()
+
+    def ending(self) -> Ending | None:
+        if self.world.record is None:
             return None
+        net = self.net
         for kept, mine in zip(net.buffers, self.node.buffers, strict=True):
             kept.copy_(mine)  # rank 0's BatchNorm statistics, for the evaluation
-        return record.finish(
-            net.model, self.z_mean, self.first, t_end, self.status, error, bytes_sent=self.nbytes
-        )
+        return Ending(net.model, self.z_mean, self.first, self.t_end, self.status,
+                      bytes_sent=self.nbytes)  # fmt: skip
 
     # what a rank's checkpoint holds besides its node: the node it plays, z̄, the
     # iterations met, bytes so far, who plays which node, the nodes lost
@@ -138,8 +148,7 @@ class Peer:
         yield from self.settle(k)  # delivered already: the sends' handles let go
         node = self.node
         part = {key: getattr(self, key) for key in self.KEPT}
-        part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
-                    faults=node.faults)  # fmt: skip
+        part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers)
         yield from self.world.checkpoint(k, part, self.met_at, live=bool(self.quorum))
 
     def restore(self, part: dict[str, Any]) -> int:
@@ -149,10 +158,9 @@ class Peer:
             setattr(self, key, part[key])
         self.placed()
         node = self.node
-        node.x, node.w, node.inner, node.buffers, node.faults = (
-            part["x"], part["w"], part["inner"], part["buffers"], part["faults"],
+        node.x, node.w, node.inner, node.buffers = (
+            part["x"], part["w"], part["inner"], part["buffers"],
         )  # fmt: skip
-        self.world.faults = node.faults
         catch_up(self.job.profile, self.me, node.batches, part["k"])
         return part["k"]
 
@@ -167,8 +175,7 @@ class Peer:
         for key in ("z_mean", "first", "workers", "lost", "met"):
             setattr(self, key, state[key])
         self.placed()
-        node.faults = Faults(self.job.profile, self.me, self.world.now(), k, replaced=True)
-        self.world.faults = node.faults
+        self.world.play(self.me, self.world.now(), k, replaced=True)
         catch_up(self.job.profile, self.me, node.batches, k)
         return k
 

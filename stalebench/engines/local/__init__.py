@@ -160,9 +160,9 @@ class LocalEngine(Engine):
             )
         self.check_shards(splits)
 
-    def program(self, job, world):
+    def role(self, job, world):
         from stalebench.engines.local import program, server
 
         if not self.asynchronous:
             return program.member(job, world)
-        return server.Server(job, world).run() if world.rank == 0 else server.worker(job, world)
+        return (server.Server if world.rank == 0 else server.Worker)(job, world)

@@ -35,7 +35,7 @@ from stalebench.engines.local.round import (
 )
 from stalebench.engines.rounds import lost_in_failure, replicas_left, take_in_spares
 from stalebench.job import Job
-from stalebench.runtime.faults import Faults, WorkerDied
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
@@ -52,7 +52,7 @@ class Sent:
     steps: int
 
 
-class Member:
+class Member(Role):
     """One worker: its replica, θ (the same on every rank), the fragments' exchanges, and
     the collectives under way."""
 
@@ -84,9 +84,11 @@ class Member:
         self.sent: dict[int, Sent] = {}
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
         self.step, self.merged_t = 0, 0.0  # inner steps taken; see merge
-        if state is not None:  # a checkpoint's part holds where its rank's steps were
+        self.looping = False  # in the rounds: an error there fails the run
+        if state is None:
+            world.play(self.me)
+        else:  # a checkpoint's part holds where its rank's steps were
             self.restore(state) if "step" in state else self.take_over(state)
-        world.faults = self.rep.faults
 
     def take_over(self, state: dict[str, Any]) -> None:
         """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
@@ -100,13 +102,14 @@ class Member:
             state["inner"],
             steps,
         )
-        rep.faults = Faults(job.profile, self.me, self.world.now(), steps, replaced=True)
+        self.world.play(self.me, self.world.now(), steps, replaced=True)
         catch_up(job.profile, self.me, rep.batches, steps)
 
-    def run(self) -> Op[dict[str, Any] | None]:
-        job, world, net = self.job, self.world, self.net
-        warm = (job.splits.x_train[:1], job.splits.y_train[:1])
-        yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
+    def warm_up(self) -> Any:
+        return warm_up(self.job, self.net)
+
+    def run(self) -> Op[Ending | None]:
+        job, world = self.job, self.world
         if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
             self.restore(world.resumed)
         elif world.resumed_from >= 0:  # a resumed run's rank that took no part: a spare
@@ -125,7 +128,7 @@ class Member:
         its part of a checkpoint set (`World.checkpoint`)."""
         rep = self.rep
         part = {k: getattr(self, k) for k in self.KEPT}
-        part.update(x=rep.x, inner=rep.inner, faults=rep.faults, buffers=rep.buffers)
+        part.update(x=rep.x, inner=rep.inner, buffers=rep.buffers)
         yield from self.world.checkpoint(self.version, part, self.merged_t, live=bool(self.quorum))
 
     def restore(self, part: dict[str, Any]) -> None:
@@ -134,55 +137,59 @@ class Member:
         for k in self.KEPT:
             setattr(self, k, part[k])
         rep = self.rep
-        rep.x, rep.inner, rep.faults, rep.buffers = (
-            part["x"], part["inner"], part["faults"], part["buffers"],
-        )  # fmt: skip
-        self.world.faults = rep.faults
+        rep.x, rep.inner, rep.buffers = part["x"], part["inner"], part["buffers"]
         catch_up(self.job.profile, self.me, rep.batches, self.step)
 
-    def rounds(self) -> Op[dict[str, Any] | None]:
-        job, world, net, rep, plan = self.job, self.world, self.net, self.rep, self.plan
-        error, stop = None, False
-        try:
-            while self.status == "completed" and not stop:
-                if self.step % plan.steps == 0:
-                    rep.inner.new_round()
-                self.paused += world.strike()
-                loss, compute_s = yield from world.compute(
-                    rep.step(net), job.profile.step_s(self.me)
-                )
-                self.losses.append(loss)
-                self.compute += compute_s
-                self.step += 1
-                if plan.delay == 0:  # a merge follows its send at once
-                    yield from self.send(plan.sends(self.step))
-                merges = plan.merges(self.step)
-                for p in merges:
-                    stop = (yield from self.merge(p)) or stop
-                if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
-                    yield from self.send(plan.sends(self.step))
-                elif merges and self.keeps_checkpoints(stop):
-                    yield from self.checkpoint()
-            for s in self.sent.values():  # started by every rank: finish them before leaving
-                for handle in s.pending:
-                    yield from world.complete(handle)
-        except WorkerDied:
-            raise  # it is lost; the others lose it in the next collective
-        except Exception as exc:
-            self.status, error = "failed", str(exc)
-            if world.record is None:
-                raise
-            lost_in_failure(world.record, world.now(), self.version + 1, self.live, exc,
-                            self.workers)  # fmt: skip
+    def rounds(self) -> Op[Ending | None]:
+        """Inner steps, sends and merges as the plan says, until the run stops."""
+        self.looping, stop = True, False
+        while self.status == "completed" and not stop:
+            stop = yield from self.inner_step()
+        for s in self.sent.values():  # started by every rank: finish them before leaving
+            for handle in s.pending:
+                yield from self.world.complete(handle)
+        return self.ending()
+
+    def inner_step(self) -> Op[bool]:
+        """One inner step, then the sends and merges it is due; whether the run stops."""
+        world, rep, plan, stop = self.world, self.rep, self.plan, False
+        if self.step % plan.steps == 0:
+            rep.inner.new_round()
+        self.paused += world.strike()
+        loss, compute_s = yield from world.compute(rep.step(self.net),
+                                                   self.job.profile.step_s(self.me))  # fmt: skip
+        self.losses.append(loss)
+        self.compute += compute_s
+        self.step += 1
+        if plan.delay == 0:  # a merge follows its send at once
+            yield from self.send(plan.sends(self.step))
+        merges = plan.merges(self.step)
+        for p in merges:
+            stop = (yield from self.merge(p)) or stop
+        if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
+            yield from self.send(plan.sends(self.step))
+        elif merges and self.keeps_checkpoints(stop):
+            yield from self.checkpoint()
+        return stop
+
+    def fail(self, exc: Exception) -> Op[Ending | None]:
+        """The replicas lost in the failing round are logged."""
+        if not self.looping:
+            raise exc
+        lost_in_failure(self.world.record, self.world.now(), self.version + 1, self.live, exc,
+                        self.workers)  # fmt: skip
+        return self.ending()
+        yield  # unreachable: an op
+
+    def ending(self) -> Ending | None:
+        world = self.world
         if world.record is None:
             return None
         world.release_spares()
-        for kept, last in zip(net.buffers, rep.buffers, strict=True):
+        for kept, last in zip(self.net.buffers, self.rep.buffers, strict=True):
             kept.copy_(last)  # rank 0's BatchNorm statistics, for the evaluation
-        return world.record.finish(
-            net.model, self.theta, self.version, world.now(), self.status, error,
-            bytes_sent=self.nbytes,
-        )  # fmt: skip
+        return Ending(self.net.model, self.theta, self.version, world.now(), self.status,
+                      bytes_sent=self.nbytes)  # fmt: skip
 
     def send(self, fragments: list[int]) -> Op[None]:
         """Start the exchanges of `fragments`, with the statistics since the last send: the
@@ -277,22 +284,33 @@ class Member:
         })  # fmt: skip
 
 
-def member(job: Job, world: World) -> Op[dict[str, Any] | None]:
-    if world.rank < job.num_workers:
-        return (yield from Member(job, world).run())
-    return (yield from spare(job, world))
+def member(job: Job, world: World) -> Role:
+    """Rank r's role: worker r, or a spare (the ranks after the M workers)."""
+    return Member(job, world) if world.rank < job.num_workers else Spare(job, world)
 
 
-def spare(job: Job, world: World) -> Op[None]:
+def warm_up(job: Job, net: Net) -> Any:
+    """A first step, off the clock."""
+    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
+    return gradient(net.model, net.params, warm, net.device)
+
+
+class Spare(Role):
     """A spare (cluster.spares): set up, it stands by until it takes a lost worker's place,
     then runs that worker's rounds."""
-    net = world.shared("net", lambda: Net(job, job.device(world.rank)))
-    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
-    yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
-    if world.resumed is not None:  # it had taken a lost worker's place
-        yield from Member(job, world, world.resumed).rounds()
-        return None
-    return (yield from stand_in(job, world))
+
+    def __init__(self, job: Job, world: World):
+        self.job, self.world = job, world
+        self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
+
+    def warm_up(self) -> Any:
+        return warm_up(self.job, self.net)
+
+    def run(self) -> Op[None]:
+        if self.world.resumed is not None:  # it had taken a lost worker's place
+            yield from Member(self.job, self.world, self.world.resumed).rounds()
+            return None
+        return (yield from stand_in(self.job, self.world))
 
 
 def stand_in(job: Job, world: World) -> Op[None]:

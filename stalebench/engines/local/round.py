@@ -31,15 +31,13 @@ from stalebench.engines.local.wire import QUANTIZE
 from stalebench.engines.rounds import ring_volume
 from stalebench.job import Job
 from stalebench.registry import stored
-from stalebench.runtime.faults import Faults
 
 STATS = 5  # per worker: compute_s, loss, paused_s, delta_norm, wire_error; then its end
 WIRES = dict(zip(QUANTIZE, (torch.float32, torch.float16, torch.int8), strict=True))
 
 
 class Replica:
-    """One worker: its replica x, inner optimizer, minibatches, BatchNorm statistics and
-    scheduled faults."""
+    """One worker: its replica x, inner optimizer, minibatches and BatchNorm statistics."""
 
     def __init__(self, job: Job, worker: int, theta: torch.Tensor, net: Net):
         self.worker, self.numerics = worker, job.numerics  # false: no inner step computed
@@ -47,7 +45,6 @@ class Replica:
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(worker)
         self.buffers = [b.detach().clone() for b in net.buffers]
-        self.faults = Faults(job.profile, worker)
 
     def step(self, net: Net) -> GradientStep:
         """One inner step on the next minibatch, as a step (`World.compute`): the gradient

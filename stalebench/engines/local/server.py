@@ -29,6 +29,7 @@ from stalebench.engines.common import Net, late_loss
 from stalebench.engines.local.round import Arrivals, Replica, Wire, async_event, segments
 from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
@@ -59,7 +60,7 @@ class Push:
         return HEADER + -(-wire.nbytes(d) // 4)  # float32 slots
 
 
-class Server:
+class Server(Role):
     """Rank 0: θ, the outer rule, and the run directory."""
 
     def __init__(self, job: Job, world: World):
@@ -80,31 +81,38 @@ class Server:
         self.active = set(range(self.m))  # workers not yet told to stop
         self.lost: set[int] = set()
         self.ended_at: float | None = None  # the run's end, once past
+        self.serving = False  # past θ₀'s snapshot: an error fails the run
 
-    def run(self) -> Op[dict[str, Any]]:
-        world, a, status, error = self.world, self.arrivals, "completed", None
-        yield from world.begin(lambda: None)
+    def run(self) -> Op[Ending]:
+        world, a, status = self.world, self.arrivals, "completed"
         self.record.snapshots.maybe(0.0, 0, self.theta)
-        try:
-            for w in range(self.m):
-                yield from self.reply(w, PARAMS, a.steps)
-            while (item := (yield from self.next(self.cfg.budget.max_wall_s))) is not None:
-                w, push = item
-                status = self.arrive(w, push)
-                if status != "completed" or spent(self.cfg.budget, a.version, world.now()):
-                    yield from self.reply(w, STOP, 0)
-                    break
-                yield from self.reply(w, PARAMS, a.next_steps(w))
-            t_end = self.ended_at = world.now()
-            while self.active and (item := (yield from self.next(0.0, read=False))):
-                yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
-        except Exception as exc:
-            status, error, t_end = "failed", str(exc), world.now()
-            log.error("server: %s", exc, exc_info=with_traceback(exc))
-        return self.record.finish(
-            self.net.model, self.theta, a.version, t_end, status, error,
-            bytes_sent=a.version * self.message_bytes,
-        )  # fmt: skip
+        self.serving = True
+        for w in range(self.m):
+            yield from self.reply(w, PARAMS, a.steps)
+        while (item := (yield from self.next(self.cfg.budget.max_wall_s))) is not None:
+            w, push = item
+            status = self.arrive(w, push)
+            if status != "completed" or spent(self.cfg.budget, a.version, world.now()):
+                yield from self.reply(w, STOP, 0)
+                break
+            yield from self.reply(w, PARAMS, a.next_steps(w))
+        t_end = self.ended_at = world.now()
+        while self.active and (item := (yield from self.next(0.0, read=False))):
+            yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
+        return self.ending(t_end, status)
+
+    def fail(self, exc: Exception) -> Op[Ending]:
+        if not self.serving:
+            raise exc
+        t_end = self.world.now()
+        log.error("server: %s", exc, exc_info=with_traceback(exc))
+        return self.ending(t_end, "failed")
+        yield  # unreachable: an op
+
+    def ending(self, t_end: float, status: str) -> Ending:
+        version = self.arrivals.version
+        return Ending(self.net.model, self.theta, version, t_end, status,
+                      bytes_sent=version * self.message_bytes)  # fmt: skip
 
     def next(self, until: float, read: bool = True) -> Op[tuple[int, Push] | None]:
         """The next push and its worker, or None when run time `until` passes first. A
@@ -164,46 +172,61 @@ class Server:
             self.listener.arm(w)
 
 
-def worker(job: Job, world: World) -> Op[None]:
+class Worker(Role):
     """Rank w + 1: from each θ it is sent, H inner steps (each at the profile's step time,
     faults striking at step starts), then push Δ; until told to stop."""
-    w, profile = world.rank - 1, job.profile
-    net = world.shared("net", lambda: Net(job, job.device(w)))
-    d = net.flat.numel()
-    rep, wire = Replica(job, w, net.flat.detach().to(job.host), net), wire_of(job, net)
-    world.faults = rep.faults
-    rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d, device=job.host), job.num_workers)
-    inbox = world.mailbox(0, world.rank, REPLY + d, REPLY)
-    message = world.mailbox(world.rank, 0, Push.size(wire, d), HEADER)
-    push = Push(message, wire, d)
-    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
-    yield from world.begin(lambda: gradient(net.model, net.params, warm, net.device))
-    clock, delta, pushed_at = 0, None, 0.0
-    while True:
-        yield from world.recv(inbox, 0)
-        received = world.now()
-        kind, version, steps = inbox[:REPLY].numpy().view(np.int32)[:3].tolist()
-        if kind == STOP:
-            return None
-        theta = inbox[REPLY:]  # in a cost-only run none: it has no values, nor has Δ
-        if job.numerics and delta is None:
-            rep.x.copy_(theta)
-        elif job.numerics:
-            rule.replica(rep.x, delta, theta)
+
+    def __init__(self, job: Job, world: World):
+        self.job, self.world, self.w = job, world, world.rank - 1
+        self.net = net = world.shared("net", lambda: Net(job, job.device(self.w)))
+        d = net.flat.numel()
+        self.rep = Replica(job, self.w, net.flat.detach().to(job.host), net)
+        self.wire = wire_of(job, net)
+        world.play(self.w)
+        self.rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d, device=job.host),
+                                job.num_workers)  # fmt: skip
+        self.inbox = world.mailbox(0, world.rank, REPLY + d, REPLY)
+        self.message = world.mailbox(world.rank, 0, Push.size(self.wire, d), HEADER)
+        self.push = Push(self.message, self.wire, d)
+
+    def warm_up(self) -> Any:
+        warm = (self.job.splits.x_train[:1], self.job.splits.y_train[:1])
+        return gradient(self.net.model, self.net.params, warm, self.net.device)
+
+    def run(self) -> Op[None]:
+        job, world, rep, inbox, push = self.job, self.world, self.rep, self.inbox, self.push
+        clock, delta, pushed_at = 0, None, 0.0
+        while True:
+            yield from world.recv(inbox, 0)
+            received = world.now()
+            kind, version, steps = inbox[:REPLY].numpy().view(np.int32)[:3].tolist()
+            if kind == STOP:
+                return None
+            theta = inbox[REPLY:]  # in a cost-only run none: it has no values, nor has Δ
+            if job.numerics and delta is None:
+                rep.x.copy_(theta)
+            elif job.numerics:
+                self.rule.replica(rep.x, delta, theta)
+            compute, paused, losses = yield from self.inner_steps(steps)
+            norm = error = math.nan
+            if job.numerics:
+                delta = theta - rep.x
+                push.delta.copy_(self.wire.encode(delta))
+                norm, error = float(delta.norm()), self.wire.error(delta)
+            push.d[:] = compute, statistics.fmean(losses), paused, received - pushed_at, norm, error
+            push.i[:] = clock, version, steps
+            pushed_at = world.now()
+            yield from world.send(self.message, 0)
+            clock += 1
+
+    def inner_steps(self, steps: int) -> Op[tuple[float, float, list[float]]]:
+        """H inner steps from the θ received: their compute time, pauses and losses."""
+        world, rep, profile = self.world, self.rep, self.job.profile
         rep.inner.new_round()
         compute, paused, losses = 0.0, 0.0, []
         for _ in range(steps):
             paused += world.strike()
-            loss, seconds = yield from world.compute(rep.step(net), profile.step_s(w))
+            loss, seconds = yield from world.compute(rep.step(self.net), profile.step_s(self.w))
             losses.append(loss)
             compute += seconds
-        norm = error = math.nan
-        if job.numerics:
-            delta = theta - rep.x
-            push.delta.copy_(wire.encode(delta))
-            norm, error = float(delta.norm()), wire.error(delta)
-        push.d[:] = compute, statistics.fmean(losses), paused, received - pushed_at, norm, error
-        push.i[:] = clock, version, steps
-        pushed_at = world.now()
-        yield from world.send(message, 0)
-        clock += 1
+        return compute, paused, losses

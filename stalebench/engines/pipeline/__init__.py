@@ -85,7 +85,7 @@ class PipelineEngine(Engine):
             )
         split(model, pipe.stages)
 
-    def program(self, job, world):
+    def role(self, job, world):
         from stalebench.engines.pipeline.program import StageProgram
 
-        return StageProgram(job, world).run()
+        return StageProgram(job, world)

@@ -29,6 +29,7 @@ from stalebench.engines.pipeline.stage import Applied, Stage, ops, split
 from stalebench.errors import RunError
 from stalebench.evaluation import Snapshot
 from stalebench.job import Job
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.record import spent
 from stalebench.runtime.world import Op, World
 
@@ -38,7 +39,7 @@ HEADER = 8
 STOP = -1  # a forward message's microbatch slot: no more microbatches
 
 
-class StageProgram:
+class StageProgram(Role):
     """Stage `world.rank` of a pipeline run: its ops, their messages, its update events and
     the weight snapshots for the evaluation."""
 
@@ -63,29 +64,14 @@ class StageProgram:
         # K + M of each direction undelivered), so waiting on the oldest never blocks
         self.sends: deque[tuple[Any, int]] = deque()
         self.window = 2 * (pipe.stages + pipe.microbatches)
+        self.scheduled = False  # past the schedule: an error ends this rank
 
-    def run(self) -> Op[dict[str, Any] | None]:
+    def run(self) -> Op[Ending | None]:
         world, stage, record = self.world, self.stage, self.world.record
-        yield from world.begin(lambda: None)
-        try:
-            for op, m in ops(self.rank, self.pipe):
-                if op == "F" and not self.stopped:
-                    yield from self.forward(m)
-                elif op == "B":
-                    if m >= self.issued:
-                        break  # every microbatch that went in came back through this stage
-                    yield from self.backward(m)
-                elif op == "U":  # the update of microbatch (1F1B) or step (flush) m
-                    yield from self.update(m)
-            while self.sends:
-                yield from world.wait(*self.sends.popleft())
-            self.snapshot(world.now())
-        except RunError as exc:
-            if record is None:
-                raise
-            return record.fail(world.now(), stage.version, str(exc))
+        yield from self.schedule()
+        self.scheduled = True
         if not self.numerics:  # cost-only: no weights to gather and evaluate
-            return None if record is None else self.finish(stage.w)
+            return None if record is None else self.ending(stage.w)
         mine = torch.stack([self.snaps[v] for v in sorted(self.snaps)]).cpu()
         if record is None:
             yield from world.wait((yield from world.isend(mine, 0)), 0)
@@ -98,22 +84,40 @@ class StageProgram:
         record.snapshots.taken = [
             Snapshot(self.times[v], v, full[i]) for i, v in enumerate(sorted(self.snaps))
         ]
-        return self.finish(full[-1])
+        return self.ending(full[-1])
 
-    def finish(self, params: torch.Tensor) -> dict[str, Any]:
+    def schedule(self) -> Op[None]:
+        """The schedule's ops on this stage, until every microbatch that went in came back;
+        its sends delivered, its last weights kept."""
+        world = self.world
+        for op, m in ops(self.rank, self.pipe):
+            if op == "F" and not self.stopped:
+                yield from self.forward(m)
+            elif op == "B":
+                if m >= self.issued:
+                    break  # every microbatch that went in came back through this stage
+                yield from self.backward(m)
+            elif op == "U":  # the update of microbatch (1F1B) or step (flush) m
+                yield from self.update(m)
+        while self.sends:
+            yield from world.wait(*self.sends.popleft())
+        self.snapshot(world.now())
+
+    def fail(self, exc: Exception) -> Op[Ending]:
+        """A stage lost (a peer holding part of θ): the run ends unevaluated."""
+        if self.scheduled or not isinstance(exc, RunError):
+            raise exc
+        return Ending(None, None, self.stage.version, self.world.now())
+        yield  # unreachable: an op
+
+    def ending(self, params: torch.Tensor) -> Ending:
         """Stage 0: the end of the run, the last weights `params` (the whole model's)."""
         K = self.pipe.stages  # K − 1 boundaries, each a forward and a backward per microbatch
         traffic = (K - 1) * (2 * self.issued + 1) * self.size * 4  # and one STOP each
-        return self.world.record.finish(
-            self.model,
-            params,
-            self.stage.version,
-            self.times[self.stage.version],
-            "diverged" if self.diverged else "completed",
-            None,
-            summary_extra=summary_extra(self.job.cfg),
-            bytes_sent=traffic,
-        )
+        version = self.stage.version
+        return Ending(self.model, params, version, self.times[version],
+                      "diverged" if self.diverged else "completed",
+                      summary_extra=summary_extra(self.job.cfg), bytes_sent=traffic)  # fmt: skip
 
     def send(self, dst: int, m: int, payload: torch.Tensor | None, loss: float = 0.0) -> Op[None]:
         if len(self.sends) >= self.window:

@@ -54,7 +54,7 @@ class ParameterServerEngine(DataParallel):
         barrier, _ = BARRIERS.get(cfg.name)
         return rank > 0 and barrier.survives_loss(cfg)
 
-    def program(self, job, world):
+    def role(self, job, world):
         from stalebench.engines.ps.program import Server, Worker
 
-        return (Server if world.rank == 0 else Worker)(job, world).run()
+        return (Server if world.rank == 0 else Worker)(job, world)

@@ -28,7 +28,8 @@ from stalebench.engines.ps.loop import build_server, serve
 from stalebench.engines.ps.state import Push, Reply
 from stalebench.errors import RunError, with_traceback
 from stalebench.job import Job
-from stalebench.runtime.faults import Faults, WorkerLost
+from stalebench.runtime.driver import Ending, Role, attempt
+from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.record import gradient
 from stalebench.runtime.world import Op, World
 
@@ -57,7 +58,7 @@ class Header:
         self.payload = buf[HEADER:] if buf.numel() > HEADER else torch.zeros(d, device="meta")
 
 
-class Server:
+class Server(Role):
     """Rank 0: the `serve` loop's port. It also tells the workers still computing to stop
     once the run has ended, and writes the run directory."""
 
@@ -93,20 +94,14 @@ class Server:
         self.rank = list(range(1, n + 1))  # each worker's rank: a spare's once replaced
         self.spares = list(range(n + 1, n + 1 + cfg.cluster.spares))
         self.joined_at: dict[int, float] = {}  # run time a spare took a worker's place
+        self.served = False  # past the serve loop: the run's end is recorded
 
-    def run(self) -> Op[dict[str, Any]]:
-        world, ps, status, error = self.world, self.ps, "completed", None
-        yield from world.begin(lambda: None)  # at the checkpoint's time
-        try:
-            yield from self.stop(set(ps.lost))  # a resumed run: the workers lost before stay out
-            status = yield from serve(ps, self, self.record, self.cfg.budget, self.started_at)
-        except Exception as exc:
-            status, error = "failed", str(exc)
-            log.error("server: %s", exc, exc_info=with_traceback(exc))
-        t_end = world.now()
-        if status == "failed":
-            yield from self.stop(set(ps.held))
-        while self.active and status != "failed":  # a push that crossed the end: discard it
+    def run(self) -> Op[Ending]:
+        world, ps = self.world, self.ps  # the clock starts at the checkpoint's time
+        yield from self.stop(set(ps.lost))  # a resumed run: the workers lost before stay out
+        status = yield from serve(ps, self, self.record, self.cfg.budget, self.started_at)
+        t_end, self.served = world.now(), True
+        while self.active:  # a push that crossed the end: discard it
             try:
                 item = yield from self.listener.next(self.active, read=False)
             except WorkerLost as lost:  # heard after the end: the run's loss if before it
@@ -115,10 +110,21 @@ class Server:
                 continue
             self.active.discard(item[0])
             yield from self._stop_ranks([self.rank[item[0]]])
+        return (yield from self.ending(t_end, status))
+
+    def fail(self, exc: Exception) -> Op[Ending]:
+        """The workers waiting for a reply are told to stop (the others at their push)."""
+        if self.served:
+            raise exc
+        log.error("server: %s", exc, exc_info=with_traceback(exc))
+        t_end = self.world.now()
+        yield from self.stop(set(self.ps.held))
+        return (yield from self.ending(t_end, "failed"))
+
+    def ending(self, t_end: float, status: str) -> Op[Ending]:
         yield from self._stop_ranks(self.spares)  # the spares never needed
-        return self.record.finish(
-            self.model, ps.params, ps.version, t_end, status, error, bytes_sent=self.bytes
-        )
+        ps = self.ps
+        return Ending(self.model, ps.params, ps.version, t_end, status, bytes_sent=self.bytes)
 
     def checkpoint(self) -> None:
         t, world = self.now(), self.world
@@ -181,15 +187,12 @@ class Server:
         stopped = True
         for rank in ranks:
             REPLY.pack_into(self.heads[rank].raw, 0, STOP, self.ps.version, 0, 0, 0, 0.0)
-            try:
-                yield from self.world.send(self.replies[rank], rank)
-            except Exception as exc:  # best effort on the failure path
-                log.warning("could not stop rank %d: %s", rank, exc)
-                stopped = False
+            sent = self.world.send(self.replies[rank], rank)
+            stopped = (yield from attempt(sent, f"could not stop rank {rank}")) and stopped
         return stopped
 
 
-class Worker:
+class Worker(Role):
     """Rank r: worker r − 1, or a spare (r > N) until a lost worker's place is its own (its
     index, clock and start time come in its first reply)."""
 
@@ -219,11 +222,13 @@ class Worker:
         if not self.spare:
             self.join(rank - 1, 0, 0.0)
 
-    def run(self) -> Op[None]:
-        world, head, sent, net = self.world, self.head, self.sent, self.net
+    def warm_up(self) -> Any:
         first = slice(0, self.cfg.dataset.batch_size)  # a step off the clock: set-up
         sample = (self.job.splits.x_train[first], self.job.splits.y_train[first])
-        yield from world.begin(lambda: gradient(net.model, net.params, sample, net.device))
+        return gradient(self.net.model, self.net.params, sample, self.net.device)
+
+    def run(self) -> Op[None]:
+        world, head, sent = self.world, self.head, self.sent
         pushed_at = world.now()
         while True:
             yield from world.recv(self.inbox, 0, patient=self.spare and self.w < 0)
@@ -250,8 +255,7 @@ class Worker:
         spare in a lost worker's place: where that worker was)."""
         self.w, self.clock, profile = w, clock, self.profile
         self.joined = (w, clock, started_at)
-        self.faults = Faults(profile, w, started_at, clock, replaced=self.spare)
-        self.world.faults = self.faults
+        self.world.play(w, started_at, clock, replaced=self.spare)
         self.batches = self.batches or self.job.batches(w)
         catch_up(profile, w, self.batches, clock)
         # a step: the gradient at the θ just received, on the next minibatch, into the push

@@ -1,0 +1,113 @@
+"""A role's life, owned here once for every engine: a role supplies its step and its
+exchange, the driver the rest.
+
+An engine's `role(job, world)` builds what one rank plays (a replica, a server, a worker, a
+pipeline stage), off the clock; `drive` then runs its life in either runtime:
+
+    world.begin(role.warm_up)    every rank starts the clock together (a resumed run's
+                                 rank finds its part of the checkpoint set)
+    ending = role.run()          its rounds, steps or messages until the run stops
+    ─ an error ─                 a lost worker (`WorkerDied`) leaves the run, its peers lose
+                                 it at their next exchange; any other error fails the run:
+                                 the recording rank's `role.fail(exc)` says what it had
+                                 (the replicas left, the workers to stop), another rank's
+                                 error ends that rank, its peers hearing of its loss
+    record.finish(ending)        the recording rank's end event, evaluations and
+                                 summary.json; the other ranks end with nothing to report
+
+A role never writes the summary, catches every error or asks whether it records: its
+`run` returns the recording rank's `Ending` (None elsewhere), and the faults of the worker
+it plays are the world's (`World.play`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from stalebench.runtime.faults import WorkerDied
+
+if TYPE_CHECKING:
+    import torch
+
+    from stalebench.runtime.world import Op, World
+
+log = logging.getLogger("stalebench")
+
+
+@dataclasses.dataclass
+class Ending:
+    """How a role ended, on the recording rank: its model and θ (flat) to evaluate — or
+    `params` None when no rank can put θ together (a pipeline's lost stage): the run ends
+    unevaluated —, the updates made, when the run ended (run time), what ended it, the
+    bytes its messages put on the wire, and measurements for summary.json alone."""
+
+    model: torch.nn.Module | None
+    params: torch.Tensor | None
+    version: int
+    t: float
+    status: str = "completed"
+    error: str | None = None
+    bytes_sent: int = 0
+    summary_extra: dict[str, Any] | None = None
+
+
+class Role:
+    """What one rank plays. `run` is its life after the start (`Op`: taken with `yield
+    from`), returning the recording rank's `Ending`; `warm_up` a first step off the clock;
+    `fail` what the recording rank makes of an error that ended `run`."""
+
+    def warm_up(self) -> Any:
+        """A first step before the clock starts (imports, allocations): nothing by default."""
+        return None
+
+    def run(self) -> Op[Ending | None]:
+        raise NotImplementedError
+
+    def fail(self, exc: Exception) -> Op[Ending | None]:
+        """The recording rank after `run` raised `exc`: record what the failure means and
+        return the run's ending (status "failed"); by default the error ends the rank."""
+        raise exc
+        yield  # unreachable: makes `fail` a generator function
+
+
+def drive(role: Role, world: World) -> Op[dict[str, Any] | None]:
+    """One rank's life around `role` (see the module's docstring); the recording rank
+    returns the run's summary, the others None."""
+    yield from world.begin(role.warm_up)
+    try:
+        ending = yield from role.run()
+    except WorkerDied:
+        raise  # it is lost: its peers lose it at their next exchange
+    except Exception as exc:
+        if world.record is None:
+            raise  # this rank ends; its peers hear of its loss
+        ending = yield from role.fail(exc)
+        if ending is not None:
+            ending.status, ending.error = "failed", str(exc)
+    if world.record is None or ending is None:
+        return None
+    return finish(world, ending)
+
+
+def finish(world: World, ending: Ending) -> dict[str, Any]:
+    """The recording rank's end of the run: `ending` evaluated and written."""
+    record = world.record
+    if ending.params is None:  # nothing to evaluate: the end event and summary.json
+        return record.fail(ending.t, ending.version, ending.error or ending.status)
+    return record.finish(
+        ending.model, ending.params, ending.version, ending.t, ending.status, ending.error,
+        summary_extra=ending.summary_extra, bytes_sent=ending.bytes_sent,
+    )  # fmt: skip
+
+
+def attempt(op: Op[Any], what: str) -> Op[bool]:
+    """`op` where the run ends anyway (telling a rank to stop, on the failure path): an
+    error is logged as `what: error`, not raised; whether `op` went through."""
+    try:
+        yield from op
+    except Exception as exc:
+        log.warning("%s: %s", what, exc)
+        return False
+    return True
