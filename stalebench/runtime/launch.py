@@ -33,10 +33,10 @@ from stalebench.metrics.summary import finalize, stop, write_json, write_text
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.quorum import mark_dead
+from stalebench.runtime.real import OVERRUN_KEY, RealWorld, run_program
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.signals import die_with_parent
 from stalebench.runtime.transport import Gloo, SharedMemory, Transport
-from stalebench.runtime.world import OVERRUN_KEY, RealWorld, run_program
 
 log = logging.getLogger("stalebench")
 

@@ -2,6 +2,9 @@
 rank on a virtual clock of its own, driven by this module's scheduler.
 
 A rank runs until it waits: for a message not yet sent, or for the others at a collective.
+Its world then yields the scheduler a request (`Request`: `Begin`, `Sleep`, `Recv`,
+`Listen`, `StandBy`, `Welcome`, `Await`), which says what the rank waits for and handles
+itself (`Request.handle`); anything else a program yields is an error.
 Compute and a fault's pause only move its clock (its step's gradient is computed for real,
 on a model the ranks share); a send stamps the message with the sender's clock plus the
 push delay, and a receive takes it at the later of the two clocks plus the pull delay; a
@@ -41,6 +44,7 @@ import time
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +92,102 @@ class EventQueue:
         return self._heap[0][0] if self._heap else math.inf
 
 
+class Request:
+    """What a rank's program yields the scheduler when it waits (its world's operations
+    yield it, a program only passes it on): `handle` does what the scheduler does with it;
+    what the rank then waits for is kept in `Simulator.waiting` until it comes, `name`
+    saying which in the error of a rank that waits forever."""
+
+    __slots__ = ()
+    name = ""
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        raise NotImplementedError
+
+
+class Begin(Request):
+    """Set up: every rank starts together once all are (`Simulator._begin`)."""
+
+    __slots__ = ()
+    name = "begin"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.waiting[rank] = self
+        sim._begin(rank)
+
+
+class Sleep(Request):
+    """Its step's time: it goes on at its clock (the ranks before it taking their turn)."""
+
+    __slots__ = ()
+    name = "sleep"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.ready.push(sim.worlds[rank].clock, (rank, None, None))
+
+
+@dataclass(slots=True)
+class Recv(Request):
+    """The next message from rank `src`, not yet sent: it goes on once it is
+    (`Simulator.post`), or learns of `src`'s loss."""
+
+    src: int
+    name = "recv"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.waiting[rank] = self
+
+
+@dataclass(slots=True)
+class Listen(Request):
+    """A listener's next message, the earliest it has in at `at` (inf: none yet): it goes
+    on at its latest wake (`wake`, `Simulator._listen`), the earlier ones void."""
+
+    at: float
+    wake: int | None = None
+    name = "listen"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.waiting[rank] = self
+        sim._listen(rank, self.at)
+
+
+class StandBy(Request):
+    """A spare off the rounds: they go on without it (`World.stand_by`)."""
+
+    __slots__ = ()
+    name = "standby"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.waiting[rank] = self
+        sim.standby.append(rank)
+        sim._recheck_live()
+
+
+@dataclass(slots=True)
+class Welcome(Request):
+    """A survivor at `welcome`, with the `state` the chosen spares get
+    (`Simulator._welcome`)."""
+
+    state: Any
+    name = "welcome"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        sim.waiting[rank], sim.welcomed[rank] = self, self.state
+        sim._welcome()
+
+
+class Await(Request):
+    """A collective the rank waits for: `Simulator.collective` or `await_` made it wait
+    before it yielded this, and the collective's end resumes it."""
+
+    __slots__ = ()
+    name = "collective"
+
+    def handle(self, sim: Simulator, rank: int) -> None:
+        pass
+
+
 class SimWorld(World):
     """One rank's world on its virtual clock (`clock`, seconds)."""
 
@@ -130,7 +230,7 @@ class SimWorld(World):
         return self.sim.record.run_dir
 
     def begin(self, warm_up: Callable[[], Any]) -> Op[None]:
-        yield ("begin",)  # no warm-up on a virtual clock; every rank starts together
+        yield Begin()  # no warm-up on a virtual clock; every rank starts together
 
     def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "set world.faults before its first step"
@@ -154,7 +254,7 @@ class SimWorld(World):
         # time), so that the ranks whose steps begin meanwhile take theirs, and it runs in
         # a batch with them when it wakes
         deferred = self._defer(step)
-        yield ("sleep",)
+        yield Sleep()
         deferred.run()
         self.pending.clear()
         return deferred.result, step_s
@@ -201,7 +301,7 @@ class SimWorld(World):
             self.clock = max(self.clock, self.sim.worlds[src].clock)
             raise self.sim.loss_of(src)
         if not box:
-            yield ("recv", src)
+            yield Recv(src)
         arrival, message, deferred = box.popleft()
         for step in deferred:
             step.run()
@@ -264,10 +364,10 @@ class SimWorld(World):
 
     def welcome(self, state: Any) -> Op[None]:
         self.settle()
-        yield ("welcome", state)
+        yield Welcome(state)
 
     def stand_by(self) -> Op[tuple[int, Any] | None]:
-        return (yield ("standby",))
+        return (yield StandBy())
 
     def release_spares(self) -> None:
         for spare in self.sim.standby:  # each returns None from `stand_by`
@@ -290,7 +390,7 @@ class SimWorld(World):
         handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait, live)
         if not wait:
             return handle
-        yield ("collective",)  # resumed at its end, with the ranks that waited for it
+        yield Await()  # resumed at its end, with the ranks that waited for it
         waited = self._ended(handle)
         return handle.members if live else waited
 
@@ -300,7 +400,7 @@ class SimWorld(World):
     def complete(self, handle: Collective) -> Op[float]:
         if handle.done is None:
             self.sim.await_(self.rank, handle)
-            yield ("collective",)
+            yield Await()
         return self._ended(handle)
 
     def _ended(self, handle: Collective) -> float:
@@ -429,14 +529,14 @@ class SimListener(Listener):
             while heap and self.peer_of.get(heap[0][2]) not in active:
                 heapq.heappop(heap)  # from a peer told to stop, or replaced: not awaited
             if not heap:
-                woken = yield ("listen", math.inf)
+                woken = yield Listen(math.inf)
                 continue
             arrival, _, src, message, deferred = heap[0]
             at = max(world.clock, arrival)
             if not (at <= woken or at < self.sim.ready.first()):
                 # a rank that goes on before `at` may still send an earlier message: resumed
                 # at `at` (the time it is woken for), every rank left goes on no sooner
-                woken = yield ("listen", at)
+                woken = yield Listen(at)
                 continue
             if until and arrival > until:
                 world.clock = max(world.clock, until)
@@ -486,7 +586,7 @@ class Simulator:
         # time the rank goes on at
         self.ready = EventQueue()
         self.wakes = itertools.count()  # a listener's latest wake; the earlier are void
-        self.waiting: dict[int, tuple] = {}  # rank → what it waits for
+        self.waiting: dict[int, Request] = {}  # rank → what it waits for
         self.collectives: dict[int, Collective] = {}  # by index, until every rank came
         self.issued = [0] * size  # collectives each rank has started
         self.lost: dict[int, BaseException] = {}
@@ -526,11 +626,11 @@ class Simulator:
         listener = self.listeners.get(dst)
         if listener is not None and src in listener.peer_of:
             listener.take(arrival, src, buf, deferred)
-            if self.waiting.get(dst) is not None and self.waiting[dst][0] == "listen":
+            if isinstance(self.waiting.get(dst), Listen):
                 self._listen(dst, max(self.worlds[dst].clock, arrival))
             return
         self.mail[(src, dst)].append((arrival, buf, deferred))
-        if self.waiting.get(dst) == ("recv", src):
+        if self._awaits(dst, src):
             del self.waiting[dst]
             self.ready.push(max(self.worlds[dst].clock, arrival), (dst, None, None))
 
@@ -539,7 +639,7 @@ class Simulator:
         listener = self.listeners[rank]
         if at < listener.due:
             wake = next(self.wakes)
-            listener.due, self.waiting[rank] = at, ("listen", wake)
+            listener.due, self.waiting[rank] = at, Listen(at, wake)
             self.ready.push(at, (rank, None, wake))
 
     def run(self, program: Program) -> dict[str, Any]:
@@ -560,7 +660,7 @@ class Simulator:
                     at, (rank, error, wake) = self.ready.pop()
                     if wake is None:
                         self._resume(programs[rank], rank, error, self.handoff.pop(rank, None))
-                    elif self.waiting.get(rank) == ("listen", wake):  # else void
+                    elif self._woken(rank, wake):  # else void
                         del self.waiting[rank]
                         self.listeners[rank].due = math.inf
                         self._resume(programs[rank], rank, None, at)
@@ -588,29 +688,25 @@ class Simulator:
                 if rank in listener.peer_of:
                     self.post(rank, dst, self.worlds[rank].clock, exc)
             for dst in sorted(self.waiting):  # so do the ranks waiting for its message
-                if self.waiting[dst] == ("recv", rank) and self.told:
+                if self._awaits(dst, rank) and self.told:
                     del self.waiting[dst]
                     at = max(self.worlds[dst].clock, self.worlds[rank].clock)
                     self.ready.push(at, (dst, self.loss_of(rank), None))
             self._recheck_live()  # a live collective goes on without it
             return
-        if request[0] == "recv":
-            self.waiting[rank] = request
-        elif request[0] == "listen":
-            self.waiting[rank] = ("listen", None)
-            self._listen(rank, request[1])
-        elif request[0] == "begin":
-            self._begin(rank)
-        elif request[0] == "sleep":  # its step's time: it goes on at its clock
-            self.ready.push(self.worlds[rank].clock, (rank, None, None))
-        elif request[0] == "standby":  # off the rounds: they go on without it
-            self.waiting[rank] = request
-            self.standby.append(rank)
-            self._recheck_live()
-        elif request[0] == "welcome":
-            self.waiting[rank], self.welcomed[rank] = request, request[1]
-            self._welcome()
-        # else a collective: the rank waits for it (`collective`, `await_`)
+        if not isinstance(request, Request):
+            raise RunError(f"rank {rank} yielded {request!r}, not a simulator request")
+        request.handle(self, rank)
+
+    def _awaits(self, rank: int, src: int) -> bool:
+        """Whether `rank` waits for the next message from `src` (a `recv`)."""
+        what = self.waiting.get(rank)
+        return isinstance(what, Recv) and what.src == src
+
+    def _woken(self, rank: int, wake: int) -> bool:
+        """Whether `wake` is the listening `rank`'s latest (`_listen`): the earlier are void."""
+        what = self.waiting.get(rank)
+        return isinstance(what, Listen) and what.wake == wake
 
     def loss_of(self, rank: int) -> WorkerLost:
         """What a rank waiting for a message from the lost `rank` gets."""
@@ -619,7 +715,7 @@ class Simulator:
     def _begin(self, rank: int) -> None:
         """Every rank set up: the run starts, in rank order (the simulator's own time, for
         summary.json, from here: what it costs to simulate, not to build the ranks)."""
-        self.waiting[rank], self.begun = ("begin",), self.begun + 1
+        self.begun += 1  # its `Begin` waits
         if self.begun < self.size:
             return
         at, version, due, ranks = self.worlds[0]._start_of()
@@ -699,7 +795,7 @@ class Simulator:
         self.joining, self.welcomed = [], {}
 
     def await_(self, rank: int, c: Collective) -> None:
-        self.waiting[rank] = ("collective",)
+        self.waiting[rank] = Await()
         c.waiters.append(rank)
 
     def _time_out(self) -> None:
@@ -711,9 +807,9 @@ class Simulator:
         for rank in sorted(self.waiting):
             what = self.waiting.pop(rank)
             error = cause or RunError(
-                f"rank {rank} waits forever ({what[0]}): every other rank ended or waits too"
+                f"rank {rank} waits forever ({what.name}): every other rank ended or waits too"
             )
-            if what[0] == "listen":
+            if isinstance(what, Listen):
                 self.listeners[rank].due = math.inf
             self.ready.push(self.worlds[rank].clock, (rank, RunError(str(error)), None))
 
