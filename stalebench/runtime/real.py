@@ -201,7 +201,7 @@ class RealWorld(World):
         self.t0 = time.perf_counter() - at
 
     def strike(self, on_pause: Pause | None = None) -> float:
-        assert self.faults is not None, "set world.faults before its first step"
+        assert self.faults is not None, "world.play(worker) before its first step"
 
         def pause(at: float, seconds: float) -> None:
             if on_pause is not None:

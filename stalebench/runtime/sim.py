@@ -233,7 +233,7 @@ class SimWorld(World):
         yield Begin()  # no warm-up on a virtual clock; every rank starts together
 
     def strike(self, on_pause: Pause | None = None) -> float:
-        assert self.faults is not None, "set world.faults before its first step"
+        assert self.faults is not None, "world.play(worker) before its first step"
         start = self.faults.strike(self.clock, on_pause or _no_pause)
         paused, self.clock = start - self.clock, start
         return paused

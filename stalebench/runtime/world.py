@@ -3,16 +3,19 @@
 the interface (`World`, `Listener`) and what every runtime shares; the real runtime's world
 is `runtime.real.RealWorld`, the simulator's `runtime.sim.SimWorld`.
 
-An engine writes each of its roles once, as a program against a `World`:
+An engine writes each of its roles once, against a `World` (its life — the start, errors,
+the ending — is the driver's: `runtime.driver`):
 
-    def program(self, job, world):
-        ...
-        grad, compute_s = yield from world.compute(lambda: net.gradient_at(...))
-        work = yield from world.isend(message, peer)
-        waited_s = yield from world.recv(buf, peer)
-        yield from world.all_reduce(buf)
-        ...
-        return world.record.finish(...) if world.record else None
+    class Replica(Role):
+        def run(self):
+            world.play(worker)  # the faults of the worker it plays
+            ...
+            grad, compute_s = yield from world.compute(lambda: net.gradient_at(...))
+            work = yield from world.isend(message, peer)
+            waited_s = yield from world.recv(buf, peer)
+            yield from world.all_reduce(buf)
+            ...
+            return Ending(...) if world.record else None
 
 Every operation that may wait for another rank is a generator, taken with `yield from`
 (`strike`, whose pauses wait for no one, is a plain call): in the real runtime
@@ -24,8 +27,8 @@ runtime it is in.
 The network is paid inside the world, as the network model says (`runtime.network`, one
 model for both runtimes): a send the push direction's delay for its size (one send after
 the other), a receive the pull direction's once the message is in, an all-reduce the ring's
-time, each slowed by the rank's `slow` faults in force (`faults`, set once the program has
-built them). A hub (a parameter server: `hub = True`) has one NIC for all its peers: the
+time, each slowed by the rank's `slow` faults in force (`faults`, the worker's it plays:
+`play`). A hub (a parameter server: `hub = True`) has one NIC for all its peers: the
 messages that reach it queue on its downlink, its sends on its uplink. `wire_s` adds up
 what this rank's messages and collectives took on the wire, for an engine to report; what
 an engine exchanges only to measure (`seconds=0.0`) costs nothing.
@@ -45,11 +48,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from stalebench.runtime import checkpoint
+from stalebench.runtime.faults import Faults
 
 if TYPE_CHECKING:
     from stalebench.cluster import Profile
     from stalebench.metrics.events import EventLog
-    from stalebench.runtime.faults import Faults
     from stalebench.runtime.network import Network
     from stalebench.runtime.record import RunRecord
 
@@ -77,7 +80,7 @@ def blocking(fn: Callable[..., T]) -> Callable[..., Op[T]]:
 class World:
     """What one rank sees. `rank` and `size` place it in the run; `record` is the run
     directory on rank 0 (None elsewhere); `faults` the scheduled faults of the worker this
-    rank plays, which the program builds and sets (they slow its messages)."""
+    rank plays (`play`: they strike its steps and slow its messages)."""
 
     rank: int
     size: int
