@@ -9,8 +9,6 @@ from typing import Any
 
 import torch
 
-from stalebench.errors import RunError
-from stalebench.runtime.quorum import RoundsFailed
 from stalebench.runtime.record import RunRecord, diverged, spent
 
 Emit = Callable[..., Any]  # emit(kind, t, **fields)
@@ -90,47 +88,3 @@ def close_round(
     if diverged(float(stats[:, 1].sum()), params if snapped else None):
         return True, True
     return False, spent(record.job.cfg.budget, version, t)
-
-
-def replicas_left(
-    record: RunRecord | None, t: float, round_: int, before: list[int], live: list[int],
-    quorum: int, num_workers: int,
-) -> None:  # fmt: skip
-    """After a round over the replicas left (`World.all_reduce_live`, cluster.min_replicas):
-    rank 0 logs each one gone since the last round (`before`) as lost from `round_`; fewer
-    left than `quorum` fails the run, naming them."""
-    for w in sorted(set(before) - set(live)) if record is not None else ():
-        record.events.emit(
-            "worker", t, worker=w, event="lost", round=round_,
-            reason="dead, or silent past timeout_s: left out of the round",
-        )  # fmt: skip
-    if len(live) < quorum:
-        lost = ", ".join(map(str, sorted(set(range(num_workers)) - set(live))))
-        raise RunError(
-            f"{len(live)} replicas left, fewer than cluster.min_replicas={quorum} (lost: {lost})"
-        )
-
-
-def lost_in_failure(
-    record: RunRecord | None, t: float, round_: int, before: list[int], exc: Exception,
-    workers: list[int],
-) -> None:  # fmt: skip
-    """A run failing because the replicas left could not go on together (`RoundsFailed`):
-    rank 0 logs each one gone since the last round (`before`) as lost, as `replicas_left`
-    would have; `workers`: each rank's worker index."""
-    if isinstance(exc, RoundsFailed):
-        replicas_left(record, t, round_, before, [workers[r] for r in exc.left], 0, 0)
-
-
-def take_in_spares(world: Any, n: int, workers: list[int], live: list[int]) -> list[int]:
-    """The spares an `all_reduce_live` chose (`world.joining`) take the lost workers' places
-    in `workers` (each rank's worker index; spares are the ranks after the N replicas), and
-    rank 0 logs each `replaced`; returns the workers in the rounds from here."""
-    for spare, lost in world.joining:
-        workers[spare] = workers[lost]
-        if world.record is not None:
-            world.record.events.emit(
-                "worker", world.now(), worker=workers[lost], event="replaced",
-                by=f"spare {spare - n} (rank {spare})",
-            )  # fmt: skip
-    return sorted([*live, *(workers[lost] for _, lost in world.joining)])

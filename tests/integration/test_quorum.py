@@ -390,16 +390,18 @@ def test_min_replicas_refused_where_it_cannot_hold(extra, key):
 def test_a_run_failing_in_a_round_logs_every_replica_lost(tmp_path):
     # the survivors could not go on together (`RoundsFailed`, left: ranks 0 and 3): rank 0
     # logs workers 1 and 2 lost from the round, as it would after a round without them
-    from stalebench.engines.rounds import lost_in_failure
     from stalebench.job import Job
+    from stalebench.runtime.members import Members
     from stalebench.runtime.quorum import RoundsFailed
-    from stalebench.runtime.record import RunRecord
+    from stalebench.runtime.sim import Simulator
 
-    record = RunRecord(Job.build(compose(fast_with(["runtime=sim", *BSP4])), 4, False), tmp_path)
+    job = Job.build(compose(fast_with(["runtime=sim", *BSP4, "cluster.min_replicas=2"])), 4, False)
+    sim = Simulator(job, tmp_path, 4)
+    members = Members(job, sim.worlds[0])
     failed = RoundsFailed("cannot agree (lost: ranks 1, 2)", left=[0, 3])
-    lost_in_failure(record, 1.5, 7, [0, 1, 2, 3], failed, [0, 1, 2, 3])
-    lost_in_failure(record, 1.5, 7, [0, 1, 2, 3], RuntimeError("not a loss"), [0, 1, 2, 3])
-    record.events.close()
+    members.failed(failed, 7, 1.5)
+    members.failed(RuntimeError("not a loss"), 7, 1.5)
+    sim.record.events.close()
     lost = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "worker"]
     assert [(e["worker"], e["event"], e["round"]) for e in lost] == [(1, "lost", 7), (2, "lost", 7)]
 

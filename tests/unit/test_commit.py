@@ -130,7 +130,7 @@ def test_the_total_tells_a_round_summed_out_of_step():
 
 def test_a_failure_names_every_rank_lost():
     # those left out at earlier regroups, and members marked dead by the supervisor since;
-    # `left` tells the program which replicas to log lost (engines.rounds.lost_in_failure)
+    # `left` tells the program which replicas to log lost (runtime.members.Members.failed)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     quorum = Quorum(store, 0, 4, 5.0, 4)
     quorum.lost, quorum.members = [1], [0, 2, 3]

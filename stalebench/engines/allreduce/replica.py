@@ -19,17 +19,11 @@ import torch
 
 from stalebench.engines.common import GradientStep, Net, catch_up
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
-from stalebench.engines.rounds import (
-    close_round,
-    lost_in_failure,
-    replicas_left,
-    ring_volume,
-    round_slots,
-    take_in_spares,
-)
+from stalebench.engines.rounds import close_round, ring_volume, round_slots
 from stalebench.job import Job
 from stalebench.models.nets import flatten_parameters
 from stalebench.runtime.driver import Ending, Role
+from stalebench.runtime.members import Members
 from stalebench.runtime.record import gradient
 from stalebench.runtime.wire import Message
 from stalebench.runtime.world import Op, World
@@ -47,7 +41,6 @@ class Replica(Role):
         self.model, self.params, self.rule, self.net, self.net_params = build_replica(
             job, self.device
         )
-        self.quorum = job.cfg.cluster.min_replicas
         self.status, self.stop, self.save, self.looping = "completed", False, False, False
 
     def warm_up(self) -> Any:
@@ -72,8 +65,7 @@ class Replica(Role):
         if not self.looping:
             raise exc
         self.t_last = self.world.now()
-        lost_in_failure(self.world.record, self.t_last, self.version + 1, self.live, exc,
-                        self.progress["workers"])  # fmt: skip
+        self.members.failed(exc, self.version + 1, self.t_last)
         return self.ending()
         yield  # unreachable: an op
 
@@ -89,8 +81,9 @@ class Replica(Role):
         then the gradient — no values in a cost-only run), the worker this rank plays and
         its step; with engine.bucket_mb, the rounds in pieces."""
         job, world, n = self.job, self.world, self.n
-        self.params, self.rule, self.progress = params, rule, progress
-        self.worker = progress["workers"][world.rank]
+        self.params, self.rule = params, rule
+        self.members = Members(job, world, progress.get("workers"), progress.get("live"))
+        self.worker = self.members.me
         header = 3 * n + 1
         self.msg = Message(header, round_slots(params.numel(), n) - header, job.numerics)
         self.step = worker_of(job, world, self.net, params, self.worker, progress["version"],
@@ -107,8 +100,7 @@ class Replica(Role):
         self.header = self.msg.head.numpy()
         self.stats = self.header[: 3 * n].reshape(n, 3)
         self.word = self.header[3 * n : header]
-        self.version, self.live = progress["version"], progress["live"]
-        self.bytes_sent = progress["bytes"]
+        self.version, self.bytes_sent = progress["version"], progress["bytes"]
         self.t_last = world.now() if world.resumed is not None else 0.0
         if world.record is not None and world.resumed is None:
             world.record.snapshots.maybe(0.0, 0, params)
@@ -138,7 +130,7 @@ class Replica(Role):
         if self.word[0] == STOP:  # rank 0 decided last round that this one is not applied
             return False
         if self.job.numerics:  # a cost-only run takes no update's arithmetic
-            self.rule.step(self.params, self.msg.payload.div_(len(self.live)), -1, 0)
+            self.rule.step(self.params, self.msg.payload.div_(len(self.members.live)), -1, 0)
         self.close(self.stats, world.now() - reduce_start, compute)
         yield from self.after_round()
         return True
@@ -151,59 +143,57 @@ class Replica(Role):
             yield from overlap.pieces.settle()
             return
         lasts = overlap.pieces.comm_s(compute, world.faults.slow_s) if overlap else None
-        if not self.quorum:
-            yield from world.all_reduce(msg.buf, lasts, nbytes=msg.nbytes)
-            return
-        before = self.live
-        ranks = yield from world.all_reduce_live(msg.buf, lasts, nbytes=msg.nbytes)
-        self.live = [self.progress["workers"][r] for r in ranks]
-        replicas_left(world.record, world.now(), self.version + 1, before, self.live,
-                      self.quorum, self.n)  # fmt: skip
+        live = yield from self.members.summing(msg.buf, lasts, nbytes=msg.nbytes)
+        self.members.left(self.version + 1, live)
 
     def close(self, round_stats, reduce_s: float, own: float) -> None:
         """The round is in θ: rank 0 reports it and decides the stop."""
         self.version += 1
-        self.bytes_sent += ring_volume(self.msg.size, len(self.live))
+        live = self.members.live
+        self.bytes_sent += ring_volume(self.msg.size, len(live))
         record = self.world.record
         if record is not None:
             self.t_last = self.world.now()
             bad, spent_ = close_round(record, self.t_last, self.version, round_stats, reduce_s,
-                                      own, self.params, self.live)  # fmt: skip
+                                      own, self.params, live)  # fmt: skip
             self.status = "diverged" if bad else self.status
             self.stop = self.stop or bad or spent_
 
     def after_round(self) -> Op[None]:
         """Spares chosen by the round take the lost replicas' places; a checkpoint when
         rank 0's word said so; rank 0 decides whether the next round's word is save."""
-        world, progress = self.world, self.progress
+        world, members = self.world, self.members
         if world.joining:  # from the next round
-            progress["live"] = self.live
-            self.live = yield from welcome(world, self.n, self.params, self.rule, self.version,
-                                           self.stop, progress)  # fmt: skip
+            members.take_in_spares()
+            yield from world.welcome(self.state())
         if self.word[0] == SAVE:  # every rank, at once
-            progress.update(version=self.version, live=self.live, bytes=self.bytes_sent)
-            part = {"params": self.params, "rule": self.rule, "progress": progress}
-            yield from world.checkpoint(self.version, part, world.now(), live=bool(self.quorum))
+            live = bool(members.quorum)  # the ranks in the rounds take part
+            yield from world.checkpoint(self.version, self.state(), world.now(), live=live)
         self.save = (world.record is not None and not self.stop
                      and world.checkpoint_due(world.now()))  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        """What a spare joining, or this rank's part of a checkpoint, holds: θ, the update
+        rule, and where the rounds are (`place`)."""
+        members = self.members
+        progress = {"version": self.version, "live": members.live, "workers": members.workers,
+                    "bytes": self.bytes_sent}  # fmt: skip
+        return {"params": self.params, "rule": self.rule, "progress": progress}
 
 
 def place(job: Job, world: World, net, params, rule) -> Op[tuple | None]:
     """Where this rank starts: a replica at round 0 (θ₀ and the rule as built); a resumed
     run's rank where its part of the checkpoint says; a spare, or a resumed run's rank that
     took no part, once it takes a lost replica's place (None: the run ended first). Returns
-    (θ, rule, progress): the rounds so far, whether to stop, the replicas left, each rank's
-    worker index, the bytes sent so far."""
+    (θ, rule, progress): the rounds so far, the replicas left, each rank's worker index, the
+    bytes sent so far."""
     n, device = job.num_workers, job.device(world.rank)
     if world.resumed is not None:
         return join(device, net, world.resumed)
     if world.rank >= n or world.resumed_from >= 0:
         got = yield from world.stand_by()
         return None if got is None else join(device, net, got[1])
-    workers = list(range(n)) + [-1] * (world.size - n)
-    progress = {"version": 0, "stop": False, "live": list(range(n)), "workers": workers,
-                "bytes": 0}  # fmt: skip
-    return params, rule, progress
+    return params, rule, {"version": 0, "bytes": 0}  # every worker in the rounds
 
 
 def worker_of(job: Job, world: World, net, params, worker: int, version: int, out):
@@ -219,15 +209,6 @@ def worker_of(job: Job, world: World, net, params, worker: int, version: int, ou
     if world.resumed is None:
         world.play(worker, world.now() if spare else 0.0, version, spare)
     return step
-
-
-def welcome(world: World, n: int, params, rule, version: int, stop: bool, progress: dict):
-    """The replicas left hand θ and the update rule's state to the spares chosen (rank 0
-    logs each `replaced`); returns the workers in the rounds from here."""
-    live = take_in_spares(world, n, progress["workers"], progress["live"])
-    progress.update(version=version, stop=stop, live=live)
-    yield from world.welcome({"params": params, "rule": rule, "progress": progress})
-    return live
 
 
 def join(device: torch.device, net, state: dict):

@@ -37,14 +37,10 @@ from stalebench.engines.gossip.node import (
     stats_slots,
     syncs_at,
 )
-from stalebench.engines.rounds import (
-    lost_in_failure,
-    replicas_left,
-    take_in_spares,
-)
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.runtime.driver import Ending, Role
+from stalebench.runtime.members import Members
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
@@ -71,11 +67,11 @@ class Peer(Role):
         self.inbox = theta.new_empty(self.d + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
-        self.quorum, self.lost = job.cfg.cluster.min_replicas, set()  # nodes known lost
-        self.met = list(range(self.n))  # the nodes at the last meeting
-        # each rank's node (-1: a spare standing by, or a lost rank), and each node's rank
-        self.workers = list(range(self.n)) + [-1] * (world.size - self.n)
-        self.ranks = list(range(self.n))  # from `workers` (`placed`)
+        self.lost: set[int] = set()  # nodes known lost
+        # each rank's node (-1: a spare standing by, or a lost rank), the nodes at the last
+        # meeting (`live`), and each node's rank
+        self.members = Members(job, world)
+        self.ranks = list(range(self.n))  # from `members.workers` (`placed`)
         self.playing: Peer | None = None  # the peer whose iterations run (a spare's: its own)
 
     def warm_up(self) -> Any:
@@ -110,7 +106,7 @@ class Peer(Role):
         if peer is None:
             raise exc
         peer.t_end = self.world.now()
-        lost_in_failure(self.world.record, peer.t_end, peer.k, peer.met, exc, peer.workers)
+        peer.members.failed(exc, peer.k, peer.t_end)
         return peer.ending()
         yield  # unreachable: an op
 
@@ -139,8 +135,8 @@ class Peer(Role):
                       bytes_sent=self.nbytes)  # fmt: skip
 
     # what a rank's checkpoint holds besides its node: the node it plays, z̄, the
-    # iterations met, bytes so far, who plays which node, the nodes lost
-    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "workers", "lost", "met")
+    # iterations met, bytes so far, the nodes lost (and who plays which node, who met)
+    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "lost")
 
     def checkpoint(self, k: int) -> Op[None]:
         """After the meeting that follows iteration k − 1 (τ = 0: every message sent so far
@@ -148,14 +144,17 @@ class Peer(Role):
         yield from self.settle(k)  # delivered already: the sends' handles let go
         node = self.node
         part = {key: getattr(self, key) for key in self.KEPT}
-        part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers)
-        yield from self.world.checkpoint(k, part, self.met_at, live=bool(self.quorum))
+        part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
+                    workers=self.members.workers, met=self.members.live)  # fmt: skip
+        live = bool(self.members.quorum)  # the ranks in the meetings take part
+        yield from self.world.checkpoint(k, part, self.met_at, live=live)
 
     def restore(self, part: dict[str, Any]) -> int:
         """A resumed run's rank: its part of the checkpoint set, its minibatches and step
         times from the iterations it took; returns the next iteration."""
         for key in self.KEPT:
             setattr(self, key, part[key])
+        self.members = Members(self.job, self.world, part["workers"], part["met"])
         self.placed()
         node = self.node
         node.x, node.w, node.inner, node.buffers = (
@@ -172,33 +171,29 @@ class Peer(Role):
         node.x, node.inner = state["x"], state["inner"]  # the optimizer steps this very x
         node.x.copy_(state["z_mean"])
         node.w.fill_(1.0)
-        for key in ("z_mean", "first", "workers", "lost", "met"):
+        for key in ("z_mean", "first", "lost"):
             setattr(self, key, state[key])
+        self.members = Members(self.job, self.world, state["workers"], state["met"])
         self.placed()
         self.world.play(self.me, self.world.now(), k, replaced=True)
         catch_up(self.job.profile, self.me, node.batches, k)
         return k
 
-    def welcome(self, k: int, live: list[int], stop: bool) -> Op[list[int]]:
+    def welcome(self, k: int, stop: bool) -> Op[None]:
         """The nodes left, after the meeting that chose spares: each spare takes a lost
         node's place (rank 0 logs `replaced`) and gets z̄ and the lowest survivor's local
-        optimizer; returns the nodes in the run from here."""
-        world = self.world
-        lost_ranks = {r for _, r in world.joining}
-        live = take_in_spares(world, self.n, self.workers, live)
-        for r in lost_ranks:
-            self.workers[r] = -1
+        optimizer."""
+        live = self.members.take_in_spares()
         self.placed()
         self.lost -= set(live)
         state = {"x": self.node.x, "inner": self.node.inner, "z_mean": self.z_mean, "k": k,
-                 "first": self.first, "workers": self.workers, "lost": self.lost, "met": live,
-                 "stop": stop}  # fmt: skip
-        yield from world.welcome(state)
-        return live
+                 "first": self.first, "workers": self.members.workers, "lost": self.lost,
+                 "met": live, "stop": stop}  # fmt: skip
+        yield from self.world.welcome(state)
 
     def placed(self) -> None:
-        """Each node's rank, from each rank's node (`workers`)."""
-        self.ranks = [self.workers.index(i) for i in range(self.n)]
+        """Each node's rank, from each rank's node (`members.workers`)."""
+        self.ranks = [self.members.workers.index(i) for i in range(self.n)]
 
     def iterate(self, k: int) -> Op[None]:
         """Iteration k: the gradient at z, the local step and the gossip, in the rule's order."""
@@ -215,7 +210,7 @@ class Peer(Role):
                     sends.append(((yield from world.isend(message, self.ranks[peer])), peer))
                     continue
             except RunError:  # real processes: the peer's connection closed
-                if not self.quorum:
+                if not self.members.quorum:
                     raise
                 self.lost.add(peer)
             if self.values:
@@ -231,7 +226,7 @@ class Peer(Role):
                 try:
                     wait += yield from world.recv(self.inbox, self.ranks[peer])
                 except RunError:
-                    if not self.quorum:
+                    if not self.members.quorum:
                         raise
                     self.lose(peer, message if any(p == peer for _, p in sends) else None)
                     continue
@@ -259,7 +254,7 @@ class Peer(Role):
                 try:
                     yield from self.world.wait(work, self.ranks[peer])
                 except RunError:
-                    if not self.quorum:
+                    if not self.members.quorum:
                         raise
                     self.lost.add(peer)  # a send to a lost peer: nobody took it in
 
@@ -292,9 +287,8 @@ class Peer(Role):
             save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
             stats[-2] = STOP if stop else SAVE if save else 0.0
         live = yield from self.all_reduce(stats)
-        if self.quorum:  # every node learns who is lost; rank 0 logs them
-            before, self.met, self.lost = self.met, live, set(range(n)) - set(live)
-            replicas_left(record, world.now(), version, before, live, self.quorum, n)
+        self.members.left(version, live)  # every node learns who is lost; rank 0 logs them
+        self.lost = set(range(n)) - set(live)
         self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
         self.carried = [world.now() - t_enter, 0.0]  # waited for the others; the wire: free
         if record is not None:  # rank 0 counts every rank's bytes (the gossip's only)
@@ -309,15 +303,11 @@ class Peer(Role):
         self.first, self.rows = version, []
         stop = bool(stats[-2] == STOP or stats[-1] > 0)
         if world.joining:  # spares take the lost nodes' places from the next iteration
-            self.met = yield from self.welcome(version, live, stop)
+            yield from self.welcome(version, stop)
         return stop
 
     def all_reduce(self, buf: torch.Tensor) -> Op[list[int]]:
         """A meeting's all-reduce: over every node, or (cluster.min_replicas) over the nodes
         left; the nodes summed. The harness's measurement, not the algorithm's traffic: it
         costs no time on the wire (`seconds=0.0`), only the wait for the slowest node."""
-        if self.quorum:
-            ranks = yield from self.world.all_reduce_live(buf, 0.0)
-            return sorted(self.workers[r] for r in ranks)
-        yield from self.world.all_reduce(buf, 0.0)
-        return list(range(self.n))
+        return sorted((yield from self.members.summing(buf, 0.0)))

@@ -33,9 +33,9 @@ from stalebench.engines.local.round import (
     segments,
     stats_row,
 )
-from stalebench.engines.rounds import lost_in_failure, replicas_left, take_in_spares
 from stalebench.job import Job
 from stalebench.runtime.driver import Ending, Role
+from stalebench.runtime.members import Members
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
@@ -61,17 +61,11 @@ class Member(Role):
         self.job, self.world, self.rank, self.m, self.e = job, world, rank, job.num_workers, e
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
         self.theta = net.flat.detach().to(job.host).clone()  # θ₀, the same on every rank
-        # each rank's worker index (a spare's: the one whose place it takes), those left
-        self.workers = list(range(self.m)) + [-1] * (world.size - self.m)
-        self.quorum, self.live = job.cfg.cluster.min_replicas, list(range(self.m))
-        self.status, self.version, self.nbytes = "completed", 0, 0
-        if state is not None:  # a spare joining (or resumed): where the replicas left are
-            self.workers, self.live, self.version = (
-                state["workers"],
-                state["live"],
-                state["version"],
-            )
-        self.me = self.workers[rank]
+        # who plays which worker (a spare: the one whose place it takes), those left: as
+        # the run starts, or where the replicas left are (a spare joining, or resumed)
+        self.members = Members(job, world, *((state["workers"], state["live"]) if state else ()))
+        self.status, self.version, self.nbytes = "completed", state["version"] if state else 0, 0
+        self.me = self.members.me
         self.rep = Replica(job, self.me, self.theta, net)
         self.plan = Plan(e.mode, job.cfg.algorithm.outer.inner_steps, e.fragments, e.delay,
                          self.theta.numel())  # fmt: skip
@@ -120,22 +114,24 @@ class Member(Role):
 
     # what a rank's checkpoint holds: its replica's state, θ and the outer rules, where the
     # rounds are, the statistics since its last send
-    KEPT = ("theta", "exs", "workers", "live", "version", "nbytes", "step", "compute",
-            "paused", "losses")  # fmt: skip
+    KEPT = ("theta", "exs", "version", "nbytes", "step", "compute", "paused", "losses")
 
     def checkpoint(self) -> Op[None]:
         """Every rank at the end of the same step, no exchange in flight (engine.delay=0):
         its part of a checkpoint set (`World.checkpoint`)."""
-        rep = self.rep
+        rep, members = self.rep, self.members
         part = {k: getattr(self, k) for k in self.KEPT}
-        part.update(x=rep.x, inner=rep.inner, buffers=rep.buffers)
-        yield from self.world.checkpoint(self.version, part, self.merged_t, live=bool(self.quorum))
+        part.update(x=rep.x, inner=rep.inner, buffers=rep.buffers, workers=members.workers,
+                    live=members.live)  # fmt: skip
+        live = bool(members.quorum)  # the ranks in the rounds take part
+        yield from self.world.checkpoint(self.version, part, self.merged_t, live=live)
 
     def restore(self, part: dict[str, Any]) -> None:
         """A resumed run's rank: its part of the checkpoint set; its minibatches and step
         times from the steps it took."""
         for k in self.KEPT:
             setattr(self, k, part[k])
+        self.members = Members(self.job, self.world, part["workers"], part["live"])
         rep = self.rep
         rep.x, rep.inner, rep.buffers = part["x"], part["inner"], part["buffers"]
         catch_up(self.job.profile, self.me, rep.batches, self.step)
@@ -176,8 +172,7 @@ class Member(Role):
         """The replicas lost in the failing round are logged."""
         if not self.looping:
             raise exc
-        lost_in_failure(self.world.record, self.world.now(), self.version + 1, self.live, exc,
-                        self.workers)  # fmt: skip
+        self.members.failed(exc, self.version + 1, self.world.now())
         return self.ending()
         yield  # unreachable: an op
 
@@ -204,7 +199,7 @@ class Member(Role):
                             ex.wire)  # fmt: skip
             waited, pending = 0.0, []
             # cluster.min_replicas (a mean, never int8): over the replicas left
-            reduce = world.all_reduce_live if self.quorum else world.all_reduce
+            reduce = self.members.all_reduce
             if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
                 losses = torch.zeros(m, dtype=torch.float64)
                 losses[rank] = row[1]
@@ -236,12 +231,8 @@ class Member(Role):
         blocked = s.waited_s
         for handle in s.pending:
             blocked += yield from self.world.complete(handle)
-        live = list(range(m))
-        if self.quorum:  # the replicas the payload summed
-            live = [self.workers[r] for r in s.pending[-1].members]
-            before, self.live = self.live, live
-            t, n = self.world.now(), self.m
-            replicas_left(self.world.record, t, self.version + 1, before, live, self.quorum, n)
+        live = self.members.of(s.pending[-1])  # the replicas the payload summed
+        self.members.left(self.version + 1, live)
         rows = s.stats[live, :STATS]
         if self.job.numerics:  # a cost-only run takes no outer step's arithmetic
             before = theta[part].clone() if self.plan.keeps_progress else None
@@ -275,11 +266,11 @@ class Member(Role):
     def welcome(self) -> Op[None]:
         """The replicas left hand θ, the outer rules and an inner optimizer to the spares
         chosen (rank 0 logs each `replaced`)."""
-        world = self.world
-        self.live = take_in_spares(world, self.m, self.workers, self.live)
-        yield from world.welcome({
+        members = self.members
+        members.take_in_spares()
+        yield from self.world.welcome({
             "theta": self.theta, "exs": self.exs, "x": self.rep.x, "inner": self.rep.inner,
-            "workers": self.workers, "live": self.live, "version": self.version,
+            "workers": members.workers, "live": members.live, "version": self.version,
             "steps": self.step,  # every worker's inner steps (a merge ends them all)
         })  # fmt: skip
 
