@@ -12,7 +12,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
 from stalebench.registry import ComponentConfig, Registry
-from stalebench.runtime.faults import Faults
+from stalebench.runtime.driver import Ending, Role
 from stalebench.runtime.record import diverged, gradient, spent
 
 
@@ -55,25 +55,33 @@ class Lone(Engine):
     def num_workers(self) -> int:
         return 1
 
-    def program(self, job, world):
-        cfg, record, model = job.cfg, world.record, job.model()
-        params = parameters_to_vector(model.parameters()).detach().clone()
-        rule = STEPS.build(cfg.algorithm.step)
-        net = job.model()
-        net_params, batches = list(net.parameters()), job.batches(0)
-        world.faults = Faults(job.profile, 0)
+    def role(self, job, world):
+        return Alone(job, world)
 
-        def step():
-            vector_to_parameters(params, net_params)
-            return gradient(net, net_params, next(batches), torch.device("cpu"))
 
-        yield from world.begin(lambda: None)
+class Alone(Role):
+    """The one rank: θ, its step rule, and the run directory."""
+
+    def __init__(self, job, world):
+        self.job, self.world, self.model = job, world, job.model()
+        self.params = parameters_to_vector(self.model.parameters()).detach().clone()
+        self.rule = STEPS.build(job.cfg.algorithm.step)
+        self.net = job.model()
+        self.net_params, self.batches = list(self.net.parameters()), job.batches(0)
+
+    def step(self):
+        vector_to_parameters(self.params, self.net_params)
+        return gradient(self.net, self.net_params, next(self.batches), torch.device("cpu"))
+
+    def run(self):
+        job, world, record, params = self.job, self.world, self.world.record, self.params
+        world.play(0)
         version, status = 0, "completed"
         record.snapshots.maybe(0.0, 0, params)
-        while status == "completed" and not spent(cfg.budget, version, world.now()):
+        while status == "completed" and not spent(job.cfg.budget, version, world.now()):
             world.strike()
-            (grad, loss), compute = yield from world.compute(step, job.profile.step_s(0))
-            rule.step(params, grad)
+            (grad, loss), compute = yield from world.compute(self.step, job.profile.step_s(0))
+            self.rule.step(params, grad)
             version += 1
             record.events.emit(
                 "update", world.now(), worker=0, clock=version - 1, version=version, lag=0,
@@ -81,4 +89,4 @@ class Lone(Engine):
             )  # fmt: skip
             record.snapshots.maybe(world.now(), version, params)
             status = "diverged" if diverged(loss) else status
-        return record.finish(model, params, version, world.now(), status, None, bytes_sent=0)
+        return Ending(self.model, params, version, world.now(), status)
