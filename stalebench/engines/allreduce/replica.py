@@ -2,11 +2,11 @@
 checks: `stalebench.engines.allreduce`, which imports no torch).
 
 The protocol, a round at a time: every replica computes its gradient, writes its statistics
-(compute time, loss, seconds paused) and rank 0 its word (stop, save, or go on) into the
+(compute time, loss, seconds paused) and rank 0 its order (stop, save, or go on) into the
 header of one message, and all-reduces it with the gradient — in one message, or with
 engine.bucket_mb in pieces as backward makes them (`Rounds`; P3: applied by layer in the
 next round's forward pass). Each replica then takes the mean gradient's step, and rank 0
-reports the round. The word rank 0 decides in a round travels in the next: that round is
+reports the round. The order rank 0 decides in a round travels in the next: that round is
 not applied (stop), or every rank saves its part of a checkpoint after it (save). A spare
 (a rank after the N replicas) stands by until it takes a lost replica's place.
 """
@@ -28,7 +28,7 @@ from stalebench.runtime.record import gradient
 from stalebench.runtime.wire import Message
 from stalebench.runtime.world import Op, World
 
-# rank 0's word in a round's last slot: this round is not applied; a checkpoint after it
+# rank 0's order in a round's last slot: this round is not applied; a checkpoint after it
 STOP, SAVE = 1.0, 2.0
 
 
@@ -77,15 +77,16 @@ class Replica(Role):
                       bytes_sent=self.bytes_sent)  # fmt: skip
 
     def set_up(self, params, rule, progress: dict[str, Any]) -> Op[None]:
-        """The round's message (its header: each replica's statistics, then rank 0's word;
+        """The round's message (its header: each replica's statistics, then rank 0's order;
         then the gradient — no values in a cost-only run), the worker this rank plays and
         its step; with engine.bucket_mb, the rounds in pieces."""
         job, world, n = self.job, self.world, self.n
         self.params, self.rule = params, rule
         self.members = Members(job, world, progress.get("workers"), progress.get("live"))
         self.worker = self.members.me
-        header = 3 * n + 1
-        self.msg = Message(header, round_slots(params.numel(), n) - header, job.numerics)
+        header_slots = 3 * n + 1  # the statistics, then the order
+        payload_slots = round_slots(params.numel(), n) - header_slots
+        self.msg = Message(header_slots, payload_slots, job.numerics)
         self.step = worker_of(job, world, self.net, params, self.worker, progress["version"],
                               self.msg.payload)  # fmt: skip
         eng = job.cfg.engine
@@ -99,19 +100,19 @@ class Replica(Role):
         # the slots the protocol reads, as numpy: no tensor op a scalar
         self.header = self.msg.head.numpy()
         self.stats = self.header[: 3 * n].reshape(n, 3)
-        self.word = self.header[3 * n : header]
+        self.order = self.header[3 * n :]
         self.version, self.bytes_sent = progress["version"], progress["bytes"]
         self.t_last = world.now() if world.resumed is not None else 0.0
         if world.record is not None and world.resumed is None:
             world.record.snapshots.maybe(0.0, 0, params)
 
     def round(self) -> Op[bool]:
-        """One round; False once rank 0's word stops the rounds (that round not applied)."""
+        """One round; False once rank 0's order stops the rounds (that round not applied)."""
         world, overlap = self.world, self.overlap
         paused = world.strike()  # a pause stalls the round
         step_s = self.job.profile.step_s(self.worker)  # the round's draw from its stream
         closing = overlap.next_round(step_s) if overlap is not None else None
-        if closing is not None and self.word[0] == STOP:  # P3: read from the round before
+        if closing is not None and self.order[0] == STOP:  # P3: read from the round before
             return False
         loss, compute = yield from world.compute(self.step, step_s)
         if closing is not None:  # P3: the forward pass applied the round before
@@ -120,14 +121,14 @@ class Replica(Role):
             self.close(closing, waited, float(closing[0, 0]))
         self.header[:] = 0.0
         self.stats[self.worker] = compute, loss, paused
-        self.word[0] = STOP if self.stop else SAVE if self.save else 0.0  # the others': 0
+        self.order[0] = STOP if self.stop else SAVE if self.save else 0.0  # the others': 0
         reduce_start = world.now()
         if overlap is not None:
             overlap.header_written()  # it completes the first piece
         if self.p3 and self.hooked:  # on a virtual clock: one all-reduce, the forward's wait
             return True
         yield from self.reduce(compute)
-        if self.word[0] == STOP:  # rank 0 decided last round that this one is not applied
+        if self.order[0] == STOP:  # rank 0 decided last round that this one is not applied
             return False
         if self.job.numerics:  # a cost-only run takes no update's arithmetic
             self.rule.step(self.params, self.msg.payload.div_(len(self.members.live)), -1, 0)
@@ -161,12 +162,12 @@ class Replica(Role):
 
     def after_round(self) -> Op[None]:
         """Spares chosen by the round take the lost replicas' places; a checkpoint when
-        rank 0's word said so; rank 0 decides whether the next round's word is save."""
+        rank 0's order said so; rank 0 decides whether the next round's order is save."""
         world, members = self.world, self.members
         if world.joining:  # from the next round
             members.take_in_spares()
             yield from world.welcome(self.state())
-        if self.word[0] == SAVE:  # every rank, at once
+        if self.order[0] == SAVE:  # every rank, at once
             live = bool(members.quorum)  # the ranks in the rounds take part
             yield from world.checkpoint(self.version, self.state(), world.now(), live=live)
         self.save = (world.record is not None and not self.stop
