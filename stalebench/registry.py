@@ -59,6 +59,45 @@ def algorithm_part(slot: str, base: type) -> None:
         raise ValueError(f"algorithm.{slot} is already a part, of {PARTS[slot].__name__}")
 
 
+# What an algorithm's part may need of the engine it runs in (`Part.needs`), each said as a
+# refusal completes "<part> needs ...". An engine lists those it gives in `provides`; a part
+# that needs one its engine does not give is refused before any process starts, by name.
+# A plugin may add its own.
+NEEDS: dict[str, str] = {
+    "arrivals": "each gradient on its own as it arrives (a server)",
+    "batch_sizes": "each gradient weighed by the size of its minibatch (a server)",
+    "reform": "the barrier re-formed over the workers left when one is lost (a server)",
+    "rounds": "rounds to reset the local optimizer at",
+}
+
+
+class Part:
+    """What an algorithm's part (a barrier, an update rule, an outer rule, a mixing rule...)
+    says to the engine that reads it, as class methods with defaults that accept: the
+    engine's `validate` asks them of every part in its `slots`. A part's class need not
+    derive from it; one that does not is taken as needing nothing and checking nothing."""
+
+    @classmethod
+    def needs(cls, cfg: Any) -> dict[str, str]:
+        """What this part, set as `cfg`, needs of its engine (keys of `NEEDS`), each with
+        the setting that makes it need it, as `key=value` of its own config ("" when the
+        part needs it whatever its settings)."""
+        return {}
+
+    @classmethod
+    def check(cls, cfg: Any, num_workers: int, run: Any = None) -> None:
+        """Refuse (ConfigError naming its keys) what this part, set as `cfg`, cannot do with
+        `num_workers` workers in `run` (the run's config; None when the part is built
+        outside a run): its own fields, against the run it is in."""
+
+
+def part_class(slot: str, cfg: Any) -> type:
+    """The class of part `algorithm.<slot>` set as `cfg`: its registry's entry for
+    `cfg.name`, or, for a part with no registry (`algorithm_part`), its config's class."""
+    registry = REGISTRIES.get(f"algorithm/{slot}")
+    return registry.get(cfg.name)[0] if registry else type(cfg)
+
+
 class Registry(Generic[T]):
     def __init__(
         self, kind: str, group: str, config_path: str, base: type[ComponentConfig] = ComponentConfig

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from stalebench.algorithms.base import BARRIERS, Barrier, BarrierConfig
 from stalebench.errors import ConfigError
@@ -66,6 +67,26 @@ class BSP(SSP):
 
     synchronous = True
     gathers = True
+
+    @classmethod
+    def needs(cls, cfg: BSPConfig) -> dict[str, str]:
+        """Backup workers drop a round's last gradients: each must arrive on its own; DBS's
+        minibatches of different sizes must each be weighed by its size."""
+        needs = super().needs(cfg)
+        if cfg.backups:
+            needs["arrivals"] = f"backups={cfg.backups}"
+        if cfg.rebalance_every:
+            needs["batch_sizes"] = f"rebalance_every={cfg.rebalance_every}"
+        return needs
+
+    @classmethod
+    def check(cls, cfg: BSPConfig, num_workers: int, run: Any = None) -> None:
+        super().check(cfg, num_workers, run)
+        if cfg.backups >= num_workers:
+            raise ConfigError(
+                f"algorithm.barrier.backups={cfg.backups} with cluster.num_workers={num_workers}"
+                f": a round needs at least one gradient (backups <= {num_workers - 1})"
+            )
 
     @property
     def staleness(self) -> int:

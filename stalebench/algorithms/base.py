@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import ComponentConfig, Part, Registry
 
 if TYPE_CHECKING:  # torch is imported lazily: the CLI validates configs without it
     import torch
@@ -63,7 +63,7 @@ def _no_emit(kind: str, t: float, **fields: Any) -> None:
     pass
 
 
-class Barrier:
+class Barrier(Part):
     """When may a worker start its next step. `clocks[i]` = steps worker i has completed."""
 
     # True when every worker waits for the whole round and the round is one update (BSP):
@@ -92,6 +92,21 @@ class Barrier:
     def survives_loss(cls, cfg: BarrierConfig) -> bool:
         """Does a run with this barrier and `cfg` go on when a worker is lost?"""
         return cls.tolerates_loss or cfg.on_loss == "reform"
+
+    @classmethod
+    def needs(cls, cfg: BarrierConfig) -> dict[str, str]:
+        """on_loss=reform: an engine that re-forms the barrier over the survivors."""
+        return {"reform": "on_loss=reform"} if cfg.on_loss == "reform" else {}
+
+    @classmethod
+    def check(cls, cfg: BarrierConfig, num_workers: int, run: Any = None) -> None:
+        if cfg.on_loss == "reform" and not cls.reformable:
+            able = BARRIERS.names_with("reformable")
+            raise ConfigError(
+                f"algorithm.barrier.on_loss=reform: barrier {cfg.name} decides from more "
+                f"than the slowest clock and cannot be re-formed over the survivors; "
+                f"{', '.join(able)} can"
+            )
 
     def observe_push(self, worker: int, clocks: Sequence[int], now: float) -> None:
         """Called after a push from `worker` has been counted (clocks already advanced)."""
@@ -127,7 +142,7 @@ class Barrier:
         return None
 
 
-class UpdateRule:
+class UpdateRule(Part):
     """How a gradient with its lag changes θ (in place), and which parameters a worker reads.
 
     The engine calls `step` for every gradient (or a round's mean gradient, with worker −1);
@@ -145,6 +160,17 @@ class UpdateRule:
         self.cfg = cfg
         self.num_workers = num_workers
         self.updates = 0  # gradients applied so far
+
+    @classmethod
+    def check(cls, cfg: UpdateConfig, num_workers: int, run: Any = None) -> None:
+        """A rule with per-worker state takes no round's mean (the run's barrier's `apply`)."""
+        barrier = run.algorithm.barrier if run is not None else None
+        if cls.per_worker and barrier is not None and barrier.apply == "per_round":
+            raise ConfigError(
+                f"algorithm.update={cfg.name} keeps per-worker state and cannot take a "
+                "round's averaged gradient (algorithm.barrier.apply=per_round); use a barrier "
+                "that applies per arrival"
+            )
 
     @property
     def lr(self) -> float:

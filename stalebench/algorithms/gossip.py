@@ -32,10 +32,10 @@ clock) is the engine's business.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import ComponentConfig, Part, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ def alternating_hops(num_nodes: int) -> list[int]:
     return [sign * 2**e for e in range((num_nodes - 1).bit_length()) for sign in (1, -1)]
 
 
-class Mixing:
+class Mixing(Part):
     """One gossip rule on N nodes: the graph at each iteration and the arithmetic of a step."""
 
     # the weight w travels and divides x (PushSum); without it z = x (W doubly stochastic)
@@ -106,8 +106,9 @@ class Mixing:
             self.hops = alternating_hops(num_nodes)
 
     @classmethod
-    def check(cls, cfg: MixingConfig, num_nodes: int) -> None:
-        """Refuse what this rule cannot run on N nodes (ConfigError naming the key)."""
+    def check(cls, cfg: MixingConfig, num_nodes: int, run: Any = None) -> None:
+        """Refuse what this rule cannot run on N nodes, in `run` when given (ConfigError
+        naming the key)."""
         if num_nodes < 2:
             raise ConfigError(f"cluster.num_workers={num_nodes}: gossip needs at least 2 nodes")
         hops = len(distances(num_nodes, cfg.peers))
@@ -115,6 +116,13 @@ class Mixing:
             raise ConfigError(
                 f"algorithm.gossip.peers={cfg.peers} exceeds the {hops} distinct out-peers of "
                 f"the exponential graph on cluster.num_workers={num_nodes}"
+            )
+        quorum = run.cluster.min_replicas if run is not None else 0
+        if quorum and cfg.overlap:
+            raise ConfigError(
+                f"cluster.min_replicas={quorum}: with algorithm.gossip.overlap={cfg.overlap} the "
+                "shares sent to a lost node in the last τ iterations cannot come back; use "
+                "overlap 0 (SGP, D-PSGD)"
             )
 
     @property
@@ -180,8 +188,8 @@ class DPSGD(Mixing):
     mixes_first = True
 
     @classmethod
-    def check(cls, cfg: MixingConfig, num_nodes: int) -> None:
-        super().check(cfg, num_nodes)
+    def check(cls, cfg: MixingConfig, num_nodes: int, run: Any = None) -> None:
+        super().check(cfg, num_nodes, run)
         if cfg.topology in DIRECTED:
             raise ConfigError(
                 f"algorithm.gossip.topology={cfg.topology}: D-PSGD needs a symmetric W on a "

@@ -25,7 +25,7 @@ from stalebench.algorithms.torch_optim import (
     torch_step,
 )
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import ComponentConfig, Part, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -109,7 +109,7 @@ class AdamWConfig(InnerConfig):
         check_torch_fields(self, "algorithm.inner")
 
 
-class InnerOptimizer(KeepsOptimizer):
+class InnerOptimizer(KeepsOptimizer, Part):
     """A worker's optimizer over its flat replica `x` (updated in place by `step`): torch's
     class `optimizer`, its arguments from the config (`torch_optimizer`). With
     `lr_decay`, torch's LambdaLR sets the step before each inner step k to lr ×
@@ -122,6 +122,11 @@ class InnerOptimizer(KeepsOptimizer):
         self.cfg, self.x = cfg, x
         self.opt = self._build()
         self.schedule = self._schedule()
+
+    @classmethod
+    def needs(cls, cfg: InnerConfig) -> dict[str, str]:
+        """reset: rounds, to start each with fresh state."""
+        return {"rounds": "reset=true"} if cfg.reset else {}
 
     def _build(self):
         # one tensor: torch's single-tensor code path (foreach=False)
@@ -246,7 +251,7 @@ class LeaderConfig(OuterConfig):
             raise ConfigError(f"algorithm.outer.groups must be >= 1, got {self.groups}")
 
 
-class OuterRule:
+class OuterRule(Part):
     """Reconciles the replicas after a round.
 
     `exchange` says what the workers share: "mean" (the mean pseudo-gradient, by one
@@ -317,6 +322,16 @@ class Elastic(OuterRule):
     The replicas are never reset to the centre; θ, the centre, is what is evaluated.
     α defaults to 0.9/N (the paper's β = Nα = 0.9)."""
 
+    @classmethod
+    def check(cls, cfg: ElasticConfig, num_workers: int, run: Any = None) -> None:
+        alpha, n = cfg.alpha, num_workers
+        if alpha * n > 1:
+            raise ConfigError(
+                f"algorithm.outer.alpha={alpha} with cluster.num_workers={n}: the centre moves "
+                f"by N·α = {alpha * n:g} > 1 of the replicas' spread and overshoots; use "
+                f"alpha <= {1 / n:g} (0 = 0.9/N)"
+            )
+
     def step(self, theta, mean_delta):
         theta.sub_(mean_delta, alpha=self.cfg.pull(self.num_workers) * self.num_workers)
 
@@ -332,6 +347,14 @@ class Leader(OuterRule):
     pulled; θ, what is evaluated, is the global leader's replica."""
 
     exchange = "leaders"
+
+    @classmethod
+    def check(cls, cfg: LeaderConfig, num_workers: int, run: Any = None) -> None:
+        if cfg.groups > num_workers:
+            raise ConfigError(
+                f"algorithm.outer.groups={cfg.groups} exceeds cluster.num_workers={num_workers}"
+                ": every group needs a worker"
+            )
 
     def groups(self) -> list[range]:
         """The workers of each group: `groups` consecutive, near-equal blocks."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalebench.algorithms.torch_optim import (
     IMPORTS,
@@ -20,7 +20,7 @@ from stalebench.algorithms.torch_optim import (
     torch_step,
 )
 from stalebench.errors import ConfigError
-from stalebench.registry import ComponentConfig, Registry
+from stalebench.registry import ComponentConfig, Part, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 SCHEDULES = ("async_1f1b", "gpipe")
 
 
+# the schedule: a part with no registry, whose config is its class (`registry.part_class`)
 @dataclasses.dataclass
-class PipelineConfig:
+class PipelineConfig(Part):
     stages: int = 4  # K: one process per stage; the model's blocks are split over them
     # async_1f1b: PipeDream's schedule without flush, stage k updates after every backward
     # with delay τ_k = K−1−k; gpipe: all microbatches forward, all backward, one update
@@ -61,6 +62,16 @@ class PipelineConfig:
         if self.lr_correction_steps < 0:
             raise ConfigError(
                 f"{key}.lr_correction_steps must be >= 0, got {self.lr_correction_steps}"
+            )
+
+    @classmethod
+    def check(cls, cfg: PipelineConfig, num_workers: int, run: Any = None) -> None:
+        """A flushed step splits the minibatch into its microbatches."""
+        batch = run.dataset.batch_size if run is not None else 0
+        if cfg.flush and batch % cfg.microbatches:
+            raise ConfigError(
+                f"dataset.batch_size={batch} must be a multiple of "
+                f"algorithm.pipeline.microbatches={cfg.microbatches}"
             )
 
     @property
@@ -116,7 +127,7 @@ class OptimizerConfig(ComponentConfig):
             )
 
 
-class StageOptimizer:
+class StageOptimizer(Part):
     """One stage's optimizer over its flat weights `w` (updated in place)."""
 
     def __init__(self, cfg: OptimizerConfig, w: torch.Tensor):

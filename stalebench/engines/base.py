@@ -9,7 +9,9 @@ An engine is chosen by `engine=<name>` and registered like a barrier or an updat
 It answers a small fixed set of questions, and the runtimes ask nothing else:
 
 - `validate(splits)`: everything about the input it can refuse, before any process starts
-  (the base checks the algorithm's config slots it reads and the cluster fields it cannot
+  (the base checks that the algorithm's parts it reads are set, each part's own fields
+  against the run (`registry.Part.check`), what a part needs of an engine against what this
+  one `provides` (`Part.needs`), spares and min_replicas, and the cluster fields it cannot
   model, by name);
 - `world_size()` and `rank_name(rank)`: the processes of a real run and how errors name
   them (`takes_spares`: whether it runs `cluster.spares` standby workers too;
@@ -29,10 +31,12 @@ An engine that cannot apply a profile field lists it in `ignores` and is refused
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from stalebench.config import ENGINES, EngineConfig, RunConfig
 from stalebench.errors import ConfigError
+from stalebench.registry import NEEDS, Part, part_class
 
 if TYPE_CHECKING:
     from stalebench.data import Splits
@@ -58,8 +62,12 @@ class Engine:
     ignores: tuple[str, ...] = ()
     # whether a spare worker (cluster.spares) can take a lost worker's place
     takes_spares = False
-    # whether its rounds can go on over the replicas left (cluster.min_replicas)
+    # whether its rounds can go on over the replicas left (cluster.min_replicas); with
+    # takes_spares, a spare joins those rounds, so spares need min_replicas
     takes_quorum = False
+    # what it gives the algorithm's parts (keys of `registry.NEEDS`): a part that needs
+    # anything else (`Part.needs`) is refused, by name
+    provides: frozenset[str] = frozenset()
     # the runtimes it runs in
     runtimes: tuple[str, ...] = ("real", "sim")
     # the runtimes it keeps checkpoints in (every checkpoint_every_s; resume=true goes on
@@ -135,8 +143,8 @@ class Engine:
 
     def validate(self, splits: Splits) -> None:
         """Refuse what this engine cannot run, naming the key and value; the base checks
-        the runtime, checkpoints asked for, the algorithm slots and the cluster fields in
-        `ignores`."""
+        the runtime, checkpoints asked for, the algorithm slots (`check_parts`), spares and
+        min_replicas (`check_spares`) and the cluster fields in `ignores`."""
         run, name = self.run, self.name
         if run.runtime not in self.runtimes:
             raise ConfigError(
@@ -161,17 +169,7 @@ class Engine:
                     f"{run.algorithm.name or '?'} does not set (it sets {sets}): choose a "
                     f"preset made for engine={name}, or another engine"
                 )
-        if run.cluster.spares and not self.takes_spares:
-            raise ConfigError(
-                f"cluster.spares={run.cluster.spares}: engine={name} cannot hand a lost "
-                "worker's place to a spare; engine=ps can, and engine=allreduce, local or gossip "
-                "with cluster.min_replicas"
-            )
-        if run.cluster.min_replicas and not self.takes_quorum:
-            raise ConfigError(
-                f"cluster.min_replicas={run.cluster.min_replicas}: engine={name} has no rounds "
-                "to go on with the replicas left; engine=allreduce, local and gossip have"
-            )
+        self.check_spares()
         for key in self.ignores:
             value = getattr(run.cluster, key)
             if value:
@@ -179,6 +177,69 @@ class Engine:
                     f"cluster.{key}={value}: engine={name} does not model this; leave it unset "
                     f"(cluster=homogeneous)"
                 )
+        self.check_parts()
+
+    def check_spares(self) -> None:
+        """cluster.spares and cluster.min_replicas, by `takes_spares` and `takes_quorum`: an
+        engine that takes both hands a lost worker's place to a spare in its rounds over the
+        replicas left, so its spares need min_replicas."""
+        c, name = self.run.cluster, self.name
+        if c.spares and not self.takes_spares:
+            raise ConfigError(
+                f"cluster.spares={c.spares}: engine={name} cannot hand a lost "
+                "worker's place to a spare; engine=ps can, and engine=allreduce, local or gossip "
+                "with cluster.min_replicas"
+            )
+        if c.min_replicas and not self.takes_quorum:
+            raise ConfigError(
+                f"cluster.min_replicas={c.min_replicas}: engine={name} has no rounds "
+                "to go on with the replicas left; engine=allreduce, local and gossip have"
+            )
+        if c.spares and self.takes_quorum and not c.min_replicas:
+            raise ConfigError(
+                f"cluster.spares={c.spares}: engine={name} hands a lost worker's place to a "
+                "spare in rounds that go on over the replicas left: set cluster.min_replicas too"
+            )
+
+    def parts(self) -> Iterator[tuple[str, Any, type]]:
+        """The algorithm's parts this engine reads, in `slots` order: (slot, config, class)."""
+        for slot in self.slots:
+            cfg = getattr(self.run.algorithm, slot)
+            yield slot, cfg, part_class(slot, cfg)
+
+    def check_parts(self) -> None:
+        """Each part checks its own fields against the run (`Part.check`), then is refused
+        if it needs of this engine what the engine does not give (`Part.needs`, `provides`)."""
+        parts = [(slot, cfg, cls) for slot, cfg, cls in self.parts() if issubclass(cls, Part)]
+        for _, cfg, cls in parts:
+            cls.check(cfg, self.num_workers, self.run)
+        for slot, cfg, cls in parts:
+            for need, setting in cls.needs(cfg).items():
+                if need not in self.provides:
+                    raise ConfigError(self.refusal(slot, cfg, need, setting))
+
+    def refusal(self, slot: str, cfg: Any, need: str, setting: str) -> str:
+        """Why part `algorithm.<slot>` is refused: it needs `need`, which this engine does not
+        give; the engines that give it, and read that slot, are named."""
+        engines = {n: ENGINES.get(n)[0] for n in ENGINES.names()}
+        able = [n for n, e in engines.items() if need in e.provides and slot in e.slots]
+        part = f"algorithm.{slot}={cfg.label}" + (f" with {setting}" if setting else "")
+        fix = f"use engine={', '.join(able)}" if able else "no engine registered gives it"
+        if setting:
+            fix += f", or leave algorithm.{slot}.{setting.partition('=')[0]} at its default"
+        return (
+            f"{part} needs {NEEDS.get(need, need)}, which engine={self.name} does not give: {fix}"
+        )
+
+    def needed(self, need: str) -> str | None:
+        """How the part that needs `need` says it (`algorithm.<slot>.<key>=<value>`, or
+        `algorithm.<slot>=<name>` when the part needs it whatever its settings), or None when
+        no part does: for a check of this engine's own that follows from the need."""
+        for slot, cfg, cls in self.parts():
+            setting = cls.needs(cfg).get(need) if issubclass(cls, Part) else None
+            if setting is not None:
+                return f"algorithm.{slot}.{setting}" if setting else f"algorithm.{slot}={cfg.label}"
+        return None
 
     def check_shards(self, splits: Splits) -> None:
         """Every worker's shard holds a minibatch (for engines with a shard per worker)."""

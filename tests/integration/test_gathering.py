@@ -133,7 +133,10 @@ def test_gba_weighs_by_the_token_rule():
     [
         (["algorithm.barrier.backups=4"], "algorithm.barrier.backups=4 with cluster.num_workers=4"),
         (["algorithm.barrier.backups=-1"], "algorithm.barrier.backups must be >= 0, got -1"),
-        (["algorithm.barrier.backups=1", "engine=allreduce"], "algorithm.barrier.backups=1: an"),
+        (
+            ["algorithm.barrier.backups=1", "engine=allreduce"],
+            "algorithm.barrier=bsp with backups=1 needs each gradient on its own",
+        ),
     ],
 )
 def test_bad_backups_are_refused_by_name(tmp_path, overrides, message):
@@ -210,12 +213,15 @@ def test_proportional_sizes_keep_the_total():
         ),
         (
             ["algorithm=dbs", "engine=allreduce"],
-            "algorithm.barrier.rebalance_every=10: re-assigned",
+            "algorithm.barrier=bsp with rebalance_every=10 needs each gradient weighed",
         ),
         (["algorithm=gba", "algorithm.barrier.decay=2"], "algorithm.barrier.decay must be in"),
         (["algorithm=gba", "algorithm.barrier.ahead=-2"], "algorithm.barrier.ahead must be >= -1"),
         (["algorithm=sgp", "engine.sync_every=0"], "engine.sync_every must be >= 1, got 0"),
-        (["algorithm=sgp", "algorithm.inner.reset=true"], "algorithm.inner.reset=true: engine"),
+        (
+            ["algorithm=sgp", "algorithm.inner.reset=true"],
+            "algorithm.inner=momentum with reset=true needs rounds",
+        ),
     ],
 )
 def test_bad_gathering_and_gossip_settings_are_refused_by_name(tmp_path, overrides, message):

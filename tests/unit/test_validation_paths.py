@@ -153,8 +153,8 @@ CASES = [
     ),
     (
         ["algorithm=sgp", "cluster.spares=2"],
-        "cluster.spares=2: engine=gossip hands a lost node's place to a spare at a meeting "
-        "over the nodes left: set cluster.min_replicas too",
+        "cluster.spares=2: engine=gossip hands a lost worker's place to a spare in rounds "
+        "that go on over the replicas left: set cluster.min_replicas too",
     ),
     (
         ["algorithm=diloco", "cluster.spares=2"],
@@ -200,7 +200,7 @@ CASES = [
     ),
     (
         ["algorithm=bsp", "engine=allreduce", "cluster.spares=2"],
-        "cluster.spares=2: engine=allreduce hands a lost replica's place to a spare in rounds "
+        "cluster.spares=2: engine=allreduce hands a lost worker's place to a spare in rounds "
         "that go on over the replicas left: set cluster.min_replicas too",
     ),
     (
@@ -333,8 +333,9 @@ CASES = [
     ),
     (
         ["algorithm=bsp", "engine=allreduce", "algorithm.barrier.on_loss=reform"],
-        "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot shrink; use "
-        "engine=ps to re-form the barrier over the survivors",
+        "algorithm.barrier=bsp with on_loss=reform needs the barrier re-formed over the "
+        "workers left when one is lost (a server), which engine=allreduce does not give: use "
+        "engine=ps, or leave algorithm.barrier.on_loss at its default",
     ),
     (
         ["algorithm=bsp", "algorithm.barrier.apply=per_arrival"],
@@ -649,18 +650,21 @@ CASES = [
     ),
     (
         ["engine=allreduce", "algorithm=bsp_backup"],
-        "algorithm.barrier.backups=1: an all-reduce needs every rank's gradient, so it cannot "
-        "drop the last b; backup workers run on engine=ps",
+        "algorithm.barrier=bsp with backups=1 needs each gradient on its own as it arrives (a "
+        "server), which engine=allreduce does not give: use engine=ps, or leave "
+        "algorithm.barrier.backups at its default",
     ),
     (
         ["engine=allreduce", "algorithm=dbs"],
-        "algorithm.barrier.rebalance_every=10: re-assigned batch sizes run on engine=ps (its "
-        "server weighs each gradient by its minibatch)",
+        "algorithm.barrier=bsp with rebalance_every=10 needs each gradient weighed by the size "
+        "of its minibatch (a server), which engine=allreduce does not give: use engine=ps, or "
+        "leave algorithm.barrier.rebalance_every at its default",
     ),
     (
         ["algorithm=sgp", "algorithm.inner.reset=true"],
-        "algorithm.inner.reset=true: engine=gossip has no rounds to reset the local optimizer at; "
-        "leave it false",
+        "algorithm.inner=momentum with reset=true needs rounds to reset the local optimizer at, "
+        "which engine=gossip does not give: use engine=local, or leave algorithm.inner.reset at "
+        "its default",
     ),
     (["algorithm=sgp", "engine.sync_every=0"], "engine.sync_every must be >= 1, got 0"),
     (

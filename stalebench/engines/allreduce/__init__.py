@@ -96,34 +96,11 @@ class AllReduceEngine(DataParallel):
                 f"engine=allreduce is synchronous: algorithm.barrier must be one of "
                 f"{', '.join(sync)}, got {barrier!r}"
             )
-        if getattr(self.run.algorithm.barrier, "backups", 0):
-            raise ConfigError(
-                f"algorithm.barrier.backups={self.run.algorithm.barrier.backups}: an "
-                "all-reduce needs every rank's gradient, so it cannot drop the last b; backup "
-                "workers run on engine=ps"
-            )
-        if getattr(self.run.algorithm.barrier, "rebalance_every", 0):
-            raise ConfigError(
-                f"algorithm.barrier.rebalance_every={self.run.algorithm.barrier.rebalance_every}"
-                ": re-assigned batch sizes run on engine=ps (its server weighs each gradient by "
-                "its minibatch)"
-            )
         if self.run.cluster.min_replicas and self.cfg.bucket_mb and self.run.runtime == "real":
             raise ConfigError(
                 f"cluster.min_replicas={self.run.cluster.min_replicas}: engine.bucket_mb="
                 f"{self.cfg.bucket_mb} sends a round in pieces, which cannot go on over the "
                 "replicas left (set engine.bucket_mb=0, or runtime=sim)"
-            )
-        if self.run.cluster.spares and not self.run.cluster.min_replicas:
-            raise ConfigError(
-                f"cluster.spares={self.run.cluster.spares}: engine=allreduce hands a lost "
-                "replica's place to a spare in rounds that go on over the replicas left: set "
-                "cluster.min_replicas too"
-            )
-        if self.run.algorithm.barrier.on_loss == "reform":
-            raise ConfigError(
-                "algorithm.barrier.on_loss=reform: engine=allreduce's process group cannot "
-                "shrink; use engine=ps to re-form the barrier over the survivors"
             )
 
     def role(self, job, world):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from stalebench.algorithms.gossip import GOSSIP
 from stalebench.engines.base import ENGINES, Engine, EngineConfig
 from stalebench.errors import ConfigError
 
@@ -62,24 +61,6 @@ class GossipEngine(Engine):
 
     def validate(self, splits) -> None:
         super().validate(splits)
-        a = self.run.algorithm
-        GOSSIP.get(a.gossip.name)[0].check(a.gossip, self.num_workers)
-        if self.run.cluster.spares and not self.run.cluster.min_replicas:
-            raise ConfigError(
-                f"cluster.spares={self.run.cluster.spares}: engine=gossip hands a lost node's "
-                "place to a spare at a meeting over the nodes left: set cluster.min_replicas too"
-            )
-        if self.run.cluster.min_replicas and a.gossip.overlap:
-            raise ConfigError(
-                f"cluster.min_replicas={self.run.cluster.min_replicas}: with "
-                f"algorithm.gossip.overlap={a.gossip.overlap} the shares sent to a lost node "
-                "in the last τ iterations cannot come back; use overlap 0 (SGP, D-PSGD)"
-            )
-        if a.inner.reset:
-            raise ConfigError(
-                "algorithm.inner.reset=true: engine=gossip has no rounds to reset the local "
-                "optimizer at; leave it false"
-            )
         self.check_shards(splits)
 
     def role(self, job, world):

@@ -68,7 +68,8 @@ class LocalEngine(Engine):
 
     slots = ("outer", "inner")  # in label order: `<outer>+<inner>`
     takes_quorum = True  # the collective modes with a mean exchange (`validate`)
-    takes_spares = True  # with cluster.min_replicas (`validate`)
+    takes_spares = True  # with cluster.min_replicas
+    provides = frozenset({"rounds"})  # H inner steps, then an exchange
     checkpoints = ("real", "sim")  # every worker's part, after a step's merges
     cost_only = True  # the payloads without values; the statistics and headers with them
 
@@ -105,14 +106,7 @@ class LocalEngine(Engine):
 
     def validate(self, splits) -> None:
         super().validate(splits)
-        a, n = self.run.algorithm, self.num_workers
-        alpha = getattr(a.outer, "alpha", 0.0)
-        if alpha * n > 1:
-            raise ConfigError(
-                f"algorithm.outer.alpha={alpha} with cluster.num_workers={n}: the centre moves "
-                f"by N·α = {alpha * n:g} > 1 of the replicas' spread and overshoots; use "
-                f"alpha <= {1 / n:g} (0 = 0.9/N)"
-            )
+        a = self.run.algorithm
         e, steps = self.run.engine, a.outer.inner_steps
         if e.mode == "streaming" and (steps % e.fragments or e.delay > steps // e.fragments):
             raise ConfigError(
@@ -140,23 +134,12 @@ class LocalEngine(Engine):
                 "(a rule that averages, with quantize none or fp16, can)"
             )
         spares = self.run.cluster.spares
-        if spares and not quorum:
-            raise ConfigError(
-                f"cluster.spares={spares}: engine=local hands a lost worker's place to a spare "
-                "in rounds that go on over the replicas left: set cluster.min_replicas too"
-            )
         if spares and (e.mode == "overlap" or e.delay):
             delay = f" with engine.delay={e.delay}" if e.mode == "streaming" else ""
             raise ConfigError(
                 f"cluster.spares={spares}: engine.mode={e.mode}{delay} has an exchange in "
                 "flight at every merge, which a spare joining then would not be part of "
                 "(spares join engine.mode=sync, or streaming with engine.delay=0)"
-            )
-        groups = getattr(a.outer, "groups", 1)
-        if groups > n:
-            raise ConfigError(
-                f"algorithm.outer.groups={groups} exceeds cluster.num_workers={n}: every group "
-                "needs a worker"
             )
         self.check_shards(splits)
 

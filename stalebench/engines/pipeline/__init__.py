@@ -4,7 +4,7 @@ a stage's rank does, in both runtimes."""
 
 from __future__ import annotations
 
-from stalebench.algorithms.pipeline import OPTIMIZERS, PipelineConfig
+from stalebench.algorithms.pipeline import PipelineConfig
 from stalebench.engines.base import ENGINES, NETWORK, Engine, EngineConfig
 from stalebench.errors import ConfigError
 from stalebench.models import MODELS
@@ -46,13 +46,6 @@ class PipelineEngine(Engine):
     def validate(self, splits) -> None:
         super().validate(splits)
         run = self.run
-        OPTIMIZERS.get(run.algorithm.optimizer.name)
-        pipe = run.algorithm.pipeline
-        if pipe.flush and run.dataset.batch_size % pipe.microbatches:
-            raise ConfigError(
-                f"dataset.batch_size={run.dataset.batch_size} must be a multiple of "
-                f"algorithm.pipeline.microbatches={pipe.microbatches}"
-            )
         if run.dataset.sharding == "dirichlet":
             raise ConfigError(
                 "dataset.sharding=dirichlet: engine=pipeline feeds one stream of microbatches "
@@ -83,7 +76,7 @@ class PipelineEngine(Engine):
                 f"engine=pipeline cuts a model into [embedding, blocks..., head] stages; "
                 f"model={run.model.name} is not built that way (use model=transformer)"
             )
-        split(model, pipe.stages)
+        split(model, run.algorithm.pipeline.stages)
 
     def role(self, job, world):
         from stalebench.engines.pipeline.program import StageProgram

@@ -23,6 +23,9 @@ class ParameterServerEngine(DataParallel):
     program_modules = ("stalebench.engines.ps.program",)
 
     takes_spares = True
+    # its server applies each gradient as it arrives, weighed by its minibatch, and re-forms
+    # a barrier over the workers left
+    provides = frozenset({"arrivals", "batch_sizes", "reform"})
     checkpoints = ("real",)  # the server's state (its workers start again from it)
     cost_only = True  # a message's header with values, its payload without (`Header`)
 
