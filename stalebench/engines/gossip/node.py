@@ -1,6 +1,6 @@
 """What both runtimes of the gossip engine share: a node (its numerator x, weight w, local
-optimizer, minibatches, BatchNorm statistics), when the engine's collective falls,
-its statistics, and the events rank 0 writes from them.
+optimizer, minibatches, BatchNorm statistics), when the nodes meet, their statistics, and
+the events rank 0 writes from them (the role, a node's rank, and its protocol: `peer`).
 
 One iteration k (0-based) of node i, in both runtimes:
 
@@ -109,12 +109,14 @@ def report(
     each node's ‖z_i − z̄‖ after the window's last iteration (its `consensus`). `nodes`:
     the node each row is (default: row i is node i; the nodes left, once some are lost)."""
     nodes = nodes if nodes is not None else list(range(len(rows)))
-    n, m, _ = rows.shape
+    num_nodes, iterations, _ = rows.shape
     ends = rows[:, :, 0]
     # clock_gap: how many iterations the node was ahead of the slowest one when it ended
-    done = np.stack([first + np.searchsorted(ends[i], ends, side="right") for i in range(n)])
-    gaps = np.arange(first + 1, first + m + 1)[None, :] - done.min(axis=0)
-    order = sorted((float(ends[i, j]), j, i) for i in range(n) for j in range(m))
+    done = np.stack(
+        [first + np.searchsorted(ends[i], ends, side="right") for i in range(num_nodes)]
+    )
+    gaps = np.arange(first + 1, first + iterations + 1)[None, :] - done.min(axis=0)
+    order = sorted((float(ends[i, j]), j, i) for i in range(num_nodes) for j in range(iterations))
     for t, j, i in order:
         t_row, loss, compute, wait, comm, paused, lag = rows[i, j].tolist()
         if paused > 0:
@@ -123,7 +125,7 @@ def report(
             worker=nodes[i], clock=first + j, version=first + j + 1, lag=int(lag), loss=loss,
             compute_s=compute, wait_s=wait, comm_s=comm, clock_gap=max(int(gaps[i, j]), 0),
         )  # fmt: skip
-        if j == m - 1:
+        if j == iterations - 1:
             fields["consensus"] = float(dists[i])
         emit("update", t, **fields)
 

@@ -1,21 +1,24 @@
-"""A gossip node's program, written once for both runtimes (`stalebench.runtime.world`).
+"""engine=gossip's role, a node's rank, written once for both runtimes
+(`stalebench.runtime.world`); the node itself (x, w, z) and its iteration: `node`.
 
-A node sends without waiting (isend) and waits only for the messages due at its iteration;
-a send's buffer is kept until it is delivered, which the receiver allows within τ + 1
-iterations. At the engine's collective every node meets: one all-reduce of z (z̄, the model
-rank 0 snapshots), one of the statistics (rank 0 writes the window's events from them)
-with rank 0's stop decision and each node's divergence, so that every rank stops after the
-same iteration. The meeting is the harness's, not the algorithm's: it costs no time on the
-wire and counts in no bytes (only the wait for the slowest node). A lost node ends the
-run: its out-peers' receives and the next collective fail, naming whom they lost — unless
-cluster.min_replicas is set: then a node whose exchange with a peer fails (dead, or
-silent past timeout_s) counts that peer lost, and from then on keeps at home the share it
-would send it (the share it sent it in that very iteration comes back too); the meetings
-go over the nodes left, which all learn who is lost there. A share kept at home is the
-mixing matrix's weight of the lost edge moved to its diagonal: D-PSGD's W stays symmetric
-and doubly stochastic over the nodes left, and PushSum keeps its mass. A node that only
-sends to a lost peer (a directed exponential graph) loses those shares until the next
-meeting.
+The protocol, an iteration k at a time (its gradient and local step: `node`): each node
+sends its share of (x, w) to each out-peer of iteration k without waiting (isend; a send's
+buffer is kept until delivered, which the receiver allows within τ + 1 iterations) and
+waits only for the messages its in-peers sent at k − τ. Every engine.sync_every iterations
+the nodes meet (the harness's collective, free on the wire and in no byte count): one
+all-reduce of z (z̄, which rank 0 snapshots), one of the statistics (rank 0 writes the
+window's events), in which rank 0's order (stop, or save: every rank then saves its part
+of a checkpoint) and each node's divergence travel, so every rank stops after the same
+iteration.
+
+A lost node ends the run (its out-peers' receives and the next meeting fail) unless
+cluster.min_replicas is set: then a node whose exchange with a peer fails (dead, or silent
+past timeout_s) counts that peer lost and keeps at home the share it would send it — the
+lost edge's weight moved to the diagonal: D-PSGD's W stays symmetric and doubly stochastic
+over the nodes left, PushSum keeps its mass (a node that only sends to a lost peer loses
+those shares until the next meeting, where every node learns who is lost). A spare (a rank
+after the N nodes) stands by until a meeting chooses it for a lost node's place; it starts
+from z̄ (w = 1) with the lowest survivor's local optimizer.
 """
 
 from __future__ import annotations
@@ -44,27 +47,28 @@ from stalebench.runtime.members import Members
 from stalebench.runtime.record import diverged, gradient, spent
 from stalebench.runtime.world import Op, World
 
-STOP, SAVE = 1.0, 2.0  # rank 0's word in the meeting's statistics
+STOP, SAVE = 1.0, 2.0  # rank 0's order in the meeting's statistics
 
 
 class Peer(Role):
     """One node's rank: its node, its sends in flight, its statistics since the last meeting."""
 
-    def __init__(self, job: Job, world: World, me: int | None = None):
+    def __init__(self, job: Job, world: World, index: int | None = None):
         self.job, self.world, self.rank = job, world, world.rank
-        self.me = world.rank if me is None else me  # the node it plays (a spare: a lost one)
+        # the node it plays (a spare: a lost one; a checkpoint's "me")
+        self.index = world.rank if index is None else index
         self.n, self.rule = job.num_workers, world.shared("mixing", lambda: mixing(job))
         self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
         # false: a cost-only run (sim.numerics=false), whose x, w and messages have no values
         self.values = job.numerics
         flat = self.net.flat.detach()
         theta = (flat.cpu() if self.values else flat).clone()  # θ₀, the same in every rank
-        self.node = Node(job, self.me, theta, self.net, self.rule)
-        self.every, self.d = job.cfg.engine.sync_every, theta.numel()
+        self.node = Node(job, self.index, theta, self.net, self.rule)
+        self.sync_every, self.num_params = job.cfg.engine.sync_every, theta.numel()
         self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
         self.rows: list[list[float]] = []
-        self.inbox = theta.new_empty(self.d + 1)  # a message [x | w], taken in at once
+        self.inbox = theta.new_empty(self.num_params + 1)  # a message [x | w], taken in at once
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
         self.lost: set[int] = set()  # nodes known lost
@@ -82,7 +86,7 @@ class Peer(Role):
         world, record = self.world, self.world.record
         if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
             part = world.resumed
-            peer = self if part["me"] == self.me else Peer(self.job, world, part["me"])
+            peer = self if part["me"] == self.index else Peer(self.job, world, part["me"])
             return (yield from self.run_as(peer, peer.restore(part)))
         if self.rank >= self.n or world.resumed_from >= 0:  # a spare (or took no part)
             got = yield from world.stand_by()
@@ -92,7 +96,7 @@ class Peer(Role):
             return (yield from self.run_as(peer, peer.take_over(got[1])))
         if record is not None:
             record.snapshots.maybe(0.0, 0, self.z_mean)
-        world.play(self.me)
+        world.play(self.index)
         return (yield from self.run_as(self, 0))
 
     def run_as(self, peer: Peer, k: int) -> Op[Ending | None]:
@@ -106,20 +110,20 @@ class Peer(Role):
         if peer is None:
             raise exc
         peer.t_end = self.world.now()
-        peer.members.failed(exc, peer.k, peer.t_end)
+        peer.members.failed(exc, peer.iteration, peer.t_end)
         return peer.ending()
         yield  # unreachable: an op
 
     def loop(self, k: int) -> Op[Ending | None]:
         """Iterations from k (and the meetings) until the run stops; rank 0's ending."""
-        self.k = k
+        self.iteration = k  # the one under way (after the last: the number taken)
         while True:
             yield from self.iterate(k)
-            k = self.k = k + 1
-            if syncs_at(k - 1, self.every, self.job.cfg.budget.max_updates):
+            k = self.iteration = k + 1
+            if syncs_at(k - 1, self.sync_every, self.job.cfg.budget.max_updates):
                 if (yield from self.meet(k)):
                     break
-                if self.save:  # rank 0's word at the meeting: every rank, at once
+                if self.save:  # rank 0's order at the meeting: every rank, at once
                     yield from self.checkpoint(k)
         self.t_end = self.world.now()
         yield from self.drain(k)
@@ -134,16 +138,16 @@ class Peer(Role):
         return Ending(net.model, self.z_mean, self.first, self.t_end, self.status,
                       bytes_sent=self.nbytes)  # fmt: skip
 
-    # what a rank's checkpoint holds besides its node: the node it plays, z̄, the
+    # what a rank's checkpoint holds besides its node: the node it plays ("me"), z̄, the
     # iterations met, bytes so far, the nodes lost (and who plays which node, who met)
-    KEPT = ("me", "z_mean", "first", "nbytes", "carried", "lost")
+    KEPT = ("z_mean", "first", "nbytes", "carried", "lost")
 
     def checkpoint(self, k: int) -> Op[None]:
         """After the meeting that follows iteration k − 1 (τ = 0: every message sent so far
         is taken in): this rank's part of a checkpoint set (`World.checkpoint`)."""
         yield from self.settle(k)  # delivered already: the sends' handles let go
         node = self.node
-        part = {key: getattr(self, key) for key in self.KEPT}
+        part = {"me": self.index, **{key: getattr(self, key) for key in self.KEPT}}
         part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
                     workers=self.members.workers, met=self.members.live)  # fmt: skip
         live = bool(self.members.quorum)  # the ranks in the meetings take part
@@ -151,7 +155,8 @@ class Peer(Role):
 
     def restore(self, part: dict[str, Any]) -> int:
         """A resumed run's rank: its part of the checkpoint set, its minibatches and step
-        times from the iterations it took; returns the next iteration."""
+        times from the iterations it took (the node it plays is the part's: `run`); returns
+        the next iteration."""
         for key in self.KEPT:
             setattr(self, key, part[key])
         self.members = Members(self.job, self.world, part["workers"], part["met"])
@@ -160,7 +165,7 @@ class Peer(Role):
         node.x, node.w, node.inner, node.buffers = (
             part["x"], part["w"], part["inner"], part["buffers"],
         )  # fmt: skip
-        catch_up(self.job.profile, self.me, node.batches, part["k"])
+        catch_up(self.job.profile, self.index, node.batches, part["k"])
         return part["k"]
 
     def take_over(self, state: dict[str, Any]) -> int:
@@ -175,8 +180,8 @@ class Peer(Role):
             setattr(self, key, state[key])
         self.members = Members(self.job, self.world, state["workers"], state["met"])
         self.placed()
-        self.world.play(self.me, self.world.now(), k, replaced=True)
-        catch_up(self.job.profile, self.me, node.batches, k)
+        self.world.play(self.index, self.world.now(), k, replaced=True)
+        catch_up(self.job.profile, self.index, node.batches, k)
         return k
 
     def welcome(self, k: int, stop: bool) -> Op[None]:
@@ -200,11 +205,12 @@ class Peer(Role):
         node, rule, world = self.node, self.rule, self.world
         paused = world.strike()
         step = node.gradient(self.net)
-        (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.me))
+        (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.index))
         if not rule.mixes_first and self.values:
             node.step(grad)
-        message, sends, wire = node.send(k) if self.values else self.inbox, [], world.wire_s
-        for peer in rule.out_peers(self.me, k):
+        message, sends = node.send(k) if self.values else self.inbox, []
+        wire_s = world.wire_s  # the network's seconds so far
+        for peer in rule.out_peers(self.index, k):
             try:
                 if peer not in self.lost:
                     sends.append(((yield from world.isend(message, self.ranks[peer])), peer))
@@ -220,7 +226,7 @@ class Peer(Role):
         wait, comm = self.carried
         took = k >= rule.delay
         if took:  # the messages the in-peers sent at k − τ
-            for peer in rule.in_peers(self.me, k - rule.delay):
+            for peer in rule.in_peers(self.index, k - rule.delay):
                 if peer in self.lost:
                     continue
                 try:
@@ -232,7 +238,7 @@ class Peer(Role):
                     continue
                 if self.values:
                     node.receive(self.inbox)
-        comm += world.wire_s - wire  # its sends' and receives' time on the wire
+        comm += world.wire_s - wire_s  # its sends' and receives' time on the wire
         if rule.mixes_first and self.values:
             node.step(grad)
         self.rows.append([world.now(), loss, compute, wait, comm, paused, rule.delay * took])
@@ -262,7 +268,7 @@ class Peer(Role):
         """After the last iteration k − 1: the messages still in flight (τ > 0) are received
         and dropped, so that every send completes."""
         for sent_at in range(max(k - self.rule.delay, 0), k):
-            for peer in self.rule.in_peers(self.me, sent_at):
+            for peer in self.rule.in_peers(self.index, sent_at):
                 if peer not in self.lost:
                     yield from self.world.recv(torch.empty_like(self.inbox), self.ranks[peer])
         yield from self.settle(k)
@@ -274,15 +280,15 @@ class Peer(Role):
         t_enter, z = world.now(), self.node.z
         live = yield from self.all_reduce(self.z_mean.copy_(z))
         self.z_mean /= len(live)
-        stats = torch.zeros(stats_slots(n, self.every), dtype=torch.float64)
-        width = self.every * len(ROW)
+        stats = torch.zeros(stats_slots(n, self.sync_every), dtype=torch.float64)
+        width = self.sync_every * len(ROW)  # a node's rows in the window
         mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
-        stats[self.me * width : self.me * width + mine.numel()] = mine
+        stats[self.index * width : self.index * width + mine.numel()] = mine
         if self.values:  # a cost-only run has no distance, loss or θ to check
-            stats[n * width + self.me] = float((z - self.z_mean).norm())
+            stats[n * width + self.index] = float((z - self.z_mean).norm())
             losses = [row[1] for row in self.rows]
             stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
-        if record is not None:  # rank 0's word: stop, or a checkpoint after this meeting
+        if record is not None:  # rank 0's order: stop, or a checkpoint after this meeting
             stop = spent(self.job.cfg.budget, version, t_enter)
             save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
             stats[-2] = STOP if stop else SAVE if save else 0.0
@@ -292,9 +298,10 @@ class Peer(Role):
         self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
         self.carried = [world.now() - t_enter, 0.0]  # waited for the others; the wire: free
         if record is not None:  # rank 0 counts every rank's bytes (the gossip's only)
-            m = len(self.rows)
-            self.nbytes += gossip_bytes(self.rule, self.first, version, self.d, self.lost)
-            rows = stats[: n * width].view(n, self.every, len(ROW))[live, :m].numpy()
+            iterations = len(self.rows)  # since the last meeting
+            self.nbytes += gossip_bytes(self.rule, self.first, version, self.num_params, self.lost)
+            rows = stats[: n * width].view(n, self.sync_every, len(ROW))[live, :iterations]
+            rows = rows.numpy()
             dists = stats[n * width : -2].numpy()[live]
             report(record.events.emit, self.first, rows, dists, live)
             record.snapshots.maybe(world.now(), version, self.z_mean)

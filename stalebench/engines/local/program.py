@@ -1,17 +1,20 @@
-"""engine=local's collective modes (sync, streaming, overlap) as one program per worker, the
-same in both runtimes (`stalebench.runtime.world`).
+"""engine=local's collective modes (sync, streaming, overlap): one role per worker, the same
+in both runtimes (`stalebench.runtime.world`); the asynchronous mode's roles: `server`.
 
-Step by step, as `Plan` says: a fragment's send starts its two collectives — the round's
-statistics (float64, exact: `STATS` per worker, and when its exchange ends as the profile
-prices it) and the payload (the wire's Δ, all-reduced; int8 all-gathered) — and its merge
-waits for them and applies the outer step. In sync mode the merge follows the send at
-once; with a delay the collectives run while the inner steps go on. A rule that follows
-leaders learns the losses first (its statistics, then its payload; sync mode only).
+The protocol, step by step as `Plan` says: every worker takes its inner steps; a fragment's
+send starts two collectives over the workers — the payload (the wire's Δ, all-reduced; int8:
+all-gathered) and the statistics since the last send (float64, exact: `STATS` per worker,
+and when its payload is through, as the profile prices it) — and the fragment's merge waits
+for them and applies the outer step. In sync mode the merge follows the send at once; with
+engine.delay the collectives run while the inner steps go on. A rule that follows leaders
+all-reduces the losses first, to choose them (sync mode only).
 
-Every rank decides to stop from what all ranks share after a merge (the outer steps, the
-losses, θ, and the latest priced end of the exchange, which decides the wall budget), so
-all stop after the same merge without a further message. Rank 0 reports each round and
-writes the run directory.
+No message decides the stop: every rank decides it from what all share after a merge (the
+outer steps, the losses, θ, the latest priced end of an exchange, which the wall budget is
+checked against), so all stop after the same merge; a checkpoint (engine.delay=0), the
+same way. Rank 0 reports each round and writes the run directory. A spare (a rank after the
+M workers) stands by until it takes a lost worker's place: the workers left send it θ, the
+outer rules and an inner optimizer after a merge, and it runs that worker's rounds.
 """
 
 from __future__ import annotations
@@ -57,30 +60,32 @@ class Member(Role):
     the collectives under way."""
 
     def __init__(self, job: Job, world: World, state: dict[str, Any] | None = None):
-        e, rank = job.cfg.engine, world.rank
-        self.job, self.world, self.rank, self.m, self.e = job, world, rank, job.num_workers, e
+        engine, rank = job.cfg.engine, world.rank
+        self.job, self.world, self.rank, self.engine = job, world, rank, engine
+        self.num_workers = job.num_workers
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
         self.theta = net.flat.detach().to(job.host).clone()  # θ₀, the same on every rank
         # who plays which worker (a spare: the one whose place it takes), those left: as
         # the run starts, or where the replicas left are (a spare joining, or resumed)
         self.members = Members(job, world, *((state["workers"], state["live"]) if state else ()))
         self.status, self.version, self.nbytes = "completed", state["version"] if state else 0, 0
-        self.me = self.members.me
-        self.rep = Replica(job, self.me, self.theta, net)
-        self.plan = Plan(e.mode, job.cfg.algorithm.outer.inner_steps, e.fragments, e.delay,
-                         self.theta.numel())  # fmt: skip
-        self.parts = [self.plan.part(p) for p in range(self.plan.fragments)]
+        self.worker = self.members.me
+        self.replica = Replica(job, self.worker, self.theta, net)
+        self.plan = Plan(engine.mode, job.cfg.algorithm.outer.inner_steps, engine.fragments,
+                         engine.delay, self.theta.numel())  # fmt: skip
+        # each fragment's slice of θ, and its exchange (its outer rule and wire)
+        self.parts = [self.plan.part(fragment) for fragment in range(self.plan.fragments)]
         sizes = [p.numel() for p in net.params]
         self.exs = [
-            Exchange(job, self.theta[part], Wire(e.quantize, segments(sizes, part)))
+            Exchange(job, self.theta[part], Wire(engine.quantize, segments(sizes, part)))
             for part in self.parts
         ]
-        self.sent: dict[int, Sent] = {}
+        self.sent: dict[int, Sent] = {}  # by fragment
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
         self.step, self.merged_t = 0, 0.0  # inner steps taken; see merge
         self.looping = False  # in the rounds: an error there fails the run
         if state is None:
-            world.play(self.me)
+            world.play(self.worker)
         else:  # a checkpoint's part holds where its rank's steps were
             self.restore(state) if "step" in state else self.take_over(state)
 
@@ -88,16 +93,16 @@ class Member(Role):
         """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
         replicas left sent them; its predecessor's minibatches, step times and later faults
         from the steps they took."""
-        job, rep, steps = self.job, self.rep, state["steps"]
-        self.theta, self.exs, rep.x, rep.inner, self.step = (
+        job, replica, steps = self.job, self.replica, state["steps"]
+        self.theta, self.exs, replica.x, replica.inner, self.step = (
             state["theta"],
             state["exs"],
             state["x"],
             state["inner"],
             steps,
         )
-        self.world.play(self.me, self.world.now(), steps, replaced=True)
-        catch_up(job.profile, self.me, rep.batches, steps)
+        self.world.play(self.worker, self.world.now(), steps, replaced=True)
+        catch_up(job.profile, self.worker, replica.batches, steps)
 
     def warm_up(self) -> Any:
         return warm_up(self.job, self.net)
@@ -119,49 +124,49 @@ class Member(Role):
     def checkpoint(self) -> Op[None]:
         """Every rank at the end of the same step, no exchange in flight (engine.delay=0):
         its part of a checkpoint set (`World.checkpoint`)."""
-        rep, members = self.rep, self.members
-        part = {k: getattr(self, k) for k in self.KEPT}
-        part.update(x=rep.x, inner=rep.inner, buffers=rep.buffers, workers=members.workers,
-                    live=members.live)  # fmt: skip
+        replica, members = self.replica, self.members
+        part = {key: getattr(self, key) for key in self.KEPT}
+        part.update(x=replica.x, inner=replica.inner, buffers=replica.buffers,
+                    workers=members.workers, live=members.live)  # fmt: skip
         live = bool(members.quorum)  # the ranks in the rounds take part
         yield from self.world.checkpoint(self.version, part, self.merged_t, live=live)
 
     def restore(self, part: dict[str, Any]) -> None:
         """A resumed run's rank: its part of the checkpoint set; its minibatches and step
         times from the steps it took."""
-        for k in self.KEPT:
-            setattr(self, k, part[k])
+        for key in self.KEPT:
+            setattr(self, key, part[key])
         self.members = Members(self.job, self.world, part["workers"], part["live"])
-        rep = self.rep
-        rep.x, rep.inner, rep.buffers = part["x"], part["inner"], part["buffers"]
-        catch_up(self.job.profile, self.me, rep.batches, self.step)
+        replica = self.replica
+        replica.x, replica.inner, replica.buffers = part["x"], part["inner"], part["buffers"]
+        catch_up(self.job.profile, self.worker, replica.batches, self.step)
 
     def rounds(self) -> Op[Ending | None]:
         """Inner steps, sends and merges as the plan says, until the run stops."""
         self.looping, stop = True, False
         while self.status == "completed" and not stop:
             stop = yield from self.inner_step()
-        for s in self.sent.values():  # started by every rank: finish them before leaving
-            for handle in s.pending:
+        for sent in self.sent.values():  # started by every rank: finish them before leaving
+            for handle in sent.pending:
                 yield from self.world.complete(handle)
         return self.ending()
 
     def inner_step(self) -> Op[bool]:
         """One inner step, then the sends and merges it is due; whether the run stops."""
-        world, rep, plan, stop = self.world, self.rep, self.plan, False
+        world, replica, plan, stop = self.world, self.replica, self.plan, False
         if self.step % plan.steps == 0:
-            rep.inner.new_round()
+            replica.inner.new_round()
         self.paused += world.strike()
-        loss, compute_s = yield from world.compute(rep.step(self.net),
-                                                   self.job.profile.step_s(self.me))  # fmt: skip
+        inner = replica.step(self.net)  # the step to compute (`self.step`: the steps taken)
+        loss, compute_s = yield from world.compute(inner, self.job.profile.step_s(self.worker))
         self.losses.append(loss)
         self.compute += compute_s
         self.step += 1
         if plan.delay == 0:  # a merge follows its send at once
             yield from self.send(plan.sends(self.step))
         merges = plan.merges(self.step)
-        for p in merges:
-            stop = (yield from self.merge(p)) or stop
+        for fragment in merges:
+            stop = (yield from self.merge(fragment)) or stop
         if plan.delay > 0 and not stop:  # earlier sends merged first, then this step's
             yield from self.send(plan.sends(self.step))
         elif merges and self.keeps_checkpoints(stop):
@@ -181,7 +186,7 @@ class Member(Role):
         if world.record is None:
             return None
         world.release_spares()
-        for kept, last in zip(self.net.buffers, self.rep.buffers, strict=True):
+        for kept, last in zip(self.net.buffers, self.replica.buffers, strict=True):
             kept.copy_(last)  # rank 0's BatchNorm statistics, for the evaluation
         return Ending(self.net.model, self.theta, self.version, world.now(), self.status,
                       bytes_sent=self.nbytes)  # fmt: skip
@@ -191,67 +196,68 @@ class Member(Role):
         payload (for a rule that follows leaders, the losses first, to choose them), then
         the statistics with when this worker's payload is through — the harness's own
         exchange, free on the wire (`seconds=0.0`) and in no byte count."""
-        world, m, rank = self.world, self.m, self.me
-        for p in fragments:
-            ex = self.exs[p]
-            delta = self.theta[self.parts[p]] - self.rep.x[self.parts[p]]
+        world, num_workers, worker = self.world, self.num_workers, self.worker
+        for fragment in fragments:
+            exchange, part = self.exs[fragment], self.parts[fragment]
+            delta = self.theta[part] - self.replica.x[part]
             row = stats_row(self.compute, statistics.fmean(self.losses), self.paused, delta,
-                            ex.wire)  # fmt: skip
+                            exchange.wire)  # fmt: skip
             waited, pending = 0.0, []
             # cluster.min_replicas (a mean, never int8): over the replicas left
             reduce = self.members.all_reduce
-            if ex.rule.exchange == "leaders":  # the losses first, to choose the leaders
-                losses = torch.zeros(m, dtype=torch.float64)
-                losses[rank] = row[1]
+            if exchange.rule.exchange == "leaders":  # the losses first, to choose the leaders
+                losses = torch.zeros(num_workers, dtype=torch.float64)
+                losses[worker] = row[1]
                 waited += yield from world.all_reduce(losses)
-                ex.choose(losses.tolist())
-                payload = ex.contribution(rank, delta)
-                waited += yield from world.all_reduce(payload, nbytes=ex.payload_bytes)
+                exchange.choose(losses.tolist())
+                payload = exchange.contribution(worker, delta)
+                waited += yield from world.all_reduce(payload, nbytes=exchange.payload_bytes)
             else:
-                payload = ex.contribution(rank, delta)
-                if ex.gathers:  # int8: every worker's piece, summed after decoding
-                    pieces = [torch.empty_like(payload) for _ in range(m)]
+                payload = exchange.contribution(worker, delta)
+                if exchange.gathers:  # int8: every worker's piece, summed after decoding
+                    pieces = [torch.empty_like(payload) for _ in range(num_workers)]
                     handle = yield from world.all_gather(
-                        pieces, payload, wait=False, nbytes=ex.payload_bytes
+                        pieces, payload, wait=False, nbytes=exchange.payload_bytes
                     )
                     payload = pieces
                 else:
-                    handle = yield from reduce(payload, wait=False, nbytes=ex.payload_bytes)
+                    handle = yield from reduce(payload, wait=False, nbytes=exchange.payload_bytes)
                 pending.append(handle)
             row.append(world.collectives_end())  # when its payload is through, as modelled
-            stats = torch.zeros(m, STATS + 1, dtype=torch.float64)
-            stats[rank] = torch.tensor(row, dtype=torch.float64)
+            stats = torch.zeros(num_workers, STATS + 1, dtype=torch.float64)
+            stats[worker] = torch.tensor(row, dtype=torch.float64)
             pending.insert(0, (yield from reduce(stats, 0.0, wait=False)))
-            self.sent[p] = Sent(payload, stats, delta, pending, waited, len(self.losses))
+            self.sent[fragment] = Sent(payload, stats, delta, pending, waited, len(self.losses))
             self.compute, self.paused, self.losses = 0.0, 0.0, []
 
-    def merge(self, p: int) -> Op[bool]:
-        """Wait for fragment p's exchange and apply it; True when the run is to stop."""
-        s, ex, part, theta, m = self.sent.pop(p), self.exs[p], self.parts[p], self.theta, self.m
-        blocked = s.waited_s
-        for handle in s.pending:
+    def merge(self, fragment: int) -> Op[bool]:
+        """Wait for `fragment`'s exchange and apply it; True when the run is to stop."""
+        sent, exchange = self.sent.pop(fragment), self.exs[fragment]
+        part, theta, num_workers = self.parts[fragment], self.theta, self.num_workers
+        blocked = sent.waited_s
+        for handle in sent.pending:
             blocked += yield from self.world.complete(handle)
-        live = self.members.of(s.pending[-1])  # the replicas the payload summed
+        live = self.members.of(sent.pending[-1])  # the replicas the payload summed
         self.members.left(self.version + 1, live)
-        rows = s.stats[live, :STATS]
+        rows = sent.stats[live, :STATS]
         if self.job.numerics:  # a cost-only run takes no outer step's arithmetic
             before = theta[part].clone() if self.plan.keeps_progress else None
-            leaders = ex.new_theta(theta[part], s.payload, m / len(live))
-            ex.merge(self.rep.x[part], s.delta, theta[part], leaders, self.me, before,
-                     self.e.alpha)  # fmt: skip
+            leaders = exchange.new_theta(theta[part], sent.payload, num_workers / len(live))
+            exchange.merge(self.replica.x[part], sent.delta, theta[part], leaders, self.worker,
+                           before, self.engine.alpha)  # fmt: skip
         self.version += 1
-        volume = ex.volume()
+        volume = exchange.volume()
         self.nbytes += volume
         record = self.world.record
         if record is not None:
             t, busy = self.world.now(), rows[:, 0] + rows[:, 2]
             comm = max(blocked - (float(busy.max()) - float(busy[0])), 0.0)
-            report(record.events.emit, t, self.version, rows.tolist(), comm, s.steps,
-                   volume // m, live)  # fmt: skip
+            report(record.events.emit, t, self.version, rows.tolist(), comm, sent.steps,
+                   volume // num_workers, live)  # fmt: skip
             record.snapshots.maybe(t, self.version, theta)
         if self.job.numerics and diverged(float(rows[:, 1].sum()), theta):
             self.status = "diverged"
-        self.merged_t = float(s.stats[:, STATS].max())  # the same on every rank
+        self.merged_t = float(sent.stats[:, STATS].max())  # the same on every rank
         stop = spent(self.job.cfg.budget, self.version, self.merged_t)
         if self.world.joining and not stop:  # spares take the lost places from the next round
             yield from self.welcome()
@@ -269,7 +275,8 @@ class Member(Role):
         members = self.members
         members.take_in_spares()
         yield from self.world.welcome({
-            "theta": self.theta, "exs": self.exs, "x": self.rep.x, "inner": self.rep.inner,
+            "theta": self.theta, "exs": self.exs, "x": self.replica.x,
+            "inner": self.replica.inner,
             "workers": members.workers, "live": members.live, "version": self.version,
             "steps": self.step,  # every worker's inner steps (a merge ends them all)
         })  # fmt: skip

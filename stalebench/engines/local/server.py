@@ -1,11 +1,13 @@
-"""engine.mode=async, asynchronous local SGD, as two programs written once for both
-runtimes (`stalebench.runtime.world`). Rank 0 serves (a hub: its workers pay the network
-both ways): it applies each worker's Δ the moment it arrives (`round.Arrivals`) and replies
-with θ and the worker's next H; ranks 1..M are workers, each taking its H inner steps from
-the θ it was last sent and pushing Δ = θ_read − x. Nobody waits for anybody: a paused
-worker only delays its own pushes, a lost one is recorded and the others go on. When the
-budget is spent the worker that pushed is told to stop, and every other at its next push
-(discarded).
+"""engine.mode=async, asynchronous local SGD, as two roles written once for both runtimes
+(`stalebench.runtime.world`).
+
+The protocol: rank 0 serves (a hub: its workers pay the network both ways): it applies
+each worker's Δ the moment it arrives (`round.Arrivals`) and replies with θ and the
+worker's next H. Ranks 1..M are workers: from each θ they are sent, H inner steps, then a
+push of Δ = θ_read − x. Nobody waits for anybody: a paused worker only delays its own
+pushes, a lost one is recorded and the others go on (no spares). The server decides the
+stop (the budget spent, θ diverged): the worker that pushed is told at once, every other
+at its next push (discarded).
 
 Wire format: one float32 tensor per message. A push is `HEADER` slots — float64s compute_s,
 loss, paused_s, rtt_s (the worker's time from its previous push, or the start, to
@@ -42,60 +44,61 @@ PARAMS, STOP = 2, 3
 
 
 def wire_of(job: Job, net: Net) -> Wire:
-    d = net.flat.numel()
-    return Wire(job.cfg.engine.quantize, segments([p.numel() for p in net.params], slice(0, d)))
+    sizes, num_params = [p.numel() for p in net.params], net.flat.numel()
+    return Wire(job.cfg.engine.quantize, segments(sizes, slice(0, num_params)))
 
 
 class Push:
-    """A push's views of its message: `d` the float64 slots, `i` the int32 ones, `delta` the
-    payload in the wire's type."""
+    """A push's views of its message: `floats` the float64 slots, `ints` the int32 ones,
+    `delta` the payload in the wire's type."""
 
-    def __init__(self, buf: torch.Tensor, wire: Wire, d: int):
-        f = buf[:HEADER].numpy()
-        self.d, self.i = f[:12].view(np.float64), f[12:15].view(np.int32)
-        self.delta = buf[HEADER:].view(torch.uint8)[: wire.nbytes(d)].view(wire.dtype)
+    def __init__(self, buf: torch.Tensor, wire: Wire, num_params: int):
+        header = buf[:HEADER].numpy()
+        self.floats, self.ints = header[:12].view(np.float64), header[12:15].view(np.int32)
+        self.delta = buf[HEADER:].view(torch.uint8)[: wire.nbytes(num_params)].view(wire.dtype)
 
     @staticmethod
-    def size(wire: Wire, d: int) -> int:
-        return HEADER + -(-wire.nbytes(d) // 4)  # float32 slots
+    def size(wire: Wire, num_params: int) -> int:
+        return HEADER + -(-wire.nbytes(num_params) // 4)  # float32 slots
 
 
 class Server(Role):
     """Rank 0: θ, the outer rule, and the run directory."""
 
     def __init__(self, job: Job, world: World):
-        self.cfg, self.world, self.m = job.cfg, world, job.num_workers
+        self.cfg, self.world, self.num_workers = job.cfg, world, job.num_workers
         world.hub = True
         self.record, self.numerics = world.record, job.numerics  # false: cost-only
         self.net = Net(job, job.host)  # its own: in the simulator workers share one
         self.theta = self.net.flat.detach().clone()
         self.arrivals = Arrivals(job, self.theta)
-        self.wire, d = wire_of(job, self.net), self.theta.numel()
-        size = Push.size(self.wire, d)
-        self.message_bytes = 4 * (size + REPLY + d)  # a push and its reply
-        ranks = range(1, self.m + 1)
-        pushes = {r: world.mailbox(r, 0, size, HEADER) for r in ranks}
+        self.wire, num_params = wire_of(job, self.net), self.theta.numel()
+        size = Push.size(self.wire, num_params)
+        self.message_bytes = 4 * (size + REPLY + num_params)  # a push and its reply
+        ranks, workers = range(1, self.num_workers + 1), range(self.num_workers)
+        pushes = {rank: world.mailbox(rank, 0, size, HEADER) for rank in ranks}
         self.pushed: dict[int, Push] = {}  # the views of each buffer a push came in
-        self.replies = {r: world.mailbox(0, r, REPLY + d, REPLY) for r in ranks}
-        self.listener = world.listen({w: w + 1 for w in range(self.m)}, lambda r: [pushes[r]])
-        self.active = set(range(self.m))  # workers not yet told to stop
+        self.replies = {rank: world.mailbox(0, rank, REPLY + num_params, REPLY) for rank in ranks}
+        # worker w is rank w + 1
+        self.listener = world.listen({w: w + 1 for w in workers}, lambda rank: [pushes[rank]])
+        self.active = set(workers)  # workers not yet told to stop
         self.lost: set[int] = set()
         self.ended_at: float | None = None  # the run's end, once past
         self.serving = False  # past θ₀'s snapshot: an error fails the run
 
     def run(self) -> Op[Ending]:
-        world, a, status = self.world, self.arrivals, "completed"
+        world, arrivals, status = self.world, self.arrivals, "completed"
         self.record.snapshots.maybe(0.0, 0, self.theta)
         self.serving = True
-        for w in range(self.m):
-            yield from self.reply(w, PARAMS, a.steps)
+        for worker in range(self.num_workers):
+            yield from self.reply(worker, PARAMS, arrivals.steps)
         while (item := (yield from self.next(self.cfg.budget.max_wall_s))) is not None:
-            w, push = item
-            status = self.arrive(w, push)
-            if status != "completed" or spent(self.cfg.budget, a.version, world.now()):
-                yield from self.reply(w, STOP, 0)
+            worker, push = item
+            status = self.arrive(worker, push)
+            if status != "completed" or spent(self.cfg.budget, arrivals.version, world.now()):
+                yield from self.reply(worker, STOP, 0)
                 break
-            yield from self.reply(w, PARAMS, a.next_steps(w))
+            yield from self.reply(worker, PARAMS, arrivals.next_steps(worker))
         t_end = self.ended_at = world.now()
         while self.active and (item := (yield from self.next(0.0, read=False))):
             yield from self.reply(item[0], STOP, 0)  # a push that crossed the end: dropped
@@ -131,70 +134,71 @@ class Server(Role):
                 continue
             if item is None:
                 return None
-            w, (buf,) = item
+            worker, (buf,) = item
             if buf.data_ptr() not in self.pushed:
                 self.pushed[buf.data_ptr()] = Push(buf, self.wire, self.theta.numel())
-            return w, self.pushed[buf.data_ptr()]
+            return worker, self.pushed[buf.data_ptr()]
         return None
 
-    def arrive(self, w: int, push: Push) -> str:
-        """Apply worker w's push; its events; the run's status after it."""
+    def arrive(self, worker: int, push: Push) -> str:
+        """Apply `worker`'s push; its events; the run's status after it."""
         record = self.record
-        compute, loss, paused, rtt, norm, err = push.d.tolist()
-        clock, read, steps = push.i.tolist()
+        compute, loss, paused, rtt, norm, err = push.floats.tolist()
+        clock, read, steps = push.ints.tolist()
         delta = self.wire.decode(push.delta) if self.numerics else None  # cost-only: no Δ
-        lag = self.arrivals.apply(w, delta, read, steps, compute)
+        lag = self.arrivals.apply(worker, delta, read, steps, compute)
         t, version = self.world.now(), self.arrivals.version
         if paused > 0:
-            record.events.emit("worker", t, worker=w, event="pause", duration_s=paused)
+            record.events.emit("worker", t, worker=worker, event="pause", duration_s=paused)
         stats = [compute, loss, paused, norm, err]
-        fields = async_event(w, clock, version, lag, stats, steps, rtt, self.message_bytes)
+        fields = async_event(worker, clock, version, lag, stats, steps, rtt, self.message_bytes)
         record.events.emit("update", t, **fields)
         record.snapshots.maybe(t, version, self.theta)
         return "diverged" if self.numerics and diverged(loss, self.theta) else "completed"
 
-    def reply(self, w: int, kind: int, steps: int) -> Op[None]:
-        out = self.replies[w + 1]
+    def reply(self, worker: int, kind: int, steps: int) -> Op[None]:
+        out = self.replies[worker + 1]
         out[:REPLY].numpy().view(np.int32)[:3] = kind, self.arrivals.version, steps
         if kind == STOP:
-            self.active.discard(w)
-            self.listener.close(w)
+            self.active.discard(worker)
+            self.listener.close(worker)
         elif self.numerics:  # a cost-only reply: its header (θ has no values)
             out[REPLY:] = self.theta
         try:
-            yield from self.world.send(out, w + 1)
+            yield from self.world.send(out, worker + 1)
         except RunError as exc:  # it died since its push: the listener reports the loss
             log.warning("server: %s", exc)
             return
         if kind == STOP:
-            self.record.events.emit("worker", self.world.now(), worker=w, event="stop")
+            self.record.events.emit("worker", self.world.now(), worker=worker, event="stop")
         else:
-            self.listener.arm(w)
+            self.listener.arm(worker)
 
 
 class Worker(Role):
-    """Rank w + 1: from each θ it is sent, H inner steps (each at the profile's step time,
-    faults striking at step starts), then push Δ; until told to stop."""
+    """Rank `worker` + 1: from each θ it is sent, H inner steps (each at the profile's step
+    time, faults striking at step starts), then push Δ; until told to stop."""
 
     def __init__(self, job: Job, world: World):
-        self.job, self.world, self.w = job, world, world.rank - 1
-        self.net = net = world.shared("net", lambda: Net(job, job.device(self.w)))
-        d = net.flat.numel()
-        self.rep = Replica(job, self.w, net.flat.detach().to(job.host), net)
+        self.job, self.world, self.worker = job, world, world.rank - 1
+        self.net = net = world.shared("net", lambda: Net(job, job.device(self.worker)))
+        num_params = net.flat.numel()
+        self.replica = Replica(job, self.worker, net.flat.detach().to(job.host), net)
         self.wire = wire_of(job, net)
-        world.play(self.w)
-        self.rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(d, device=job.host),
+        world.play(self.worker)
+        self.rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(num_params, device=job.host),
                                 job.num_workers)  # fmt: skip
-        self.inbox = world.mailbox(0, world.rank, REPLY + d, REPLY)
-        self.message = world.mailbox(world.rank, 0, Push.size(self.wire, d), HEADER)
-        self.push = Push(self.message, self.wire, d)
+        self.inbox = world.mailbox(0, world.rank, REPLY + num_params, REPLY)
+        self.message = world.mailbox(world.rank, 0, Push.size(self.wire, num_params), HEADER)
+        self.push = Push(self.message, self.wire, num_params)
 
     def warm_up(self) -> Any:
         warm = (self.job.splits.x_train[:1], self.job.splits.y_train[:1])
         return gradient(self.net.model, self.net.params, warm, self.net.device)
 
     def run(self) -> Op[None]:
-        job, world, rep, inbox, push = self.job, self.world, self.rep, self.inbox, self.push
+        job, world, replica = self.job, self.world, self.replica
+        inbox, push = self.inbox, self.push
         clock, delta, pushed_at = 0, None, 0.0
         while True:
             yield from world.recv(inbox, 0)
@@ -204,29 +208,31 @@ class Worker(Role):
                 return None
             theta = inbox[REPLY:]  # in a cost-only run none: it has no values, nor has Δ
             if job.numerics and delta is None:
-                rep.x.copy_(theta)
+                replica.x.copy_(theta)
             elif job.numerics:
-                self.rule.replica(rep.x, delta, theta)
+                self.rule.replica(replica.x, delta, theta)
             compute, paused, losses = yield from self.inner_steps(steps)
             norm = error = math.nan
             if job.numerics:
-                delta = theta - rep.x
+                delta = theta - replica.x
                 push.delta.copy_(self.wire.encode(delta))
                 norm, error = float(delta.norm()), self.wire.error(delta)
-            push.d[:] = compute, statistics.fmean(losses), paused, received - pushed_at, norm, error
-            push.i[:] = clock, version, steps
+            loss = statistics.fmean(losses)
+            push.floats[:] = compute, loss, paused, received - pushed_at, norm, error
+            push.ints[:] = clock, version, steps
             pushed_at = world.now()
             yield from world.send(self.message, 0)
             clock += 1
 
     def inner_steps(self, steps: int) -> Op[tuple[float, float, list[float]]]:
         """H inner steps from the θ received: their compute time, pauses and losses."""
-        world, rep, profile = self.world, self.rep, self.job.profile
-        rep.inner.new_round()
+        world, replica, profile = self.world, self.replica, self.job.profile
+        replica.inner.new_round()
         compute, paused, losses = 0.0, 0.0, []
         for _ in range(steps):
             paused += world.strike()
-            loss, seconds = yield from world.compute(rep.step(self.net), profile.step_s(self.w))
+            step = replica.step(self.net)
+            loss, seconds = yield from world.compute(step, profile.step_s(self.worker))
             losses.append(loss)
             compute += seconds
         return compute, paused, losses

@@ -1,6 +1,12 @@
-"""The parameter server's loop: the server's program (`program.Server`, its `Port`) feeds it
-the pushes its workers send, in either runtime. Its waiting calls are generators, taken
-with `yield from` (`stalebench.runtime.world`)."""
+"""The parameter server's loop, the same in either runtime: the server's role
+(`program.Server`, its `Port`) feeds it the pushes its workers send.
+
+One push at a time: the state machine (`state.ParameterServer`) applies it and returns the
+replies its barrier admits, which the port sends; then θ is snapshotted when due, and the
+loop decides the stop (the budget spent, θ diverged: the workers waiting for a reply are
+released) or takes a checkpoint when due. A lost worker ends the run unless the barrier
+goes on without it: then a spare takes its place, if one is left. Its waiting calls are
+generators, taken with `yield from` (`stalebench.runtime.world`)."""
 
 from __future__ import annotations
 
@@ -91,12 +97,12 @@ def serve(
 
 def _lose(ps: ParameterServer, port: Port, record: RunRecord, lost: WorkerLost) -> Op[None]:
     """Go on without the worker, or with a spare in its place."""
-    w, now = lost.worker, port.now()
-    port.forget(w)
-    spare = port.replace(w)
+    worker, now = lost.worker, port.now()
+    port.forget(worker)
+    spare = port.replace(worker)
     record.worker_lost(now, lost, len(ps.lost) + (spare is None))
-    yield from port.send(ps.lose(w, now))
+    yield from port.send(ps.lose(worker, now))
     record.snapshots.maybe(now, ps.version, ps.params)  # the round it completed, if any
     if spare is not None:
-        record.events.emit("worker", now, worker=w, event="replaced", by=spare)
-        yield from port.send(ps.rejoin(w, now))
+        record.events.emit("worker", now, worker=worker, event="replaced", by=spare)
+        yield from port.send(ps.rejoin(worker, now))

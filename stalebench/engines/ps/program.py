@@ -1,12 +1,14 @@
 """engine=ps's two roles, written once for both runtimes (`stalebench.runtime.world`).
 
-The server (rank 0, a hub: its workers pay the network both ways) runs the loop of
-`loop.serve` with itself as the port: it listens to every worker, feeds each push to the
-state machine and sends the replies it returns. A worker (ranks 1..N) reads θ, strikes its
-faults, computes a gradient on the next minibatch of its shard lasting the profile's step
-time, and pushes it with the version read; until told to stop. The ranks after the N
-workers are spares: set up, they wait, as long as the run lasts, for a lost worker's place
-— its index, clock and the run time come in their first reply — or for the end.
+The protocol: the server (rank 0, a hub: its workers pay the network both ways) runs
+`loop.serve` with itself as the port: it takes each push as it arrives, feeds it to the
+state machine and sends θ to the workers its barrier admits. A worker (ranks 1..N), from
+each θ it is sent, strikes its faults, computes a gradient on the next minibatch of its
+shard (the profile's step time) and pushes it with the version it read. The server decides
+the stop (budget spent, θ diverged): STOP goes at once to the workers waiting for a reply,
+and to the others at their next push (discarded). A spare (a rank after the N workers)
+waits, set up, for a lost worker's place — its index, clock and start time come in its
+first reply — or for STOP at the end.
 
 Wire format: one float32 tensor per message, HEADER slots (32 bytes) then a model-sized
 payload. The header holds int32s and float64s, packed and read in place with `struct`
@@ -50,12 +52,14 @@ PARAMS, STOP = 2, 3
 class Header:
     """A message's buffer: its header's bytes (`raw`, a numpy view of the CPU buffer, for
     `struct` to pack and unpack in place) and the `payload` after them — in a cost-only
-    run a payload of `d` slots without values, the mailbox holding the header alone (the
-    world charges the whole message: `World.mailbox`)."""
+    run a payload of `num_params` slots without values, the mailbox holding the header
+    alone (the world charges the whole message: `World.mailbox`)."""
 
-    def __init__(self, buf: torch.Tensor, d: int):
+    def __init__(self, buf: torch.Tensor, num_params: int):
         self.raw = buf[:HEADER].numpy()
-        self.payload = buf[HEADER:] if buf.numel() > HEADER else torch.zeros(d, device="meta")
+        self.payload = (
+            buf[HEADER:] if buf.numel() > HEADER else torch.zeros(num_params, device="meta")
+        )
 
 
 class Server(Role):
@@ -74,24 +78,25 @@ class Server(Role):
             self.ps.resume(record.resumed["state"]["ps"])
             self.started_at = record.resumed["t"]
             self.bytes = record.resumed["state"]["bytes_sent"]
-        d = self.ps.params.numel()
-        self.message_bytes = 4 * (HEADER + d)
+        num_params = self.ps.params.numel()
+        self.message_bytes = 4 * (HEADER + num_params)
         probe: dict = {}  # a rule whose workers keep state (DANA-Slim's momentum): no checkpoints
         UPDATES.get(cfg.algorithm.update.name)[0].worker_message(
-            cfg.algorithm.update, torch.zeros(d), probe
+            cfg.algorithm.update, torch.zeros(num_params), probe
         )
         self.worker_state = bool(probe)
         ranks = range(1, n + 1 + cfg.cluster.spares)
         # a mailbox each way per rank: a push is read in place until the reply to it
-        pushes = {r: world.mailbox(r, 0, HEADER + d, HEADER) for r in ranks}
-        self.replies = {r: world.mailbox(0, r, HEADER + d, HEADER) for r in ranks}
-        self.heads = {r: Header(box, d) for r, box in self.replies.items()}
-        # the header of each buffer a push comes in (the listener's `make`)
-        self.pushed = {box.data_ptr(): Header(box, d) for box in pushes.values()}
-        peers = {w: w + 1 for w in range(n)}
+        size = HEADER + num_params
+        pushes = {rank: world.mailbox(rank, 0, size, HEADER) for rank in ranks}
+        self.replies = {rank: world.mailbox(0, rank, size, HEADER) for rank in ranks}
+        self.reply_views = {rank: Header(box, num_params) for rank, box in self.replies.items()}
+        # the views of each buffer a push comes in (the listener's `make`), by its address
+        self.push_views = {box.data_ptr(): Header(box, num_params) for box in pushes.values()}
+        peers = {worker: worker + 1 for worker in range(n)}
         self.listener = world.listen(peers, lambda rank: [pushes[rank]])
         self.active = set(range(n))  # workers not yet sent STOP
-        self.rank = list(range(1, n + 1))  # each worker's rank: a spare's once replaced
+        self.ranks = list(range(1, n + 1))  # each worker's rank: a spare's once replaced
         self.spares = list(range(n + 1, n + 1 + cfg.cluster.spares))
         self.joined_at: dict[int, float] = {}  # run time a spare took a worker's place
         self.served = False  # past the serve loop: the run's end is recorded
@@ -106,10 +111,11 @@ class Server(Role):
                 item = yield from self.listener.next(self.active, read=False)
             except WorkerLost as lost:  # heard after the end: the run's loss if before it
                 self.forget(lost.worker)
-                late_loss(self.record, world, self.rank[lost.worker], lost, t_end)
+                late_loss(self.record, world, self.ranks[lost.worker], lost, t_end)
                 continue
-            self.active.discard(item[0])
-            yield from self._stop_ranks([self.rank[item[0]]])
+            worker = item[0]
+            self.active.discard(worker)
+            yield from self._stop_ranks([self.ranks[worker]])
         return (yield from self.ending(t_end, status))
 
     def fail(self, exc: Exception) -> Op[Ending]:
@@ -142,25 +148,26 @@ class Server(Role):
         item = yield from self.listener.next(self.active, self.cfg.budget.max_wall_s)
         if item is None:
             return None
-        w, (buf,) = item
-        h = self.pushed[buf.data_ptr()]
+        worker, (buf,) = item
+        view = self.push_views[buf.data_ptr()]
         self.bytes += self.message_bytes
-        clock, version, loss, compute_s, rtt_s = PUSH.unpack_from(h.raw)
-        return Push(w, clock, version, h.payload, loss, compute_s, rtt_s)
+        clock, version, loss, compute_s, rtt_s = PUSH.unpack_from(view.raw)
+        return Push(worker, clock, version, view.payload, loss, compute_s, rtt_s)
 
     def send(self, replies: list[Reply]) -> Op[None]:
-        for r in replies:
-            w, rank = r.worker, self.rank[r.worker]
-            out, h = self.replies[rank], self.heads[rank]
-            joined = self.joined_at.get(w, self.started_at)
-            REPLY.pack_into(h.raw, 0, PARAMS, r.version, self.ps.clocks[w], w, r.batch, joined)
-            h.payload.copy_(r.params)
+        for reply in replies:
+            worker = reply.worker
+            rank, clock = self.ranks[worker], self.ps.clocks[worker]
+            out, view = self.replies[rank], self.reply_views[rank]
+            joined = self.joined_at.get(worker, self.started_at)
+            REPLY.pack_into(view.raw, 0, PARAMS, reply.version, clock, worker, reply.batch, joined)
+            view.payload.copy_(reply.params)
             try:
                 yield from self.world.send(out, rank)
                 self.bytes += self.message_bytes
             except RunError as exc:  # it died since its push: the listener reports the loss
                 log.warning("server: %s", exc)
-            self.listener.arm(w)
+            self.listener.arm(worker)
 
     def forget(self, worker: int) -> None:
         self.active.discard(worker)
@@ -170,7 +177,7 @@ class Server(Role):
         if not self.spares:
             return None
         rank = self.spares.pop(0)
-        self.rank[worker], self.joined_at[worker] = rank, self.now()
+        self.ranks[worker], self.joined_at[worker] = rank, self.now()
         self.listener.replace(worker, rank)
         self.active.add(worker)
         return f"spare {rank - 1 - self.n} (rank {rank})"
@@ -178,15 +185,15 @@ class Server(Role):
     def stop(self, waiting: set[int]) -> Op[None]:
         """Tell the workers waiting for a reply to stop; the others (still computing) are
         told at their next push."""
-        for w in sorted(waiting & self.active):
-            self.forget(w)
-            if (yield from self._stop_ranks([self.rank[w]])):
-                self.record.events.emit("worker", self.now(), worker=w, event="stop")
+        for worker in sorted(waiting & self.active):
+            self.forget(worker)
+            if (yield from self._stop_ranks([self.ranks[worker]])):
+                self.record.events.emit("worker", self.now(), worker=worker, event="stop")
 
     def _stop_ranks(self, ranks: list[int]) -> Op[bool]:
         stopped = True
         for rank in ranks:
-            REPLY.pack_into(self.heads[rank].raw, 0, STOP, self.ps.version, 0, 0, 0, 0.0)
+            REPLY.pack_into(self.reply_views[rank].raw, 0, STOP, self.ps.version, 0, 0, 0, 0.0)
             sent = self.world.send(self.replies[rank], rank)
             stopped = (yield from attempt(sent, f"could not stop rank {rank}")) and stopped
         return stopped
@@ -204,15 +211,16 @@ class Worker(Role):
         # buffer replies arrive in (a header, then the θ its step reads in place: the next
         # reply comes only once the server has read the push)
         self.net = net = world.shared("net", lambda: Net(job, job.device(rank - 1)))
-        size = HEADER + net.flat.numel()
+        num_params = net.flat.numel()
+        size = HEADER + num_params
         self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
         self.out = world.mailbox(rank, 0, size, HEADER)
-        d = net.flat.numel()
-        self.head, self.sent = Header(self.inbox, d), Header(self.out, d)
+        # the views of the reply it reads and the push it writes
+        self.reply, self.push = Header(self.inbox, num_params), Header(self.out, num_params)
         self.rule = UPDATES.get(self.cfg.algorithm.update.name)[0]
         self.rule_state: dict = {}  # the rule's worker side (e.g. DANA-Slim's momentum)
-        self.w, self.clock = -1, 0
+        self.worker, self.clock = -1, 0  # the worker it plays (-1: a spare, not yet)
         # a worker's shard is its rank's (set up before the clock starts); a spare's is the
         # lost worker's, read once it takes that place
         self.batches = None if self.spare else job.batches(rank - 1)
@@ -228,15 +236,15 @@ class Worker(Role):
         return gradient(self.net.model, self.net.params, sample, self.net.device)
 
     def run(self) -> Op[None]:
-        world, head, sent = self.world, self.head, self.sent
+        world, reply, push = self.world, self.reply, self.push
         pushed_at = world.now()
         while True:
-            yield from world.recv(self.inbox, 0, patient=self.spare and self.w < 0)
+            yield from world.recv(self.inbox, 0, patient=self.spare and self.worker < 0)
             received = world.now()
-            kind, version, clock, index, batch, started_at = REPLY.unpack_from(head.raw)
+            kind, version, clock, index, batch, started_at = REPLY.unpack_from(reply.raw)
             if kind == STOP:
                 return None
-            if self.w < 0 or self.joined is not None:  # the first reply: who it is
+            if self.worker < 0 or self.joined is not None:  # the first reply: who it is
                 if self.joined != (index, clock, started_at):
                     self.join(index, clock, started_at)
                 self.joined = None
@@ -244,32 +252,32 @@ class Worker(Role):
             world.strike(self.pause)
             # the gradient goes into the push, which the simulator computes once it is read
             _, compute = yield from world.compute(self.step, self.step_s(batch), lazy=True)
-            SENT.pack_into(sent.raw, 0, self.clock, version)
-            TIMES.pack_into(sent.raw, 16, compute, received - pushed_at)
+            SENT.pack_into(push.raw, 0, self.clock, version)
+            TIMES.pack_into(push.raw, 16, compute, received - pushed_at)
             pushed_at = world.now()
             yield from world.send(self.out, 0)
             self.clock += 1
 
-    def join(self, w: int, clock: int, started_at: float) -> None:
-        """Worker w from step `clock` and run time `started_at` (a resumed run's worker, a
-        spare in a lost worker's place: where that worker was)."""
-        self.w, self.clock, profile = w, clock, self.profile
-        self.joined = (w, clock, started_at)
-        self.world.play(w, started_at, clock, replaced=self.spare)
-        self.batches = self.batches or self.job.batches(w)
-        catch_up(profile, w, self.batches, clock)
+    def join(self, worker: int, clock: int, started_at: float) -> None:
+        """Worker `worker` from step `clock` and run time `started_at` (a resumed run's
+        worker, a spare in a lost worker's place: where that worker was)."""
+        self.worker, self.clock, profile = worker, clock, self.profile
+        self.joined = (worker, clock, started_at)
+        self.world.play(worker, started_at, clock, replaced=self.spare)
+        self.batches = self.batches or self.job.batches(worker)
+        catch_up(profile, worker, self.batches, clock)
         # a step: the gradient at the θ just received, on the next minibatch, into the push
         self.step = GradientStep(
-            self.net, self.head.payload, self.buffers, self.batches, self.sent.payload, self.pushed
+            self.net, self.reply.payload, self.buffers, self.batches, self.push.payload, self.pushed
         )
 
     def pause(self, at: float, seconds: float) -> None:
-        self.world.events.emit("worker", at, worker=self.w, event="pause", duration_s=seconds)
+        self.world.events.emit("worker", at, worker=self.worker, event="pause", duration_s=seconds)
 
     def step_s(self, batch: int) -> float:
         """The profile's time for this step, and its minibatch size (a barrier may re-assign
         it: DBS; the profile's time is for dataset.batch_size samples)."""
-        step_s, size = self.profile.step_s(self.w), self.cfg.dataset.batch_size
+        step_s, size = self.profile.step_s(self.worker), self.cfg.dataset.batch_size
         if batch and batch != size:
             step_s *= batch / size
         if batch and batch != self.batches.size:
@@ -279,8 +287,8 @@ class Worker(Role):
     def pushed(self, grad: torch.Tensor, loss: float) -> None:
         """The push of a step's gradient at θ (`step`): the gradient, or what the rule makes
         of it on the worker, and the minibatch's loss."""
-        sent = self.sent
-        LOSS.pack_into(sent.raw, 8, loss)
+        push = self.push
+        LOSS.pack_into(push.raw, 8, loss)
         message = self.rule.worker_message(self.cfg.algorithm.update, grad, self.rule_state)
         if message is not grad:
-            sent.payload.copy_(message)
+            push.payload.copy_(message)
