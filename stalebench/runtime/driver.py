@@ -4,8 +4,11 @@ exchange, the driver the rest.
 An engine's `role(job, world)` builds what one rank plays (a replica, a server, a worker, a
 pipeline stage), off the clock; `drive` then runs its life in either runtime:
 
-    world.begin(role.warm_up)    every rank starts the clock together (a resumed run's
-                                 rank finds its part of the checkpoint set)
+    world.begin(role.warm_up)    every rank starts the clock together
+    role.start() / load(part)    a fresh run's rank; a resumed run's, at its part of the
+      / take_over(state)         checkpoint set; a spare (or a resumed run's rank that
+                                 took no part) stands by until the survivors hand it a
+                                 lost worker's place
     ending = role.run()          its rounds, steps or messages until the run stops
     ─ an error ─                 a lost worker (`WorkerDied`) leaves the run, its peers lose
                                  it at their next exchange; any other error fails the run:
@@ -56,11 +59,29 @@ class Ending:
 class Role:
     """What one rank plays. `run` is its life after the start (`Op`: taken with `yield
     from`), returning the recording rank's `Ending`; `warm_up` a first step off the clock;
-    `fail` what the recording rank makes of an error that ended `run`."""
+    where it starts — `start` (a fresh run), `load` (a resumed run's part of the
+    checkpoint), `take_over` (a spare chosen, with the state the survivors handed) —; `fail`
+    what the recording rank makes of an error that ended `run`."""
+
+    # a rank that stands by (`World.stand_by`) until it takes a lost worker's place
+    stands_by = False
 
     def warm_up(self) -> Any:
         """A first step before the clock starts (imports, allocations): nothing by default."""
         return None
+
+    def start(self) -> None:
+        """A fresh run, once the clock has started: nothing by default."""
+
+    def load(self, part: Any) -> None:
+        """A resumed run: this rank's part of the checkpoint set (`World.checkpoint`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no checkpoint")
+
+    def take_over(self, state: Any) -> bool:
+        """A spare (or a resumed run's rank that took no part in its checkpoint) chosen to
+        take a lost worker's place, with the `state` the survivors handed (`World.welcome`);
+        False if the run ends instead."""
+        raise NotImplementedError(f"{type(self).__name__} has no spares")
 
     def run(self) -> Op[Ending | None]:
         raise NotImplementedError
@@ -76,6 +97,8 @@ def drive(role: Role, world: World) -> Op[dict[str, Any] | None]:
     """One rank's life around `role` (see the module's docstring); the recording rank
     returns the run's summary, the others None."""
     yield from world.begin(role.warm_up)
+    if not (yield from enter(role, world)):
+        return None  # a spare the run did not need
     try:
         ending = yield from role.run()
     except WorkerDied:
@@ -89,6 +112,20 @@ def drive(role: Role, world: World) -> Op[dict[str, Any] | None]:
     if world.record is None or ending is None:
         return None
     return finish(world, ending)
+
+
+def enter(role: Role, world: World) -> Op[bool]:
+    """Where `role` starts: a resumed run's rank at its part of the checkpoint; a spare, or
+    a resumed run's rank that took no part, once it takes a lost worker's place (False: the
+    run ended first); a fresh run's at the start."""
+    if world.resumed is not None:
+        role.load(world.resumed)
+    elif role.stands_by or world.resumed_from >= 0:
+        got = yield from world.stand_by()
+        return got is not None and role.take_over(got[1])
+    else:
+        role.start()
+    return True
 
 
 def finish(world: World, ending: Ending) -> dict[str, Any]:

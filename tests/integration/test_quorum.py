@@ -406,19 +406,20 @@ def test_a_run_failing_in_a_round_logs_every_replica_lost(tmp_path):
     assert [(e["worker"], e["event"], e["round"]) for e in lost] == [(1, "lost", 7), (2, "lost", 7)]
 
 
-def test_a_joining_replica_computes_at_the_theta_it_is_sent():
+def test_a_joining_replica_computes_at_the_theta_it_is_sent(tmp_path):
     # the state a spare (or a resumed replica) gets is its θ: its net's parameters become
     # views of it, and it is not overwritten by the θ₀ its net was built with
-    from stalebench.engines.allreduce.replica import join
-    from stalebench.engines.overlap import build_replica
+    from stalebench.engines.allreduce.replica import Replica
     from stalebench.job import Job
+    from stalebench.runtime.sim import Simulator
 
     cfg = compose(fast_with(["runtime=sim", *BSP4]))
     job = Job.build(cfg, 4, False)
-    cpu = torch.device("cpu")
-    _, theta0, rule, net, _ = build_replica(job, cpu)
-    sent = torch.randn_like(theta0)
-    params, got_rule, _ = join(cpu, net, {"params": sent.clone(), "rule": rule, "progress": {}})
+    replica = Replica(job, Simulator(job, tmp_path, 4).worlds[1])
+    net, rule = replica.net, replica.rule
+    sent = torch.randn_like(replica.params)
+    replica.join({"params": sent.clone(), "rule": rule, "progress": {}})
+    params, got_rule = replica.params, replica.rule
     assert torch.equal(params, sent) and got_rule is rule
     assert torch.equal(torch.cat([p.detach().flatten() for p in net.parameters()]), sent)
     params.add_(1.0)  # a step on θ is a step of the net

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from stalebench.engines.common import GradientStep, Net, catch_up
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
@@ -42,16 +40,44 @@ class Replica(Role):
             job, self.device
         )
         self.status, self.stop, self.save, self.looping = "completed", False, False, False
+        self.stands_by = world.rank >= self.n  # a spare
+        self.progress: dict[str, Any] = {"version": 0, "bytes": 0}  # every worker in
 
     def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
         return gradient(self.net, self.net_params, (x, y), self.device)
 
+    def start(self) -> None:
+        """Round 0: θ₀ and the rule as built; worker `rank` plays."""
+        self.world.play(self.world.rank)
+        if self.world.record is not None:
+            self.world.record.snapshots.maybe(0.0, 0, self.params)
+
+    def load(self, part: dict[str, Any]) -> None:
+        """A resumed run's replica: θ, the rule and the rounds as its checkpoint saved them
+        (its faults are the world's, as they were)."""
+        self.join(part)
+
+    def take_over(self, state: dict[str, Any]) -> bool:
+        """A spare (or a resumed run's rank that took no part) in a lost replica's place: θ
+        and the rule as the replicas left sent them; that replica's faults after it joins."""
+        self.join(state)
+        worker, spare = state["progress"]["workers"][self.world.rank], self.stands_by
+        self.world.play(worker, self.world.now() if spare else 0.0,
+                        state["progress"]["version"], spare)  # fmt: skip
+        return True
+
+    def join(self, state: dict[str, Any]) -> None:
+        """θ (its net's parameters views of it on the CPU), the rule and the rounds so far
+        from a checkpoint's part or the replicas left."""
+        self.params, self.rule, self.progress = state["params"], state["rule"], state["progress"]
+        if self.params.device.type == "cpu" and self.device.type == "cpu":
+            sent = self.params.clone()
+            flatten_parameters(self.net, self.params)  # the net's parameters views of θ
+            self.params.copy_(sent)
+
     def run(self) -> Op[Ending | None]:
-        placed = yield from place(self.job, self.world, self.net, self.params, self.rule)
-        if placed is None:  # a spare the run did not need
-            return None
-        yield from self.set_up(*placed)
+        yield from self.set_up()
         self.looping = True
         while (yield from self.round()):
             pass
@@ -76,12 +102,12 @@ class Replica(Role):
         return Ending(self.model, self.params, self.version, self.t_last, self.status,
                       bytes_sent=self.bytes_sent)  # fmt: skip
 
-    def set_up(self, params, rule, progress: dict[str, Any]) -> Op[None]:
+    def set_up(self) -> Op[None]:
         """The round's message (its header: each replica's statistics, then rank 0's order;
         then the gradient — no values in a cost-only run), the worker this rank plays and
         its step; with engine.bucket_mb, the rounds in pieces."""
-        job, world, n = self.job, self.world, self.n
-        self.params, self.rule = params, rule
+        job, world, n, params, rule = self.job, self.world, self.n, self.params, self.rule
+        progress = self.progress
         self.members = Members(job, world, progress.get("workers"), progress.get("live"))
         self.worker = self.members.me
         header_slots = 3 * n + 1  # the statistics, then the order
@@ -103,8 +129,6 @@ class Replica(Role):
         self.order = self.header[3 * n :]
         self.version, self.bytes_sent = progress["version"], progress["bytes"]
         self.t_last = world.now() if world.resumed is not None else 0.0
-        if world.record is not None and world.resumed is None:
-            world.record.snapshots.maybe(0.0, 0, params)
 
     def round(self) -> Op[bool]:
         """One round; False once rank 0's order stops the rounds (that round not applied)."""
@@ -182,43 +206,11 @@ class Replica(Role):
         return {"params": self.params, "rule": self.rule, "progress": progress}
 
 
-def place(job: Job, world: World, net, params, rule) -> Op[tuple | None]:
-    """Where this rank starts: a replica at round 0 (θ₀ and the rule as built); a resumed
-    run's rank where its part of the checkpoint says; a spare, or a resumed run's rank that
-    took no part, once it takes a lost replica's place (None: the run ended first). Returns
-    (θ, rule, progress): the rounds so far, the replicas left, each rank's worker index, the
-    bytes sent so far."""
-    n, device = job.num_workers, job.device(world.rank)
-    if world.resumed is not None:
-        return join(device, net, world.resumed)
-    if world.rank >= n or world.resumed_from >= 0:
-        got = yield from world.stand_by()
-        return None if got is None else join(device, net, got[1])
-    return params, rule, {"version": 0, "bytes": 0}  # every worker in the rounds
-
-
 def worker_of(job: Job, world: World, net, params, worker: int, version: int, out):
     """`worker`'s step (the gradient at θ into `out`, its loss the result; on the CPU the
-    net's parameters are views of θ: no copy), from round `version` on; the world plays its
-    faults (a spare: where the replica it replaces was, with the faults after it joined; a
-    resumed run's rank: as they were)."""
-    device, profile, spare = job.device(world.rank), job.profile, world.rank >= job.num_workers
+    net's parameters are views of θ: no copy), from round `version` on."""
+    device, profile = job.device(world.rank), job.profile
     batches = job.batches(worker)
     catch_up(profile, worker, batches, version)
     own = Net(job, device, net, params if device.type == "cpu" else None)
-    step = GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss)
-    if world.resumed is None:
-        world.play(worker, world.now() if spare else 0.0, version, spare)
-    return step
-
-
-def join(device: torch.device, net, state: dict):
-    """A spare chosen to take a lost replica's place, or a replica of a resumed run: θ and
-    the update rule as the replicas left sent them, or its checkpoint saved them (its net's
-    parameters views of that θ on the CPU)."""
-    params, rule, progress = state["params"], state["rule"], state["progress"]
-    if params.device.type == "cpu" and device.type == "cpu":
-        sent = params.clone()
-        flatten_parameters(net, params)  # the net's parameters views of θ (copied into it)
-        params.copy_(sent)
-    return params, rule, progress
+    return GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss)

@@ -76,33 +76,39 @@ class Peer(Role):
         # meeting (`live`), and each node's rank
         self.members = Members(job, world)
         self.ranks = list(range(self.n))  # from `members.workers` (`placed`)
-        self.playing: Peer | None = None  # the peer whose iterations run (a spare's: its own)
+        self.stands_by = self.rank >= self.n  # a spare (cluster.spares)
+        # the peer whose iterations this rank runs (one of another node, built once this
+        # rank plays it), from which iteration
+        self.playing: Peer | None = None
+        self.first_iteration = 0
 
     def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
         return gradient(self.net.model, self.net.params, (x, y), self.net.device)
 
-    def run(self) -> Op[Ending | None]:
-        world, record = self.world, self.world.record
-        if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
-            part = world.resumed
-            peer = self if part["me"] == self.index else Peer(self.job, world, part["me"])
-            return (yield from self.run_as(peer, peer.restore(part)))
-        if self.rank >= self.n or world.resumed_from >= 0:  # a spare (or took no part)
-            got = yield from world.stand_by()
-            if got is None or got[1]["stop"]:  # the run ends
-                return None
-            peer = Peer(self.job, world, got[1]["workers"][self.rank])
-            return (yield from self.run_as(peer, peer.take_over(got[1])))
-        if record is not None:
-            record.snapshots.maybe(0.0, 0, self.z_mean)
-        world.play(self.index)
-        return (yield from self.run_as(self, 0))
+    def start(self) -> None:
+        if self.world.record is not None:
+            self.world.record.snapshots.maybe(0.0, 0, self.z_mean)
+        self.world.play(self.index)
+        self.playing = self
 
-    def run_as(self, peer: Peer, k: int) -> Op[Ending | None]:
-        """`peer`'s iterations from k on, this rank's from here."""
-        self.playing = peer
-        return (yield from peer.loop(k))
+    def load(self, part: dict[str, Any]) -> None:
+        """A resumed run: as the node this rank's part of the checkpoint says."""
+        same = part["me"] == self.index
+        self.playing = self if same else Peer(self.job, self.world, part["me"])
+        self.first_iteration = self.playing.restore(part)
+
+    def take_over(self, state: dict[str, Any]) -> bool:
+        """A spare (or a resumed run's rank that took no part) in a lost node's place,
+        unless the meeting that chose it ended the run."""
+        if state["stop"]:
+            return False
+        self.playing = Peer(self.job, self.world, state["workers"][self.rank])
+        self.first_iteration = self.playing.join(state)
+        return True
+
+    def run(self) -> Op[Ending | None]:
+        return (yield from self.playing.loop(self.first_iteration))
 
     def fail(self, exc: Exception) -> Op[Ending | None]:
         """The nodes lost before the failing meeting are logged."""
@@ -168,7 +174,7 @@ class Peer(Role):
         catch_up(self.job.profile, self.index, node.batches, part["k"])
         return part["k"]
 
-    def take_over(self, state: dict[str, Any]) -> int:
+    def join(self, state: dict[str, Any]) -> int:
         """A spare chosen to play a lost node: its x is z̄ (w = 1) and its local optimizer
         the lowest survivor's; its minibatches, step times and later faults from the
         iterations the node took; returns the next iteration."""

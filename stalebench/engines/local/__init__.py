@@ -147,5 +147,5 @@ class LocalEngine(Engine):
         from stalebench.engines.local import program, server
 
         if not self.asynchronous:
-            return program.member(job, world)
+            return program.Member(job, world)
         return (server.Server if world.rank == 0 else server.Worker)(job, world)

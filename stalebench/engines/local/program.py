@@ -59,11 +59,21 @@ class Member(Role):
     """One worker: its replica, θ (the same on every rank), the fragments' exchanges, and
     the collectives under way."""
 
-    def __init__(self, job: Job, world: World, state: dict[str, Any] | None = None):
+    def __init__(self, job: Job, world: World):
         engine, rank = job.cfg.engine, world.rank
         self.job, self.world, self.rank, self.engine = job, world, rank, engine
         self.num_workers = job.num_workers
-        self.net = net = world.shared("net", lambda: Net(job, job.device(rank)))
+        self.net = world.shared("net", lambda: Net(job, job.device(rank)))
+        self.stands_by = rank >= self.num_workers  # a spare (cluster.spares)
+        self.looping = False  # in the rounds: an error there fails the run
+        if not self.stands_by:
+            self.seat()
+
+    def seat(self, state: dict[str, Any] | None = None) -> None:
+        """The worker this rank plays, its replica and the fragments' exchanges: as the run
+        starts, or where the replicas left are (`state`: a spare's welcome, or this rank's
+        part of a checkpoint)."""
+        job, world, engine, net = self.job, self.world, self.engine, self.net
         self.theta = net.flat.detach().to(job.host).clone()  # θ₀, the same on every rank
         # who plays which worker (a spare: the one whose place it takes), those left: as
         # the run starts, or where the replicas left are (a spare joining, or resumed)
@@ -83,16 +93,22 @@ class Member(Role):
         self.sent: dict[int, Sent] = {}  # by fragment
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
         self.step, self.merged_t = 0, 0.0  # inner steps taken; see merge
-        self.looping = False  # in the rounds: an error there fails the run
-        if state is None:
-            world.play(self.worker)
-        else:  # a checkpoint's part holds where its rank's steps were
-            self.restore(state) if "step" in state else self.take_over(state)
 
-    def take_over(self, state: dict[str, Any]) -> None:
-        """A spare: θ, the outer rules and the inner optimizer (over its replica) as the
-        replicas left sent them; its predecessor's minibatches, step times and later faults
-        from the steps they took."""
+    def start(self) -> None:
+        self.world.play(self.worker)
+        if self.world.record is not None:
+            self.world.record.snapshots.maybe(0.0, 0, self.theta)
+
+    def load(self, part: dict[str, Any]) -> None:
+        self.seat(part)
+        self.restore(part)
+
+    def take_over(self, state: dict[str, Any]) -> bool:
+        """A spare (or a resumed run's rank that took no part) in a lost worker's place: θ,
+        the outer rules and the inner optimizer (over its replica) as the replicas left sent
+        them; its predecessor's minibatches, step times and later faults from the steps
+        they took."""
+        self.seat(state)
         job, replica, steps = self.job, self.replica, state["steps"]
         self.theta, self.exs, replica.x, replica.inner, self.step = (
             state["theta"],
@@ -103,18 +119,13 @@ class Member(Role):
         )
         self.world.play(self.worker, self.world.now(), steps, replaced=True)
         catch_up(job.profile, self.worker, replica.batches, steps)
+        return True
 
     def warm_up(self) -> Any:
-        return warm_up(self.job, self.net)
+        warm = (self.job.splits.x_train[:1], self.job.splits.y_train[:1])
+        return gradient(self.net.model, self.net.params, warm, self.net.device)
 
     def run(self) -> Op[Ending | None]:
-        job, world = self.job, self.world
-        if world.resumed is not None:  # a resumed run: where this rank's checkpoint was
-            self.restore(world.resumed)
-        elif world.resumed_from >= 0:  # a resumed run's rank that took no part: a spare
-            return (yield from stand_in(job, world))
-        elif world.record is not None:
-            world.record.snapshots.maybe(0.0, 0, self.theta)
         return (yield from self.rounds())
 
     # what a rank's checkpoint holds: its replica's state, θ and the outer rules, where the
@@ -136,7 +147,6 @@ class Member(Role):
         times from the steps it took."""
         for key in self.KEPT:
             setattr(self, key, part[key])
-        self.members = Members(self.job, self.world, part["workers"], part["live"])
         replica = self.replica
         replica.x, replica.inner, replica.buffers = part["x"], part["inner"], part["buffers"]
         catch_up(self.job.profile, self.worker, replica.batches, self.step)
@@ -280,41 +290,3 @@ class Member(Role):
             "workers": members.workers, "live": members.live, "version": self.version,
             "steps": self.step,  # every worker's inner steps (a merge ends them all)
         })  # fmt: skip
-
-
-def member(job: Job, world: World) -> Role:
-    """Rank r's role: worker r, or a spare (the ranks after the M workers)."""
-    return Member(job, world) if world.rank < job.num_workers else Spare(job, world)
-
-
-def warm_up(job: Job, net: Net) -> Any:
-    """A first step, off the clock."""
-    warm = (job.splits.x_train[:1], job.splits.y_train[:1])
-    return gradient(net.model, net.params, warm, net.device)
-
-
-class Spare(Role):
-    """A spare (cluster.spares): set up, it stands by until it takes a lost worker's place,
-    then runs that worker's rounds."""
-
-    def __init__(self, job: Job, world: World):
-        self.job, self.world = job, world
-        self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
-
-    def warm_up(self) -> Any:
-        return warm_up(self.job, self.net)
-
-    def run(self) -> Op[None]:
-        if self.world.resumed is not None:  # it had taken a lost worker's place
-            yield from Member(self.job, self.world, self.world.resumed).rounds()
-            return None
-        return (yield from stand_in(self.job, self.world))
-
-
-def stand_in(job: Job, world: World) -> Op[None]:
-    """A spare, once begun: it stands by until it takes a lost worker's place, then runs
-    that worker's rounds."""
-    got = yield from world.stand_by()
-    if got is not None:
-        yield from Member(job, world, got[1]).rounds()
-    return None
