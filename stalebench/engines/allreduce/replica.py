@@ -42,6 +42,7 @@ class Replica(Role):
         self.status, self.stop, self.save, self.looping = "completed", False, False, False
         self.stands_by = world.rank >= self.n  # a spare
         self.progress: dict[str, Any] = {"version": 0, "bytes": 0}  # every worker in
+        self.t_last = 0.0  # when the last round closed (rank 0)
 
     def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
@@ -57,6 +58,7 @@ class Replica(Role):
         """A resumed run's replica: θ, the rule and the rounds as its checkpoint saved them
         (its faults are the world's, as they were)."""
         self.join(part)
+        self.t_last = self.world.now()  # the checkpoint's time
 
     def take_over(self, state: dict[str, Any]) -> bool:
         """A spare (or a resumed run's rank that took no part) in a lost replica's place: θ
@@ -128,7 +130,6 @@ class Replica(Role):
         self.stats = self.header[: 3 * n].reshape(n, 3)
         self.order = self.header[3 * n :]
         self.version, self.bytes_sent = progress["version"], progress["bytes"]
-        self.t_last = world.now() if world.resumed is not None else 0.0
 
     def round(self) -> Op[bool]:
         """One round; False once rank 0's order stops the rounds (that round not applied)."""
