@@ -18,9 +18,10 @@ It answers a small fixed set of questions, and the runtimes ask nothing else:
   `takes_quorum`: whether its ranks regroup without a lost one, `cluster.min_replicas`);
   `num_workers`: those that compute; `one_stream`: whether they read one stream of data
   over the whole split (a pipeline) instead of a shard each;
-- `program(job, world)`: what one rank does, written once for both runtimes against the
-  world it sees (`stalebench.runtime.world`): rank 0 owns the run directory
-  (`world.record`) and returns the summary, the others return None. The real runtime runs
+- `role(job, world)`: what one rank plays (`stalebench.runtime.driver.Role`), written once
+  for both runtimes against the world it sees (`stalebench.runtime.world`); the base
+  `program(job, world)` drives it (the start, errors and lost workers, and on rank 0, which
+  owns the run directory, `world.record`, the summary it returns). The real runtime runs
   one rank per process, the simulator every rank in one process on a virtual clock.
 
 The runtime gives every engine the cluster profile: a transport that pays the profile's
