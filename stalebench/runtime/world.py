@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from stalebench.errors import RunError
 from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults
 
@@ -185,6 +186,12 @@ class World:
         self.resumed_from = version
         if version >= 0 and self.rank in ranks:
             saved = checkpoint.load_part(self.run_dir, version, self.rank)
+            if "faults" not in saved:  # its rank's faults were the engine's to keep
+                raise RunError(
+                    f"resume: rank {self.rank}'s part of the checkpoint at version {version} "
+                    "was written by an earlier stalebench, whose parts this one does not read: "
+                    "run it again from the start, in a new run directory"
+                )
             set_rng_state(saved["rng"])
             self.resumed, self.faults = saved["part"], saved["faults"]
 

@@ -208,6 +208,23 @@ def test_sim_an_interrupted_run_resumed_is_the_uninterrupted_one(tmp_path, case)
     assert summary["status"] == "completed"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sim_a_part_without_its_faults_is_refused_in_the_projects_words(tmp_path):
+    # a part written before the world kept each rank's faults (they were the engine's):
+    # the resumed run fails naming the rank and the version, not with a KeyError
+    args = ["runtime=sim", *SIM["diloco"]]
+    assert interrupted(tmp_path / "run", args, signal.SIGINT)["status"] == "interrupted"
+    (part,) = (tmp_path / "run" / "checkpoint" / "parts").glob("*/rank-1.pt")
+    saved = torch.load(part, weights_only=False)
+    saved["part"]["faults"] = saved.pop("faults")  # where the engine kept them
+    torch.save(saved, part)
+    summary = in_process(tmp_path / "run", [*args, "resume=true"])
+    assert summary["status"] == "failed"
+    assert "rank 1's part of the checkpoint at version" in summary["error"]
+    assert "written by an earlier stalebench" in summary["error"]
+
+
 # 16 rounds of 5 inner steps, 1.5 s or more (the slowest worker steps 15 ms); stopped after
 # the first checkpoint, at about 0.4 s (round 5)
 ROUNDS = 16
