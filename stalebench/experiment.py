@@ -224,7 +224,8 @@ def _available_mb() -> int | None:
 
 
 PREVIOUS = "previous"  # where resume=true moves a run it does not go on from
-RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint")
+RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint",
+             "events-after-end.jsonl")  # fmt: skip
 
 
 def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:

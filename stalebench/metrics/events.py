@@ -129,6 +129,48 @@ class _Failed:
         pass
 
 
+def cut_after_end(path: Path) -> int:
+    """A run's events after its `end` event other than its evaluations (and the supervisor's
+    `stop`) — written by a rank that had not yet heard the run was over, e.g. a pipeline
+    stage still taking the microbatches it had when another was lost — moved to
+    `<name>-after-end.jsonl` beside it, so that the run's events end with its end; how many
+    were moved. The end is the first after the last `resume` (a resumed run's file holds
+    the earlier attempts too)."""
+    p = Path(path)
+    if not p.exists():
+        return 0
+    lines = p.read_text().splitlines(keepends=True)
+    events = [_parsed(line) for line in lines]
+    resumed = max((i for i, e in enumerate(events) if e.get("event") == "resume"), default=-1)
+    ends = [i for i, e in enumerate(events) if i > resumed and _is(e, "end")]
+    if not ends:
+        return 0
+    kept, cut = lines[: ends[0] + 1], []
+    for line, event in zip(lines[ends[0] + 1 :], events[ends[0] + 1 :], strict=True):
+        stays = event.get("kind") == "eval" or _is(event, "stop")
+        (kept if stays else cut).append(line)
+    if not cut:
+        return 0
+    with open(p.with_name(f"{p.stem}-after-end.jsonl"), "a") as f:
+        f.writelines(cut)
+    tmp = p.with_suffix(".cut")
+    tmp.write_text("".join(kept))
+    tmp.replace(p)
+    return len(cut)
+
+
+def _parsed(line: str) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return {}
+    return event if isinstance(event, dict) else {}
+
+
+def _is(event: dict[str, Any], name: str) -> bool:
+    return event.get("kind") == "system" and event.get("event") == name
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     """All complete events of a file; a torn last line (a killed writer) is skipped."""
     events = []

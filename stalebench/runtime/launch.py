@@ -29,6 +29,7 @@ import torch.distributed as dist
 from stalebench.config import RunConfig
 from stalebench.errors import RunError, last_line, with_traceback
 from stalebench.job import Job, config_sha, meta
+from stalebench.metrics.events import cut_after_end
 from stalebench.metrics.summary import finalize, stop, write_json, write_text
 from stalebench.runtime import checkpoint, forkserver, nodes
 from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
@@ -233,6 +234,8 @@ def launch(cfg: RunConfig, engine, setup: Callable[[], None]) -> dict[str, Any]:
             shutil.rmtree(shared, ignore_errors=True)
         if status is not None:
             stop(run_dir, meta(cfg, engine.num_workers), status, error, cfg.budget.target_accuracy)
+        # every rank is down: what one wrote after the run's end is not the run's
+        cut_after_end(run_dir / "events.jsonl")
     return add_overrun(read_summary(cfg, engine, error), store, world, run_dir)
 
 

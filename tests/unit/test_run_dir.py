@@ -147,3 +147,33 @@ def test_resume_with_a_checkpoint_of_another_config_starts_over_keeping_the_run_
     assert experiment.claim_run_dir(cfg) is None
     assert sorted(p.name for p in (tmp_path / "previous").iterdir()) == ["1", "2"]
     assert _files(aside) == before
+
+
+def test_what_a_rank_wrote_after_the_end_is_moved_beside_the_events(tmp_path):
+    # a pipeline stage still taking its microbatches when another was lost writes updates
+    # after rank 0's `end`: once every rank is down they go to events-after-end.jsonl, and
+    # events.jsonl ends with the end, its evaluations and the supervisor's stop
+    from stalebench.metrics.events import cut_after_end, read_events
+
+    def line(**event) -> str:
+        return json.dumps(event) + "\n"
+
+    path = tmp_path / "events.jsonl"
+    earlier = [line(kind="system", t=0.0, event="start"), line(kind="update", t=0.1, version=1),
+               line(kind="system", t=0.2, event="end", status="failed"),  # a first attempt
+               line(kind="system", t=0.2, event="resume", version=1)]  # fmt: skip
+    run = [line(kind="update", t=0.3, version=2),
+           line(kind="system", t=0.4, event="end", status="failed"),
+           line(kind="update", t=0.45, version=3),  # a stage not yet told
+           line(kind="eval", t=0.4, split="test"),
+           line(kind="update", t=0.5, version=4),
+           line(kind="system", t=0.5, event="stop", status="failed")]  # fmt: skip
+    path.write_text("".join(earlier + run))
+    assert cut_after_end(path) == 2
+    kinds = [(e["kind"], e.get("event"), e.get("version")) for e in read_events(path)]
+    assert kinds[-4:] == [("update", None, 2), ("system", "end", None), ("eval", None, None),
+                          ("system", "stop", None)]  # fmt: skip
+    assert len(kinds) == 8  # the first attempt's end kept, and all before it
+    moved = read_events(tmp_path / "events-after-end.jsonl")
+    assert [e["version"] for e in moved] == [3, 4]
+    assert cut_after_end(path) == 0  # nothing left to move
