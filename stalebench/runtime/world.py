@@ -155,21 +155,21 @@ class World:
         """The checkpoint due by run time `t` is taken: the next falls due `every_s` after."""
         self.next_checkpoint = t + self.every_s
 
-    def checkpoint(self, version: int, part: Any, t: float, live: bool = False) -> Op[None]:
+    def checkpoint(self, version: int, part: Any, t: float) -> Op[None]:
         """Every rank at once, at the same point of the run (a round's end, nothing in
         flight): `part`, what this rank needs to go on from here (its θ, optimizer state,
         worker; the random generator's state and the faults are added here), to the run
-        directory;
-        once every rank's part is on disk, rank 0 commits the set (`checkpoint.Checkpoints`),
-        so that a kill at any moment leaves the last complete set. `t`: the run time the
-        checkpoint was due by (the next falls due `every_s` after it); `live`: over the
-        ranks in the rounds (cluster.min_replicas: spares standing by take no part)."""
+        directory; once every rank's part is on disk, rank 0 commits the set
+        (`checkpoint.Checkpoints`), so that a kill at any moment leaves the last complete
+        set. `t`: the run time the checkpoint was due by (the next falls due `every_s`
+        after it). With cluster.min_replicas, over the ranks in the rounds (a lost one, or
+        a spare standing by, takes no part)."""
         run_dir = self.run_dir
         saved = {"part": part, "rng": rng_state(), "faults": self.faults}
         checkpoint.save_part(run_dir, version, self.rank, saved)
         self.checkpoint_taken(t)
         barrier, ranks = torch.zeros(1), list(range(self.size))
-        if live:  # the ranks in the rounds: those that wrote a part
+        if self.profile.cfg.min_replicas:  # the ranks in the rounds: those that wrote a part
             ranks = yield from self.all_reduce_live(barrier, 0.0)
         else:
             yield from self.all_reduce(barrier, 0.0)

@@ -188,13 +188,12 @@ class Replica(Role):
     def after_round(self) -> Op[None]:
         """Spares chosen by the round take the lost replicas' places; a checkpoint when
         rank 0's order said so; rank 0 decides whether the next round's order is save."""
-        world, members = self.world, self.members
+        world = self.world
         if world.joining:  # from the next round
-            members.take_in_spares()
+            self.members.take_in_spares()
             yield from world.welcome(self.state())
         if self.order[0] == SAVE:  # every rank, at once
-            live = bool(members.quorum)  # the ranks in the rounds take part
-            yield from world.checkpoint(self.version, self.state(), world.now(), live=live)
+            yield from world.checkpoint(self.version, self.state(), world.now())
         self.save = (world.record is not None and not self.stop
                      and world.checkpoint_due(world.now()))  # fmt: skip
 

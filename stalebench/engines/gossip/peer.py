@@ -156,8 +156,7 @@ class Peer(Role):
         part = {"me": self.index, **{key: getattr(self, key) for key in self.KEPT}}
         part.update(k=k, x=node.x, w=node.w, inner=node.inner, buffers=node.buffers,
                     workers=self.members.workers, met=self.members.live)  # fmt: skip
-        live = bool(self.members.quorum)  # the ranks in the meetings take part
-        yield from self.world.checkpoint(k, part, self.met_at, live=live)
+        yield from self.world.checkpoint(k, part, self.met_at)
 
     def restore(self, part: dict[str, Any]) -> int:
         """A resumed run's rank: its part of the checkpoint set, its minibatches and step

@@ -139,8 +139,7 @@ class Member(Role):
         part = {key: getattr(self, key) for key in self.KEPT}
         part.update(x=replica.x, inner=replica.inner, buffers=replica.buffers,
                     workers=members.workers, live=members.live)  # fmt: skip
-        live = bool(members.quorum)  # the ranks in the rounds take part
-        yield from self.world.checkpoint(self.version, part, self.merged_t, live=live)
+        yield from self.world.checkpoint(self.version, part, self.merged_t)
 
     def restore(self, part: dict[str, Any]) -> None:
         """A resumed run's rank: its part of the checkpoint set; its minibatches and step
