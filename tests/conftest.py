@@ -3,6 +3,7 @@ global state, and a helper that runs a real job into a temporary run directory."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -147,7 +148,14 @@ def job(tmp_path):
 
 
 def preset_engines() -> dict[str, str]:
-    """Every algorithm preset and the engine it composes to (`algorithm=<preset>`)."""
+    """Every algorithm preset and the engine it composes to (`algorithm=<preset>`): composed
+    once a process (six test modules collect from it; 27 compositions each were seconds of
+    every worker's collection)."""
+    return dict(_preset_engines())
+
+
+@functools.cache
+def _preset_engines() -> tuple[tuple[str, str], ...]:
     from importlib.resources import files
 
     names = [
@@ -155,7 +163,7 @@ def preset_engines() -> dict[str, str]:
         for f in files("stalebench.conf").joinpath("algorithm").iterdir()
         if f.name.endswith(".yaml")
     ]
-    return {n: compose([f"algorithm={n}"]).engine.name for n in sorted(names)}
+    return tuple((n, compose([f"algorithm={n}"]).engine.name) for n in sorted(names))
 
 
 def assert_valid_and_learning(events: list[dict]) -> None:
