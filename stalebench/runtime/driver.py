@@ -18,9 +18,9 @@ pipeline stage), off the clock; `drive` then runs its life in either runtime:
     record.finish(ending)        the recording rank's end event, evaluations and
                                  summary.json; the other ranks end with nothing to report
 
-A role never writes the summary, catches every error or asks whether it records: its
-`run` returns the recording rank's `Ending` (None elsewhere), and the faults of the worker
-it plays are the world's (`World.play`).
+A role never writes the summary or catches every error: its `run` returns the recording
+rank's `Ending` (None elsewhere), and the faults of the worker it plays are the world's
+(`World.play`).
 """
 
 from __future__ import annotations
