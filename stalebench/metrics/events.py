@@ -134,27 +134,28 @@ def cut_after_end(path: Path) -> int:
     `stop`) — written by a rank that had not yet heard the run was over, e.g. a pipeline
     stage still taking the microbatches it had when another was lost — moved to
     `<name>-after-end.jsonl` beside it, so that the run's events end with its end; how many
-    were moved. The end is the first after the last `resume` (a resumed run's file holds
-    the earlier attempts too)."""
+    were moved. Only the file's tail is parsed: back to the last attempt's end (none when a
+    `resume` comes first: that attempt did not end)."""
     p = Path(path)
     if not p.exists():
         return 0
     lines = p.read_text().splitlines(keepends=True)
-    events = [_parsed(line) for line in lines]
-    resumed = max((i for i, e in enumerate(events) if e.get("event") == "resume"), default=-1)
-    ends = [i for i, e in enumerate(events) if i > resumed and _is(e, "end")]
-    if not ends:
-        return 0
-    kept, cut = lines[: ends[0] + 1], []
-    for line, event in zip(lines[ends[0] + 1 :], events[ends[0] + 1 :], strict=True):
+    after, kept, cut = len(lines), [], []
+    while after > 0:
+        event = _parsed(lines[after - 1])
+        if _is(event, "resume"):
+            return 0
+        if _is(event, "end"):
+            break
+        after -= 1
         stays = event.get("kind") == "eval" or _is(event, "stop")
-        (kept if stays else cut).append(line)
-    if not cut:
+        (kept if stays else cut).insert(0, lines[after])
+    if after == 0 or not cut:
         return 0
     with open(p.with_name(f"{p.stem}-after-end.jsonl"), "a") as f:
         f.writelines(cut)
     tmp = p.with_suffix(".cut")
-    tmp.write_text("".join(kept))
+    tmp.write_text("".join(lines[:after] + kept))
     tmp.replace(p)
     return len(cut)
 

@@ -34,12 +34,10 @@ class Members:
     def __init__(self, job: Job, world: World, workers: list[int] | None = None,
                  live: list[int] | None = None):  # fmt: skip
         self.world, self.n, self.quorum = world, job.num_workers, job.cfg.cluster.min_replicas
-        self.workers = workers if workers is not None else self.start(world.size)
+        if workers is None:  # the start: the N workers, then the spares (-1)
+            workers = list(range(self.n)) + [-1] * (world.size - self.n)
+        self.workers = workers
         self.live = live if live is not None else list(range(self.n))
-
-    def start(self, size: int) -> list[int]:
-        """Each rank's worker at the start: the N workers, then the spares (-1)."""
-        return list(range(self.n)) + [-1] * (size - self.n)
 
     @property
     def me(self) -> int:
@@ -58,12 +56,12 @@ class Members:
         """The workers of the ranks a live collective summed, in rank order."""
         return [self.workers[r] for r in ranks]
 
-    def left(self, round_: int, live: list[int], t: float | None = None) -> None:
+    def left(self, round_: int, live: list[int]) -> None:
         """After a round over the workers `live`: rank 0 logs each one gone since the last
         round as lost from `round_`; fewer left than min_replicas fails the run, naming
         them. `live` is the rounds' from here."""
         before, self.live = self.live, live
-        lost_since(self.world, t, round_, before, live)
+        lost_since(self.world, self.world.now(), round_, before, live)
         if len(live) < self.quorum:
             lost = ", ".join(map(str, sorted(set(range(self.n)) - set(live))))
             raise RunError(f"{len(live)} replicas left, fewer than cluster.min_replicas="
@@ -106,13 +104,11 @@ class Members:
         return self.live
 
 
-def lost_since(world: World, t: float | None, round_: int, before: list[int],
-               live: list[int]) -> None:  # fmt: skip
+def lost_since(world: World, t: float, round_: int, before: list[int], live: list[int]) -> None:
     """Rank 0 logs each worker in `before` and not in `live` as lost from `round_`, at run
-    time `t` (default: now)."""
-    record = world.record
-    if record is None:
+    time `t`."""
+    if world.record is None:
         return
-    at = world.now() if t is None else t
     for w in sorted(set(before) - set(live)):
-        record.events.emit("worker", at, worker=w, event="lost", round=round_, reason=LEFT_OUT)
+        world.record.events.emit("worker", t, worker=w, event="lost", round=round_,
+                                 reason=LEFT_OUT)  # fmt: skip

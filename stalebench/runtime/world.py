@@ -7,8 +7,10 @@ An engine writes each of its roles once, against a `World` (its life — the sta
 the ending — is the driver's: `runtime.driver`):
 
     class Replica(Role):
-        def run(self):
+        def start(self):
             world.play(worker)  # the faults of the worker it plays
+
+        def run(self):
             ...
             grad, compute_s = yield from world.compute(lambda: net.gradient_at(...))
             work = yield from world.isend(message, peer)
