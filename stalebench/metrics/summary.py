@@ -96,6 +96,10 @@ def summarize(
         "workers_replaced": sorted(
             e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "replaced"
         ),
+        # of those, the workers whose own ranks were taken back in (left out, then back)
+        "workers_back": sorted(
+            e["worker"] for e in events if e["kind"] == "worker" and e["event"] == "back"
+        ),
         "compute_fraction": float((compute / length).mean()) if length > 0 else None,
         "throughput_updates_per_s": (
             max((e["version"] for e in updates), default=0) / length if length > 0 else None

@@ -10,6 +10,10 @@ pipeline stage), off the clock; `drive` then runs its life in either runtime:
                                  took no part) stands by until the survivors hand it a
                                  lost worker's place
     ending = role.run()          its rounds, steps or messages until the run stops
+    ─ left out ─                 a replica the others went on without (silent past
+                                 timeout_s: `LeftOut`) stands by as a spare of its own
+                                 place, and is taken back in (`take_over`) at the round
+                                 that invites it, healed from a peer
     ─ an error ─                 a lost worker (`WorkerDied`) leaves the run, its peers lose
                                  it at their next exchange; any other error fails the run:
                                  the recording rank's `role.fail(exc)` says what it had
@@ -30,6 +34,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from stalebench.runtime.faults import WorkerDied
+from stalebench.runtime.quorum import LeftOut
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +105,7 @@ def drive(role: Role, world: World) -> Op[dict[str, Any] | None]:
     if not (yield from enter(role, world)):
         return None  # a spare the run did not need
     try:
-        ending = yield from role.run()
+        ending = yield from rounds(role, world)
     except WorkerDied:
         raise  # it is lost: its peers lose it at their next exchange
     except Exception as exc:
@@ -126,6 +131,22 @@ def enter(role: Role, world: World) -> Op[bool]:
     else:
         role.start()
     return True
+
+
+def rounds(role: Role, world: World) -> Op[Ending | None]:
+    """`role.run()`; a rank left out of the rounds (`LeftOut`) stands by as a spare of its
+    own place and runs again once taken back in — or ends with the run. The recording
+    rank left out fails the run: no other rank records it."""
+    while True:
+        try:
+            return (yield from role.run())
+        except LeftOut as exc:
+            if world.record is not None:
+                raise
+            log.warning("rank %d: %s; it stands by to be taken back in", world.rank, exc)
+        got = yield from world.stand_by()
+        if got is None or not role.take_over(got[1]):
+            return None  # the run ended first
 
 
 def finish(world: World, ending: Ending) -> dict[str, Any]:

@@ -6,8 +6,12 @@ lost rank); `live` are the workers in the rounds. The run's config decides the c
 over every rank, or, with cluster.min_replicas, over the ranks still alive
 (`World.all_reduce_live`), the rounds going on without a lost one while at least
 min_replicas are left, and a spare (cluster.spares) taking a lost worker's place at the end
-of the round that lost it. Rank 0 logs each loss (`lost`) and each spare taken in
-(`replaced`); a role never asks which collective to call or whether it records.
+of the round that lost it. A place no spare took stays vacant until one stands by: a spare
+started late, or the rank lost itself, back after it was left out (silent past timeout_s);
+rank 0 invites them in its round's order (`offer`, INVITE), every rank hears it (`heard`)
+and they join after that round, healed from a peer. Rank 0 logs each loss (`lost`), each
+spare taken in (`replaced`) and each rank back (`back`); a role never asks which collective
+to call or whether it records.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
     from stalebench.runtime.world import Op, World
 
 LEFT_OUT = "dead, or silent past timeout_s: left out of the round"
+# added to rank 0's order in a round's message: ranks standing by join after the round
+INVITE = 4.0
 
 
 class Members:
@@ -85,21 +91,46 @@ class Members:
         """The workers a completed `all_reduce(wait=False)` summed, in rank order."""
         return self.summed(handle.members) if self.quorum else list(range(self.n))
 
+    @property
+    def vacant(self) -> list[int]:
+        """The ranks lost whose workers no rank plays now: places to fill."""
+        return [r for r, w in enumerate(self.workers) if w >= 0 and w not in self.live]
+
+    def offer(self, order: float) -> float:
+        """Rank 0's `order` for the next round, with INVITE added when ranks stand by to
+        fill the vacant places (`World.invite`) and the order is plain (0: no stop, no
+        checkpoint, which a rank joining after the round would not take part in); another
+        rank's, as it is."""
+        if self.quorum and self.world.record is not None and not order and self.vacant:
+            return order + INVITE if self.world.invite(self.vacant) else order
+        return order
+
+    def heard(self, order: float) -> float:
+        """The round's `order` as every rank got it, without INVITE; with it, the ranks
+        invited join after this round (`World.joining`)."""
+        if order >= INVITE:
+            self.world.invited()
+            return order - INVITE
+        return order
+
     def take_in_spares(self) -> list[int]:
         """The spares the last live collective chose (`World.joining`) take the lost
         workers' places (rank 0 logs each `replaced`); the lost ranks play no worker now.
         Returns the workers in the rounds from here, sorted, and makes them `live`."""
         world, workers = self.world, self.workers
         taken = [(spare, lost, workers[lost]) for spare, lost in world.joining]
-        for spare, _, worker in taken:
+        for spare, lost, worker in taken:
             workers[spare] = worker
-            if world.record is not None:
-                world.record.events.emit(
-                    "worker", world.now(), worker=worker, event="replaced",
-                    by=f"spare {spare - self.n} (rank {spare})",
-                )  # fmt: skip
-        for _, lost, _ in taken:
-            workers[lost] = -1
+            if world.record is None:
+                continue
+            if spare == lost:  # the rank lost, back in its own place
+                world.record.events.emit("worker", world.now(), worker=worker, event="back")
+            else:
+                world.record.events.emit("worker", world.now(), worker=worker, event="replaced",
+                                         by=f"spare {spare - self.n} (rank {spare})")  # fmt: skip
+        for spare, lost, _ in taken:
+            if spare != lost:
+                workers[lost] = -1
         self.live = sorted([*self.live, *(worker for *_, worker in taken)])
         return self.live
 

@@ -8,7 +8,8 @@ registers in the run's store under the next epoch (which also stops the others' 
 (the supervisor marks each rank that exits with an error: `dead/<rank>`), at most
 timeout_s, and the first to finish waiting writes the members it saw, with the spares
 standing by that are to take the lost ones' places; every rank reads that (`compare_set`),
-so all agree. A rank left out (it came after the wait: silent too long) gets a RunError.
+so all agree. A rank left out (it came after the wait: silent too long) gets `LeftOut`,
+and stands by as a spare of its own place.
 The new group meets over a prefix of the same store. gloo's group formation would wait
 timeout_s for a member that died after it was counted; it runs in a thread, watched from
 here: a member marked dead, or a later regroup begun, abandons it (`Lost`: regroup again).
@@ -27,6 +28,10 @@ first, and each new sum against the sums of what the survivors brought (the valu
 sum add up to the sum of the buffers' totals, to float rounding), so two rounds out of
 step are never summed together. A member lost meanwhile makes them regroup again.
 Survivors that cannot agree fail with a RunError naming the ranks lost.
+
+Spares and ranks back that stand by while places are vacant are taken in without a failure
+too: the lowest survivor chooses them (`invite`: a rank back takes its own place) and its
+round's order tells the others (`invited`), so that all welcome them after the same round.
 
 At a round's end the survivors `welcome` the spares chosen: a group over them all, and the
 state the program hands over, broadcast from the lowest survivor. A loss while spares join
@@ -69,6 +74,11 @@ class Lost(RunError):
     rank has begun the next regroup): they regroup again."""
 
 
+class LeftOut(RunError):
+    """This rank came to the rounds after the others had gone on without it (silent past
+    timeout_s): it may be taken back in, as a spare of its own place."""
+
+
 class RoundsFailed(RunError):
     """The survivors cannot go on together (the message names the ranks lost); `left`: the
     members not known dead, for the program to log the others lost."""
@@ -84,12 +94,14 @@ class Quorum:
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout_s: float, active: int):
         self.store, self.rank, self.timeout_s, self.size = store, rank, timeout_s, size
+        self.active = active  # the ranks of the workers; those after them: the spares
         self.members, self.epoch = list(range(active)), 0  # the ranks in rounds from the start
         self.spares = list(range(active, size))
         self.grouped = active == size  # with spares, the rounds' first group leaves them out
         self.joining: list[tuple[int, int]] = []
         self.group: Any = None  # the current group's, once regrouped (None: the default)
         self.lost: list[int] = []  # the ranks left out of the rounds, in order
+        self.invites, self.inviting = 0, False  # invitations heard; one under way (`invite`)
 
     def resume(self, members: list[int]) -> None:
         """A resumed run: the rounds go on over `members` (those in the checkpoint set);
@@ -177,18 +189,55 @@ class Quorum:
         left, chosen = agreed.split("|")
         members = [int(r) for r in left.split(",")]
         if self.rank not in members:
-            raise RunError(
+            raise LeftOut(
                 f"rank {self.rank} was left out of the replicas that went on (it came after "
                 f"timeout_s={self.timeout_s:g}; the round failed with: {cause})"
             )
         self.lost += [r for r in self.members if r not in members]
-        self.joining = [tuple(map(int, p.split(":"))) for p in chosen.split(",") if p]
-        self.spares = [s for s in self.spares if s not in {s for s, _ in self.joining}]
+        self.choose(chosen)
         self.members, self.epoch = members, epoch  # a loss from here: the next epoch
         self.group = self._group(epoch, members)
         transport.regroup(self.group, members)
         log.warning("rank %d: going on with ranks %s (epoch %d)", self.rank, members, epoch)
         return members
+
+    def choose(self, pairs: str) -> None:
+        """The spares (spare:lost rank pairs, comma-separated) to join at the next
+        `welcome`, beside those chosen already: no later choice takes them again."""
+        taken = {s for s, _ in self.joining}
+        chosen = [tuple(map(int, p.split(":"))) for p in pairs.split(",") if p]
+        self.joining += [(s, r) for s, r in chosen if s not in taken]
+        self.spares = [s for s in self.spares if s not in {s for s, _ in self.joining}]
+
+    def invite(self, vacant: list[int]) -> bool:
+        """The lowest survivor, before a round: the ranks standing by to fill `vacant`
+        places (lost ranks whose workers no rank plays) — a rank back its own, the
+        cluster's spares the others in order —, kept in the store for `invited`; whether
+        there are any. None while spares chosen before have not joined, or its last
+        invitation is unheard. (A resumed run's worker rank that took no part in its
+        checkpoint was lost before it: it stays out, as in the run uninterrupted.)"""
+        if self.joining or self.inviting:
+            return False
+        ready = [s for s in self.spares
+                 if s >= self.active and self.store.check([f"spare/{s}/ready"])]  # fmt: skip
+        pairs = []
+        for rank in vacant:
+            if rank not in self.spares and self.store.check([f"spare/{rank}/ready"]):
+                pairs.append((rank, rank))
+            elif ready:
+                pairs.append((ready.pop(0), rank))
+        if pairs:
+            self.inviting = True
+            key = f"quorum/invite/{self.invites}"
+            self.store.set(key, ",".join(f"{s}:{r}" for s, r in pairs))
+        return bool(pairs)
+
+    def invited(self) -> list[tuple[int, int]]:
+        """Every survivor, told by the lowest's order: the ranks it invited join at the
+        round's `welcome`."""
+        self.choose(self.store.get(f"quorum/invite/{self.invites}").decode())
+        self.invites, self.inviting = self.invites + 1, False
+        return self.joining
 
     def exchange(self, mine: dict[str, Any]) -> dict[int, dict[str, Any]]:
         """Every member's record (this rank's: `mine`), through the store, once all wrote."""
@@ -214,43 +263,49 @@ class Quorum:
         lost = [*self.lost, *(r for r in self.members if r not in left)]
         return RoundsFailed(f"{why} (lost: ranks {', '.join(map(str, lost)) or 'none'})", left)
 
-    def welcome(self, transport: Any, state: Any, round_: int) -> None:
+    def welcome(self, transport: Any, state: Any, round_: int, due: float) -> None:
         """The survivors, at a round's end: the spares chosen join (a group of them all),
-        and get `state` from the lowest survivor, and `round_` (the live collectives
-        started so far)."""
+        and get `state` from the lowest survivor, `round_` (the live collectives started so
+        far) and `due` (when the next checkpoint falls due)."""
         epoch = self.epoch + 1
         members = sorted([*self.members, *(s for s, _ in self.joining)])
         ranks = ",".join(map(str, members))
         for spare, lost in self.joining:  # no later quorum chooses it again
             self.store.delete_key(f"spare/{spare}/ready")
-            self.store.set(f"spare/{spare}", f"{epoch}:{lost}:{ranks}:{round_}")
+            spares = ",".join(map(str, self.spares))  # still standing by, for its quorums
+            self.store.set(f"spare/{spare}", f"{epoch}:{lost}:{ranks}:{round_}:{self.invites}:"
+                           f"{spares}:{due!r}")  # fmt: skip
         try:
             self._join(transport, epoch, members, state)
         except Lost as exc:
             raise self.named(f"a replica was lost while spares joined: {exc}") from exc
 
-    def stand_by(self, transport: Any) -> tuple[int, Any, int] | None:
+    def stand_by(self, transport: Any) -> tuple[int, Any, int, float] | None:
         """A spare: wait until chosen — (the lost rank whose place it takes, the state the
-        survivors sent, the live collectives they started so far) — or until the run ends
-        (None)."""
-        self.store.set(f"spare/{self.rank}/ready", "1")
+        survivors sent, the live collectives they started so far, when their next
+        checkpoint falls due) — or until the run ends (None)."""
         key = f"spare/{self.rank}"
+        self.store.delete_key(key)  # a rank back: its word of an earlier join is stale
+        self.store.set(f"{key}/ready", "1")
         while not self.store.check([key]):
             if self.store.check(["run/over"]):
                 return None
             time.sleep(POLL_S)
-        epoch, lost, members, round_ = self.store.get(key).decode().split(":")
+        word = self.store.get(key).decode()
+        epoch, lost, members, round_, invites, spares, due = word.split(":")
         ranks = [int(r) for r in members.split(",")]
+        self.invites, self.inviting, self.joining = int(invites), False, []
+        self.spares = [int(s) for s in spares.split(",") if s]
         try:
             state = self._join(transport, int(epoch), ranks, None)
         except Lost as exc:
             raise self.named(f"a replica was lost while this spare joined: {exc}") from exc
-        return int(lost), state, int(round_)
+        return int(lost), state, int(round_), float(due)
 
     def _join(self, transport: Any, epoch: int, members: list[int], state: Any) -> Any:
         group = self._group(epoch, members, "welcome", regroup=epoch)
         transport.regroup(group, members)
-        root = 0  # the lowest member: a survivor (a spare's rank is above every replica's)
+        root = 0  # the lowest member, rank 0: a survivor (the run fails without it)
         data = None
         if state is not None and members[0] == self.rank:
             out = io.BytesIO()
@@ -306,6 +361,11 @@ class Rounds:
         self.free: list[torch.Tensor] = []  # the sums no longer kept: buffers to bring in
         self.started, self.depth = 0, 1
         self.joining: list[tuple[int, int]] = []  # chosen by the last taken, until welcome
+
+    def reset(self, started: int) -> None:
+        """A rank joining the rounds (a spare, or a rank back): none under way or kept; the
+        survivors had started `started`."""
+        self.live, self.taken, self.joining, self.started, self.depth = [], [], [], started, 1
 
     def start(self, buf: torch.Tensor, seconds: float | None) -> Live:
         self.quorum.start(self.transport)

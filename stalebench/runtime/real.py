@@ -343,15 +343,22 @@ class RealWorld(World):
 
     @blocking
     def welcome(self, state: Any) -> None:
-        self.quorum.welcome(self.transport, state, self.rounds.started)
+        self.quorum.welcome(self.transport, state, self.rounds.started, self.next_checkpoint)
         self.rounds.joining = []
+
+    def invite(self, vacant: list[int]) -> bool:
+        return self.quorum is not None and self.quorum.invite(vacant)
+
+    def invited(self) -> None:
+        self.rounds.joining = list(self.quorum.invited())
 
     @blocking
     def stand_by(self) -> tuple[int, Any] | None:
         got = self.quorum.stand_by(self.transport)
         if got is None:
             return None
-        lost, state, self.rounds.started = got  # the survivors' count of live collectives
+        lost, state, started, self.next_checkpoint = got  # the survivors' schedule
+        self.rounds.reset(started)  # the survivors' count of live collectives
         return lost, state
 
     def release_spares(self) -> None:

@@ -58,6 +58,7 @@ from stalebench.runtime.batching import Batcher, Deferred
 from stalebench.runtime.compute import Host
 from stalebench.runtime.faults import WorkerLost
 from stalebench.runtime.network import Calendars, Link, Network, Topology
+from stalebench.runtime.quorum import LeftOut
 from stalebench.runtime.record import RunRecord
 from stalebench.runtime.world import Listener, Op, Pause, T, World, nbytes
 
@@ -128,14 +129,18 @@ class Sleep(Request):
 
 @dataclass(slots=True)
 class Recv(Request):
-    """The next message from rank `src`, not yet sent: it goes on once it is
-    (`Simulator.post`), or learns of `src`'s loss."""
+    """The next message from rank `src`, not yet sent since run time `since`: it goes on
+    once it is (`Simulator.post`), or learns of `src`'s loss (with cluster.min_replicas: or
+    of its silence past timeout_s)."""
 
     src: int
+    since: float
     name = "recv"
 
     def handle(self, sim: Simulator, rank: int) -> None:
         sim.waiting[rank] = self
+        if sim.told:  # cluster.min_replicas: it gives up on `src` past timeout_s
+            sim.timers.push(self.since + sim.timeout_s, (rank, self))
 
 
 @dataclass(slots=True)
@@ -300,8 +305,14 @@ class SimWorld(World):
         if not box and src in self.sim.lost and self.sim.told:  # its messages are read first
             self.clock = max(self.clock, self.sim.worlds[src].clock)
             raise self.sim.loss_of(src)
+        if (src, self.rank) in self.sim.cut:
+            raise WorkerLost(src, f"rank {src} was silent past timeout_s")  # given up before
         if not box:
-            yield Recv(src)
+            yield Recv(src, self.clock)
+        elif self.sim.told and box[0][0] > self.clock + self.sim.timeout_s:
+            self.sim.cut.add((src, self.rank))  # it comes past this rank's timeout
+            self.clock += self.sim.timeout_s
+            raise WorkerLost(src, f"rank {src} was silent past timeout_s")
         arrival, message, deferred = box.popleft()
         for step in deferred:
             step.run()
@@ -369,11 +380,18 @@ class SimWorld(World):
     def stand_by(self) -> Op[tuple[int, Any] | None]:
         return (yield StandBy())
 
+    def invite(self, vacant: list[int]) -> bool:
+        return self.sim.told and self.sim.invite(vacant)
+
+    def invited(self) -> None:
+        self.sim.invited()
+
     def release_spares(self) -> None:
-        for spare in self.sim.standby:  # each returns None from `stand_by`
-            del self.sim.waiting[spare]
-            self.sim.ready.push(self.clock, (spare, None, None))
-        self.sim.standby = []
+        sim = self.sim  # those chosen as the run stopped are never welcomed: they end too
+        for spare in [*sim.standby, *(s for s, _ in sim.joining)]:
+            del sim.waiting[spare]  # each returns None from `stand_by`
+            sim.ready.push(self.clock, (spare, None, None))
+        sim.standby, sim.joining = [], []
 
     def all_gather(self, out, buf: torch.Tensor, seconds=None, wait=True, nbytes=None):
         seconds = self._priced(seconds, nbytes, self.network.allgather_s, buf)
@@ -385,9 +403,11 @@ class SimWorld(World):
         """Start a collective; with `wait`, the seconds waited for it (`live`: the ranks it
         summed), else its handle."""
         self.settle()
+        self.left_out()
         self.wire_s += seconds
-        self.linked = max(self.clock, self.linked) + seconds
-        handle = self.sim.collective(self.rank, kind, buf, out, self.linked, wait, live)
+        start = max(self.clock, self.linked)
+        self.linked = start + seconds
+        handle = self.sim.collective(self.rank, kind, buf, out, start, self.linked, wait, live)
         if not wait:
             return handle
         yield Await()  # resumed at its end, with the ranks that waited for it
@@ -404,7 +424,20 @@ class SimWorld(World):
         return self._ended(handle)
 
     def _ended(self, handle: Collective) -> float:
+        self.left_out()
         return self.resume(handle.done)
+
+    def left_out(self) -> None:
+        """`LeftOut` when the live collectives went on without this rank (it came past
+        their timeout, `Simulator._maybe_finish`): it stands by for its own place."""
+        if self.rank in self.sim.out:
+            self.sim.out.discard(self.rank)
+            self.sim.back.add(self.rank)
+            raise LeftOut(
+                f"rank {self.rank} was left out of the replicas that went on (it came "
+                f"past timeout_s={self.sim.timeout_s:g}, twice: the collective's and the "
+                "regroup's)"
+            )
 
 
 def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0):
@@ -481,12 +514,18 @@ class Collective:
 
     SUM, GATHER = "all_reduce", "all_gather"
 
-    def __init__(self, kind: str, live: bool = False):
-        self.kind, self.live = kind, live  # live: over the ranks not lost (`all_reduce_live`)
+    def __init__(self, index: int, kind: str, live: bool = False):
+        self.index, self.kind, self.live = index, kind, live  # the k-th; `live`: over the
+        # ranks not lost (`all_reduce_live`)
         self.came: list[tuple[int, torch.Tensor, Any, float]] = []  # rank, buf, out, end
+        self.starts: dict[int, float] = {}  # when each rank came
         self.waiters: list[int] = []
         self.done: float | None = None
         self.members: list[int] = []  # the ranks it summed
+
+    def first(self) -> float:
+        """When the first rank came (run time)."""
+        return min(self.starts.values())
 
     def finish(self, lost_at: float = -math.inf) -> float:
         """Every rank's result in place (a sum in rank order, or every rank's piece); a live
@@ -604,6 +643,16 @@ class Simulator:
         # at once (as a real one whose peer's connection closes), to go on without it;
         # otherwise once every rank left waits (`_time_out`)
         self.told = bool(job.cfg.cluster.min_replicas)
+        # and a rank silent past timeout_s (virtual seconds) is left out (`out`: until it
+        # learns so, `SimWorld.left_out`), or lost to the rank waiting for its message
+        # (`cut`: (src, dst) pairs, until src is welcomed back); a rank back stands by
+        # for its own place (`back`); rank 0's invitation of ranks standing by (`invite`)
+        self.timeout_s = job.cfg.timeout_s
+        self.out: set[int] = set()
+        self.cut: set[tuple[int, int]] = set()
+        self.back: set[int] = set()
+        self.invitation: list[tuple[int, int]] = []
+        self.timers = EventQueue()  # (rank, the receive or live collective) by its timeout
         # a cost-only run's message buffers: each one's bytes on the wire (its header alone
         # is held), by the buffer's id, while the buffer lives (its id its own till then)
         self.wire: dict[int, int] = {}
@@ -623,6 +672,12 @@ class Simulator:
         return self.wire.get(id(buf)) or nbytes(buf)
 
     def post(self, src: int, dst: int, arrival: float, buf: Any, deferred: tuple = ()) -> None:
+        if (src, dst) in self.cut:
+            return  # its receiver gave up on it: never taken
+        what = self.waiting.get(dst)
+        if self.told and self._awaits(dst, src) and arrival > what.since + self.timeout_s:
+            self._give_up(dst, src)  # it came past the receiver's timeout
+            return
         listener = self.listeners.get(dst)
         if listener is not None and src in listener.peer_of:
             listener.take(arrival, src, buf, deferred)
@@ -656,7 +711,10 @@ class Simulator:
         gc.freeze()  # the set-up's objects live all run: keep the collector off them
         try:
             while self.ready or self.waiting:
-                while self.ready:
+                while self.ready or self.timers:
+                    if self.timers.first() < self.ready.first():  # a timeout passes first
+                        self._expire(*self.timers.pop()[1])
+                        continue
                     at, (rank, error, wake) = self.ready.pop()
                     if wake is None:
                         self._resume(programs[rank], rank, error, self.handoff.pop(rank, None))
@@ -703,6 +761,44 @@ class Simulator:
         what = self.waiting.get(rank)
         return isinstance(what, Recv) and what.src == src
 
+    def _give_up(self, rank: int, src: int) -> None:
+        """`rank`, waiting for a message from `src` since `since`, times out: it goes on at
+        since + timeout_s with `src` lost, and never takes its messages (`cut`)."""
+        since = self.waiting.pop(rank).since
+        self.cut.add((src, rank))
+        self.worlds[rank].clock = max(self.worlds[rank].clock, since + self.timeout_s)
+        error = WorkerLost(src, f"rank {src} was silent past timeout_s={self.timeout_s:g}")
+        self.ready.push(self.worlds[rank].clock, (rank, error, None))
+
+    def _expire(self, rank: int, what: Request | Collective) -> None:
+        """A timeout passes (`timers`): `rank`'s receive, if it still waits for it; a live
+        collective, if it has not ended."""
+        if self.waiting.get(rank) is what:
+            self._give_up(rank, what.src)
+        elif isinstance(what, Collective) and self.collectives.get(what.index) is what:
+            self._maybe_finish(what.index, what, timed_out=True)
+
+    def invite(self, vacant: list[int]) -> bool:
+        """Rank 0's invitation (`World.invite`): a rank back standing by takes its own
+        vacant place, a spare of the cluster the others', in order (a resumed run's worker
+        rank that took no part in its checkpoint stays out, as in the run uninterrupted)."""
+        if self.joining or self.invitation:
+            return False
+        spares = [s for s in self.standby if s not in self.back and s >= self.job.num_workers]
+        for rank in vacant:
+            if rank in self.back and rank in self.standby:
+                self.invitation.append((rank, rank))
+            elif spares:
+                self.invitation.append((spares.pop(0), rank))
+        return bool(self.invitation)
+
+    def invited(self) -> None:
+        """The first rank told moves the invited from standing by to joining."""
+        for spare, lost in self.invitation:
+            self.standby.remove(spare)
+            self.joining.append((spare, lost))
+        self.invitation = []
+
     def _woken(self, rank: int, wake: int) -> bool:
         """Whether `wake` is the listening `rank`'s latest (`_listen`): the earlier are void."""
         what = self.waiting.get(rank)
@@ -730,16 +826,22 @@ class Simulator:
         self.started = time.perf_counter()
 
     def collective(
-        self, rank: int, kind: str, buf, out, end: float, wait: bool, live: bool = False
+        self, rank: int, kind: str, buf, out, start: float, end: float, wait: bool,
+        live: bool = False,
     ) -> Collective:  # fmt: skip
         """`rank` starts its next collective, ending at `end` on its own (`wait`: and waits
         for it); once every rank has started it (`live`: every rank not lost), the ranks
         waiting for it go on at its end, in rank order."""
         k, self.issued[rank] = self.issued[rank], self.issued[rank] + 1
-        c = self.collectives.setdefault(k, Collective(kind, live))
+        c = self.collectives.get(k)
+        if c is None:
+            c = self.collectives[k] = Collective(k, kind, live)
+            if live and self.told:  # its timeout: the ranks not come by then are left out
+                self.timers.push(start + 2 * self.timeout_s, (rank, c))
         if c.kind != kind or c.live != live:
             raise RunError(f"rank {rank}'s collective {k} is an {kind}, another rank's an {c.kind}")
         c.came.append((rank, buf, out, end))
+        c.starts[rank] = start
         if wait:
             self.await_(rank, c)
         self._maybe_finish(k, c)
@@ -751,21 +853,47 @@ class Simulator:
             if c.live:
                 self._maybe_finish(k, c)
 
-    def _maybe_finish(self, k: int, c: Collective) -> None:
+    def _maybe_finish(self, k: int, c: Collective, timed_out: bool = False) -> None:
+        """A collective every rank has come to ends (a live one: every rank not lost,
+        standing by or left out); with cluster.min_replicas, the ranks that came to a live
+        one past its timeout — or, `timed_out`, every one not come — are left out
+        (`_leave_out`)."""
         came = {r for r, *_ in c.came}
         gone = [r for r in self.lost if r not in came] if c.live else []
-        off = len(self.standby) + len(self.joining) if c.live else 0
-        if len(came) + len(gone) + off < self.size:
+        off = len(self.standby) + len(self.joining) + len(self.out - came) if c.live else 0
+        if len(came) + len(gone) + off < self.size and not timed_out:
             return
         del self.collectives[k]
-        done = c.finish(max((self.worlds[r].clock for r in gone), default=-math.inf))
+        lost_at = max((self.worlds[r].clock for r in gone), default=-math.inf)
+        if c.live and self.told:
+            lost_at = max(lost_at, self._leave_out(c, came, gone, timed_out))
+        done = c.finish(lost_at)
         for lost in sorted(r for r in gone if r not in self.replaced):  # spares take over
             self.replaced.add(lost)
-            if self.standby:
-                self.joining.append((self.standby.pop(0), lost))
+            spare = next((s for s in self.standby if s not in self.back), None)
+            if spare is not None:  # a rank back takes no other's place
+                self.standby.remove(spare)
+                self.joining.append((spare, lost))
         for r in sorted(c.waiters):
             del self.waiting[r]
             self.ready.push(max(self.worlds[r].clock, done), (r, None, None))
+
+    def _leave_out(self, c: Collective, came: set[int], gone: list[int], timed_out: bool):
+        """The real runtime's timeout in a live collective `c`: the ranks that came more than
+        2 × timeout_s after the first (a collective waits timeout_s for a silent rank, then
+        the regroup timeout_s more) — with `timed_out`, also every rank not come — are
+        left out, and the others' sum ends no sooner than that wait and their collective
+        again; when it ends (-inf when none is left out)."""
+        deadline = c.first() + 2 * self.timeout_s
+        late = {r for r in came if c.starts[r] > deadline}
+        if timed_out:
+            away = {*gone, *self.standby, *(s for s, _ in self.joining), *self.out}
+            late |= set(range(self.size)) - came - away
+        if not late:
+            return -math.inf
+        self.out |= late
+        c.came = [x for x in c.came if x[0] not in late]
+        return deadline + max(end - c.starts[r] for r, _, _, end in c.came)
 
     def _welcome(self) -> None:
         """Once every survivor has come to `welcome`: the chosen spares get its state (as
@@ -774,15 +902,22 @@ class Simulator:
         expected = [
             r for r in range(self.size)
             if r not in self.lost and r not in spares and r not in self.standby
-            and r not in self.results
+            and r not in self.results and r not in self.out
         ]  # fmt: skip
         if any(r not in self.welcomed for r in expected):
             return
         data = io.BytesIO()
         torch.save(self.welcomed[expected[0]], data)
         cost = self.worlds[0].network.allreduce_s(data.tell(), 0.0)
-        done = max(self.worlds[r].clock for r in expected) + cost
+        done = max(self.worlds[r].clock for r in [*expected, *spares]) + cost
         for spare, lost in self.joining:
+            self.back.discard(spare)
+            self.worlds[spare].linked = done  # and the survivors' checkpoint schedule:
+            self.worlds[spare].next_checkpoint = self.worlds[expected[0]].next_checkpoint
+            # what was on the way to or from it (a rank back) is gone with the old group
+            self.cut = {pair for pair in self.cut if spare not in pair}
+            for src, dst in [pair for pair in self.mail if spare in pair]:
+                del self.mail[(src, dst)]
             self.handoff[spare] = (lost, checkpoint.read(io.BytesIO(data.getvalue()), "welcome"))
             del self.waiting[spare]
             self.worlds[spare].clock = done

@@ -319,9 +319,22 @@ class World:
         (a picklable object, from the lowest survivor)."""
         raise NotImplementedError
 
+    def invite(self, vacant: list[int]) -> bool:
+        """Rank 0, before a round of live collectives: whether ranks stand by to fill the
+        `vacant` places (lost ranks whose workers no rank plays; a rank left out and back
+        takes its own, a spare the others); if so they are chosen, to join at the
+        `welcome` after the round in whose order rank 0 says so (`invited`)."""
+        return False
+
+    def invited(self) -> None:
+        """Every rank in the rounds, told by rank 0's order: the ranks it invited are
+        `joining`, to be welcomed after this round."""
+        raise NotImplementedError
+
     def stand_by(self) -> Op[tuple[int, Any] | None]:
-        """A spare (after `begin`): off the rounds until chosen to take a lost rank's place
-        — returns (that rank, the state `welcome` sent) — or until the run ends (None)."""
+        """A spare (after `begin`), or a rank left out and back (`LeftOut`): off the rounds
+        until chosen to take a lost rank's place — returns (that rank, the state `welcome`
+        sent) — or until the run ends (None)."""
         raise NotImplementedError
 
     def release_spares(self) -> None:

@@ -45,7 +45,7 @@ def test_each_request_is_named_as_a_rank_that_waits_forever_says():
     """`name` is what `_time_out`'s error shows: "rank r waits forever (<name>)"."""
     names = {
         type(r).__name__: r.name
-        for r in (sim.Begin(), sim.Sleep(), sim.Recv(0), sim.Listen(0.0), sim.StandBy(),
+        for r in (sim.Begin(), sim.Sleep(), sim.Recv(0, 0.0), sim.Listen(0.0), sim.StandBy(),
                   sim.Welcome(None), sim.Await())
     }  # fmt: skip
     assert names == {

@@ -7,8 +7,10 @@ header of one message, and all-reduces it with the gradient — in one message, 
 engine.bucket_mb in pieces as backward makes them (`Rounds`; P3: applied by layer in the
 next round's forward pass). Each replica then takes the mean gradient's step, and rank 0
 reports the round. The order rank 0 decides in a round travels in the next: that round is
-not applied (stop), or every rank saves its part of a checkpoint after it (save). A spare
-(a rank after the N replicas) stands by until it takes a lost replica's place.
+not applied (stop), or every rank saves its part of a checkpoint after it (save), and it
+may invite the ranks standing by into vacant places, to join after it (`Members.offer`). A
+spare (a rank after the N replicas), or a replica left out and back, stands by until it
+takes a lost replica's place.
 """
 
 from __future__ import annotations
@@ -61,10 +63,12 @@ class Replica(Role):
         self.t_last = self.world.now()  # the checkpoint's time
 
     def take_over(self, state: dict[str, Any]) -> bool:
-        """A spare (or a resumed run's rank that took no part) in a lost replica's place: θ
-        and the rule as the replicas left sent them; that replica's faults after it joins."""
+        """A spare, a replica back (or a resumed run's rank that took no part) in a lost
+        replica's place: θ and the rule as the replicas left sent them; that replica's
+        faults after it joins."""
         self.join(state)
-        worker, spare = state["progress"]["workers"][self.world.rank], self.stands_by
+        spare = self.stands_by or self.looping  # a spare, or a replica back: mid-run
+        worker = state["progress"]["workers"][self.world.rank]
         self.world.play(worker, self.world.now() if spare else 0.0,
                         state["progress"]["version"], spare)  # fmt: skip
         return True
@@ -146,13 +150,15 @@ class Replica(Role):
             self.close(closing, waited, float(closing[0, 0]))
         self.header[:] = 0.0
         self.stats[self.worker] = compute, loss, paused
-        self.order[0] = STOP if self.stop else SAVE if self.save else 0.0  # the others': 0
+        order = STOP if self.stop else SAVE if self.save else 0.0  # the others': 0
+        self.order[0] = order if self.p3 else self.members.offer(order)
         reduce_start = world.now()
         if overlap is not None:
             overlap.header_written()  # it completes the first piece
         if self.p3 and self.hooked:  # on a virtual clock: one all-reduce, the forward's wait
             return True
         yield from self.reduce(compute)
+        self.order[0] = self.members.heard(float(self.order[0]))
         if self.order[0] == STOP:  # rank 0 decided last round that this one is not applied
             return False
         if self.job.numerics:  # a cost-only run takes no update's arithmetic
@@ -187,12 +193,13 @@ class Replica(Role):
 
     def after_round(self) -> Op[None]:
         """Spares chosen by the round take the lost replicas' places; a checkpoint when
-        rank 0's order said so; rank 0 decides whether the next round's order is save."""
-        world = self.world
-        if world.joining:  # from the next round
+        rank 0's order said so (not after a round that welcomed spares, which would take no
+        part: it stays due); rank 0 decides whether the next round's order is save."""
+        world, welcomed = self.world, bool(self.world.joining)
+        if welcomed:  # from the next round
             self.members.take_in_spares()
             yield from world.welcome(self.state())
-        if self.order[0] == SAVE:  # every rank, at once
+        if self.order[0] == SAVE and not welcomed:  # every rank, at once
             yield from world.checkpoint(self.version, self.state(), world.now())
         self.save = (world.record is not None and not self.stop
                      and world.checkpoint_due(world.now()))  # fmt: skip

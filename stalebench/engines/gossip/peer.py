@@ -296,11 +296,12 @@ class Peer(Role):
         if record is not None:  # rank 0's order: stop, or a checkpoint after this meeting
             stop = spent(self.job.cfg.budget, version, t_enter)
             save = self.rule.delay == 0 and world.checkpoint_due(t_enter)
-            stats[-2] = STOP if stop else SAVE if save else 0.0
+            stats[-2] = self.members.offer(STOP if stop else SAVE if save else 0.0)
         live = yield from self.all_reduce(stats)
+        order = self.members.heard(float(stats[-2]))  # the ranks invited join after it
         self.members.left(version, live)  # every node learns who is lost; rank 0 logs them
         self.lost = set(range(n)) - set(live)
-        self.save, self.met_at = bool(stats[-2] == SAVE and stats[-1] == 0), t_enter
+        self.save, self.met_at = bool(order == SAVE and stats[-1] == 0), t_enter
         self.carried = [world.now() - t_enter, 0.0]  # waited for the others; the wire: free
         if record is not None:  # rank 0 counts every rank's bytes (the gossip's only)
             iterations = len(self.rows)  # since the last meeting
@@ -313,8 +314,9 @@ class Peer(Role):
             if stats[-1] > 0:
                 self.status = "diverged"
         self.first, self.rows = version, []
-        stop = bool(stats[-2] == STOP or stats[-1] > 0)
+        stop = bool(order == STOP or stats[-1] > 0)
         if world.joining:  # spares take the lost nodes' places from the next iteration
+            self.save = False  # they would take no part: it stays due
             yield from self.welcome(version, stop)
         return stop
 

@@ -93,6 +93,7 @@ class Member(Role):
         self.sent: dict[int, Sent] = {}  # by fragment
         self.compute, self.paused, self.losses = 0.0, 0.0, []  # since the last send
         self.step, self.merged_t = 0, 0.0  # inner steps taken; see merge
+        self.welcomed = False  # this step's merge welcomed ranks (no checkpoint after it)
 
     def start(self) -> None:
         self.world.play(self.worker)
@@ -233,7 +234,8 @@ class Member(Role):
                     handle = yield from reduce(payload, wait=False, nbytes=exchange.payload_bytes)
                 pending.append(handle)
             row.append(world.collectives_end())  # when its payload is through, as modelled
-            stats = torch.zeros(num_workers, STATS + 1, dtype=torch.float64)
+            row.append(self.members.offer(0.0))  # rank 0 may invite ranks standing by
+            stats = torch.zeros(num_workers, STATS + 2, dtype=torch.float64)
             stats[worker] = torch.tensor(row, dtype=torch.float64)
             pending.insert(0, (yield from reduce(stats, 0.0, wait=False)))
             self.sent[fragment] = Sent(payload, stats, delta, pending, waited, len(self.losses))
@@ -248,6 +250,7 @@ class Member(Role):
             blocked += yield from self.world.complete(handle)
         live = self.members.of(sent.pending[-1])  # the replicas the payload summed
         self.members.left(self.version + 1, live)
+        self.members.heard(float(sent.stats[:, STATS + 1].sum()))  # they join after it
         rows = sent.stats[live, :STATS]
         if self.job.numerics:  # a cost-only run takes no outer step's arithmetic
             before = theta[part].clone() if self.plan.keeps_progress else None
@@ -275,13 +278,16 @@ class Member(Role):
     def keeps_checkpoints(self, stop: bool) -> bool:
         """After a step's merges (engine.delay=0: nothing left in flight): whether every
         rank checkpoints here, decided from what all share — a checkpoint due by the
-        merged round's time, the run going on."""
-        return not stop and self.status == "completed" and self.world.checkpoint_due(self.merged_t)
+        merged round's time, the run going on, and no rank joining after this step (it would
+        take no part)."""
+        welcomed, self.welcomed = self.welcomed, False
+        due = self.world.checkpoint_due(self.merged_t)
+        return not stop and not welcomed and self.status == "completed" and due
 
     def welcome(self) -> Op[None]:
         """The replicas left hand θ, the outer rules and an inner optimizer to the spares
         chosen (rank 0 logs each `replaced`)."""
-        members = self.members
+        members, self.welcomed = self.members, True
         members.take_in_spares()
         yield from self.world.welcome({
             "theta": self.theta, "exs": self.exs, "x": self.replica.x,
