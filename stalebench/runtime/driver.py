@@ -5,7 +5,8 @@ An engine's `role(job, world)` builds what one rank plays (a replica, a server, 
 pipeline stage), off the clock; `drive` then runs its life in either runtime:
 
     world.begin(role.warm_up)    every rank starts the clock together
-    role.start() / load(part)    a fresh run's rank; a resumed run's, at its part of the
+    role.start() / load(part)    a fresh run's rank (the recording rank snapshots θ₀,
+                                 `role.evaluated()`); a resumed run's, at its part of the
       / take_over(state)         checkpoint set; a spare (or a resumed run's rank that
                                  took no part) stands by until the survivors hand it a
                                  lost worker's place
@@ -19,12 +20,13 @@ pipeline stage), off the clock; `drive` then runs its life in either runtime:
                                  the recording rank's `role.fail(exc)` says what it had
                                  (the replicas left, the workers to stop), another rank's
                                  error ends that rank, its peers hearing of its loss
-    record.finish(ending)        the recording rank's end event, evaluations and
-                                 summary.json; the other ranks end with nothing to report
+    record.finish(ending)        the recording rank's spares still standing by end; its end
+                                 event, evaluations and summary.json; the other ranks' endings
+                                 go unreported
 
-A role never writes the summary or catches every error: its `run` returns the recording
-rank's `Ending` (None elsewhere), and the faults of the worker it plays are the world's
-(`World.play`).
+A role never writes the summary, catches every error or releases the spares: its `run`
+returns its `Ending` (which the driver reports on the recording rank), and the faults of
+the worker it plays are the world's (`World.play`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class Ending:
 
 class Role:
     """What one rank plays. `run` is its life after the start (`Op`: taken with `yield
-    from`), returning the recording rank's `Ending`; `warm_up` a first step off the clock;
+    from`), returning its `Ending` (the driver reports the recording rank's; another rank
+    may return None); `warm_up` a first step off the clock; `evaluated` θ₀ to snapshot;
     where it starts — `start` (a fresh run), `load` (a resumed run's part of the
     checkpoint), `take_over` (a spare chosen, with the state the survivors handed) —; `fail`
     what the recording rank makes of an error that ended `run`."""
@@ -77,6 +80,11 @@ class Role:
 
     def start(self) -> None:
         """A fresh run, once the clock has started: nothing by default."""
+
+    def evaluated(self) -> torch.Tensor | None:
+        """θ as the run evaluates it (flat), which the recording rank snapshots at a fresh
+        run's start; None: the role snapshots its own."""
+        return None
 
     def load(self, part: Any) -> None:
         """A resumed run: this rank's part of the checkpoint set (`World.checkpoint`)."""
@@ -116,6 +124,7 @@ def drive(role: Role, world: World) -> Op[dict[str, Any] | None]:
             ending.status, ending.error = "failed", str(exc)
     if world.record is None or ending is None:
         return None
+    world.release_spares()
     return finish(world, ending)
 
 
@@ -130,6 +139,8 @@ def enter(role: Role, world: World) -> Op[bool]:
         return got is not None and role.take_over(got[1])
     else:
         role.start()
+        if world.record is not None and (theta := role.evaluated()) is not None:
+            world.record.snapshots.maybe(0.0, 0, theta)
     return True
 
 

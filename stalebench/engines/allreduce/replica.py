@@ -53,8 +53,9 @@ class Replica(Role):
     def start(self) -> None:
         """Round 0: θ₀ and the rule as built; worker `rank` plays."""
         self.world.play(self.world.rank)
-        if self.world.record is not None:
-            self.world.record.snapshots.maybe(0.0, 0, self.params)
+
+    def evaluated(self) -> Any:
+        return self.params
 
     def load(self, part: dict[str, Any]) -> None:
         """A resumed run's replica: θ, the rule and the rounds as its checkpoint saved them
@@ -101,10 +102,7 @@ class Replica(Role):
         return self.ending()
         yield  # unreachable: an op
 
-    def ending(self) -> Ending | None:
-        if self.world.record is None:
-            return None
-        self.world.release_spares()
+    def ending(self) -> Ending:
         return Ending(self.model, self.params, self.version, self.t_last, self.status,
                       bytes_sent=self.bytes_sent)  # fmt: skip
 

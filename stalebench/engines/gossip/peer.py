@@ -87,10 +87,11 @@ class Peer(Role):
         return gradient(self.net.model, self.net.params, (x, y), self.net.device)
 
     def start(self) -> None:
-        if self.world.record is not None:
-            self.world.record.snapshots.maybe(0.0, 0, self.z_mean)
         self.world.play(self.index)
         self.playing = self
+
+    def evaluated(self) -> torch.Tensor:
+        return self.z_mean  # z̄: θ₀ at the start
 
     def load(self, part: dict[str, Any]) -> None:
         """A resumed run: as the node this rank's part of the checkpoint says."""
@@ -135,12 +136,10 @@ class Peer(Role):
         yield from self.drain(k)
         return self.ending()
 
-    def ending(self) -> Ending | None:
-        if self.world.record is None:
-            return None
+    def ending(self) -> Ending:
         net = self.net
         for kept, mine in zip(net.buffers, self.node.buffers, strict=True):
-            kept.copy_(mine)  # rank 0's BatchNorm statistics, for the evaluation
+            kept.copy_(mine)  # its BatchNorm statistics (rank 0's, for the evaluation)
         return Ending(net.model, self.z_mean, self.first, self.t_end, self.status,
                       bytes_sent=self.nbytes)  # fmt: skip
 

@@ -97,8 +97,9 @@ class Member(Role):
 
     def start(self) -> None:
         self.world.play(self.worker)
-        if self.world.record is not None:
-            self.world.record.snapshots.maybe(0.0, 0, self.theta)
+
+    def evaluated(self) -> torch.Tensor:
+        return self.theta
 
     def load(self, part: dict[str, Any]) -> None:
         self.seat(part)
@@ -191,14 +192,10 @@ class Member(Role):
         return self.ending()
         yield  # unreachable: an op
 
-    def ending(self) -> Ending | None:
-        world = self.world
-        if world.record is None:
-            return None
-        world.release_spares()
+    def ending(self) -> Ending:
         for kept, last in zip(self.net.buffers, self.replica.buffers, strict=True):
-            kept.copy_(last)  # rank 0's BatchNorm statistics, for the evaluation
-        return Ending(self.net.model, self.theta, self.version, world.now(), self.status,
+            kept.copy_(last)  # its BatchNorm statistics (rank 0's, for the evaluation)
+        return Ending(self.net.model, self.theta, self.version, self.world.now(), self.status,
                       bytes_sent=self.nbytes)  # fmt: skip
 
     def send(self, fragments: list[int]) -> Op[None]:
