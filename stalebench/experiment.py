@@ -46,11 +46,16 @@ def engine_of(cfg: RunConfig) -> Engine:
 
 
 def check_device(cfg: RunConfig) -> None:
-    if cfg.device == "cuda":
-        import torch
+    """device=cuda is refused where torch sees no GPU; device=auto there says, in one line,
+    that the ranks compute on the CPU."""
+    import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+    if torch.cuda.is_available() or not numerics(cfg):
+        return
+    if cfg.device == "cuda":
+        raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+    if cfg.device == "auto":
+        log.warning("device=auto: no CUDA device here, every rank computes on the CPU")
 
 
 def prepare(cfg: RunConfig) -> Engine:

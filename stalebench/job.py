@@ -18,6 +18,7 @@ import platform
 import re
 from typing import TYPE_CHECKING, Any
 
+from stalebench import placement
 from stalebench.cluster import Profile
 from stalebench.config import RunConfig
 from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
@@ -58,6 +59,7 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "load_avg": list(os.getloadavg()),
             **environment(),
+            "accelerator": placement.accelerator(),  # the GPUs torch sees here, CUDA, cuDNN, NCCL
             "git": code_state(),  # the code that ran it
         },
     }
@@ -208,13 +210,9 @@ class Job:
 
         return torch.device("cpu" if self.numerics else "meta")
 
-    def device(self, worker: int) -> torch.device:
-        """Where `worker` computes: a GPU of this machine's when asked and present, else the
-        CPU; in a cost-only run the meta device, where nothing is computed."""
-        import torch
-
-        if not self.numerics:
-            return torch.device("meta")
-        if self.cfg.device != "cpu" and torch.cuda.is_available():
-            return torch.device("cuda", worker % torch.cuda.device_count())
-        return torch.device("cpu")
+    def device(self, rank: int) -> torch.device:
+        """Where the process of `rank` computes (`stalebench.placement`: a GPU of its host, by
+        its local rank, when asked and present, else the CPU; in a cost-only run the meta
+        device, where nothing is computed). A rank's program takes its world's (`World.device`)."""
+        index = placement.local_rank(rank)
+        return placement.device_of(self.cfg.device, self.numerics, index, placement.gpus())

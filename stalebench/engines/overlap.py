@@ -161,7 +161,7 @@ class Rounds:
             raise ValueError(f"a round's message of {msg.slots} slots for {layout.size}")
         self.buf = msg.buf  # the tail, then θ's gradient (the step's `out` where not hooked)
         self.params, self.rule, self.batches = params, rule, gradient_step.batches
-        self.device = job.device(world.rank)
+        self.device = world.device
         self.in_place = params.data_ptr() == net_params[0].data_ptr()  # views of θ: no copies
         self.round, self.step_s = 0, 0.0  # the round being computed, its modelled step time
         self.mark = 0.0  # seconds waited for pieces before the round began

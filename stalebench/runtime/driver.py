@@ -161,8 +161,10 @@ def rounds(role: Role, world: World) -> Op[Ending | None]:
 
 
 def finish(world: World, ending: Ending) -> dict[str, Any]:
-    """The recording rank's end of the run: `ending` evaluated and written."""
+    """The recording rank's end of the run: `ending` evaluated and written, with each rank's
+    host and device."""
     record = world.record
+    record.ranks = world.placed()
     if ending.params is None:  # nothing to evaluate: the end event and summary.json
         return record.fail(ending.t, ending.version, ending.error or ending.status)
     return record.finish(

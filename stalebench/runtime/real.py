@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import queue
 import threading
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stalebench import placement
 from stalebench.errors import RunError
 from stalebench.metrics.events import EventLog
 from stalebench.runtime.faults import Faults, Shaped, Waits, WorkerDied, pad_to
@@ -56,8 +58,11 @@ class RealWorld(World):
         spares: int = 0,
         every_s: float = 0.0,
         links_dir: Path | None = None,
+        device: torch.device | None = None,
     ):
         self.rank, self.size, self.profile, self.record = rank, size, profile, record
+        self.device = device if device is not None else torch.device("cpu")
+        placement.use(self.device)  # once, as DDP's set_device
         self.transport, self.timeout_s = transport, timeout_s
         active = size - spares
         self.network = Network(profile.cfg, _topology(profile.cfg, size, links_dir))
@@ -184,6 +189,9 @@ class RealWorld(World):
             self.rank,
             gc.get_freeze_count(),
         )
+        if self.store is not None:  # where it computes, for rank 0's summary.json
+            here = placement.placed(self.rank, self.device)
+            self.store.set(f"placed/{self.rank}", json.dumps(here))
         self._warm()
         start = torch.zeros(3 + 2 * self.size, dtype=torch.float64)
         if self.rank == 0:
@@ -199,6 +207,12 @@ class RealWorld(World):
         if version >= 0 and self.quorum is not None:
             self.quorum.resume(ranks)  # those that wrote no part stand by
         self.t0 = time.perf_counter() - at
+
+    def placed(self) -> list[dict[str, Any]]:
+        if self.store is None:
+            return super().placed()
+        keys = [f"placed/{r}" for r in range(self.size)]  # each set before the start
+        return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
 
     def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "world.play(worker) before its first step"

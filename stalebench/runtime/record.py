@@ -35,6 +35,7 @@ class RunRecord:
         # time goes to summary.json only
         self.virtual_time = False
         self.timing: Callable[[], dict[str, Any]] = dict
+        self.ranks: list[dict[str, Any]] | None = None  # each rank's host and device, once known
         hold_room(self.run_dir)  # for summary.json, should the disk fill up
         load_writers()  # a signal while the run ends must not land in their first import
         # a cost-only run's events without what needs values (the losses), whatever emits them
@@ -116,6 +117,8 @@ class RunRecord:
         cfg = self.job.cfg
         self.events.close()
         extra = {**self.job.sharding_fields, **(summary_extra or {})}
+        if self.ranks is not None:  # each rank's host and device (`World.placed`)
+            extra["ranks"] = self.ranks
         return finalize(
             self.run_dir, self.job.meta, status, error, cfg.budget.target_accuracy, extra
         )

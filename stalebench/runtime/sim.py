@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from stalebench import placement
 from stalebench.errors import RunError
 from stalebench.job import Job
 from stalebench.metrics.summary import stop
@@ -199,6 +200,7 @@ class SimWorld(World):
     def __init__(self, sim: Simulator, rank: int, record: RunRecord | None):
         self.sim, self.rank, self.size = sim, rank, sim.size
         self.profile, self.record = sim.job.profile, record
+        self.device = sim.device  # one process: every rank computes where the model is
         self.network = Network(self.profile.cfg, sim.topology)
         self.overhead_s = self.profile.cfg.overhead_ms / 1000
         self.stall_s = self.profile.cfg.stall_ms / 1000
@@ -385,6 +387,9 @@ class SimWorld(World):
 
     def invited(self) -> None:
         self.sim.invited()
+
+    def placed(self) -> list[dict[str, Any]]:
+        return [placement.placed(r, self.device) for r in range(self.size)]
 
     def release_spares(self) -> None:
         sim = self.sim  # those chosen as the run stopped are never welcomed: they end too
@@ -609,6 +614,7 @@ class Simulator:
         resume = checkpoint.load(run_dir, job.meta["config_sha"]) if job.cfg.resume else None
         self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume)
         self.record.virtual_time = True
+        self.device = job.device(0)  # this process's, where the ranks' shared model is
         self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
         self.topology.calendars = Calendars.local(self.topology.links, size)
         cluster = job.profile.cfg

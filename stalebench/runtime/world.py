@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from stalebench import placement
 from stalebench.errors import RunError
 from stalebench.runtime import checkpoint
 from stalebench.runtime.faults import Faults
@@ -97,6 +98,9 @@ class World:
     # costs its receiver the pull time, one from a peer only its downlink's queue
     hubs: frozenset[int] = frozenset()
     network: Network  # what messages and collectives cost (`runtime.network`)
+    # where this rank computes (`stalebench.placement`): its host's GPU of its local rank, the
+    # CPU, or the meta device in a cost-only run
+    device: torch.device
     # seconds this rank's messages and collectives took on the wire so far, as modelled:
     # its sends' push time, its receives' pull time, its collectives' time (not what it
     # waited for the others); an engine reports communication from it
@@ -105,6 +109,10 @@ class World:
     def now(self) -> float:
         """Run time: seconds since every rank started (real or virtual)."""
         raise NotImplementedError
+
+    def placed(self) -> list[dict[str, Any]]:
+        """Rank 0, at the end: each rank's host and device (summary.json's `ranks`)."""
+        return [placement.placed(self.rank, self.device)]
 
     def play(self, worker: int, since: float = 0.0, step: int = 0, replaced: bool = False):
         """This rank plays `worker` from run time `since` and the worker's step `step` on

@@ -37,7 +37,7 @@ class Replica(Role):
 
     def __init__(self, job: Job, world: World):
         self.job, self.world, self.n = job, world, job.num_workers
-        self.device = job.device(world.rank)
+        self.device = world.device
         self.model, self.params, self.rule, self.net, self.net_params = build_replica(
             job, self.device
         )
@@ -214,7 +214,7 @@ class Replica(Role):
 def worker_of(job: Job, world: World, net, params, worker: int, version: int, out):
     """`worker`'s step (the gradient at θ into `out`, its loss the result; on the CPU the
     net's parameters are views of θ: no copy), from round `version` on."""
-    device, profile = job.device(world.rank), job.profile
+    device, profile = world.device, job.profile
     batches = job.batches(worker)
     catch_up(profile, worker, batches, version)
     own = Net(job, device, net, params if device.type == "cpu" else None)

@@ -58,7 +58,7 @@ class Peer(Role):
         # the node it plays (a spare: a lost one; a checkpoint's "me")
         self.index = world.rank if index is None else index
         self.n, self.rule = job.num_workers, world.shared("mixing", lambda: mixing(job))
-        self.net = world.shared("net", lambda: Net(job, job.device(world.rank)))
+        self.net = world.shared("net", lambda: Net(job, world.device))
         # false: a cost-only run (sim.numerics=false), whose x, w and messages have no values
         self.values = job.numerics
         flat = self.net.flat.detach()

@@ -63,7 +63,7 @@ class Member(Role):
         engine, rank = job.cfg.engine, world.rank
         self.job, self.world, self.rank, self.engine = job, world, rank, engine
         self.num_workers = job.num_workers
-        self.net = world.shared("net", lambda: Net(job, job.device(rank)))
+        self.net = world.shared("net", lambda: Net(job, world.device))
         self.stands_by = rank >= self.num_workers  # a spare (cluster.spares)
         self.looping = False  # in the rounds: an error there fails the run
         if not self.stands_by:

@@ -181,7 +181,7 @@ class Worker(Role):
 
     def __init__(self, job: Job, world: World):
         self.job, self.world, self.worker = job, world, world.rank - 1
-        self.net = net = world.shared("net", lambda: Net(job, job.device(self.worker)))
+        self.net = net = world.shared("net", lambda: Net(job, world.device))
         num_params = net.flat.numel()
         self.replica = Replica(job, self.worker, net.flat.detach().to(job.host), net)
         self.wire = wire_of(job, net)

@@ -52,7 +52,7 @@ class StageProgram(Role):
         self.pipe, self.per_step = pipe, pipe.per_step  # microbatches per step
         self.model, self.modules, shape = world.shared("stages", lambda: build_stages(job))
         self.shape, self.size = shape, HEADER + math.prod(shape)
-        module, device = self.modules[self.rank], job.device(self.rank)
+        module, device = self.modules[self.rank], world.device
         self.numerics = job.numerics  # false: cost-only, every message its header alone
         self.stage = Stage(self.rank, module, pipe, cfg.algorithm.optimizer, device,
                            self.numerics)  # fmt: skip

@@ -210,7 +210,7 @@ class Worker(Role):
         # the model a process's workers compute on (in the simulator, all of them), and the
         # buffer replies arrive in (a header, then the θ its step reads in place: the next
         # reply comes only once the server has read the push)
-        self.net = net = world.shared("net", lambda: Net(job, job.device(rank - 1)))
+        self.net = net = world.shared("net", lambda: Net(job, world.device))
         num_params = net.flat.numel()
         size = HEADER + num_params
         self.inbox = world.mailbox(0, rank, size, HEADER)
