@@ -45,7 +45,8 @@ def test_the_device_of_a_local_rank(asked, numerics, index, gpus, device):
 
 def test_a_job_places_a_rank_by_the_launchers_local_rank(monkeypatch):
     # torchrun's rank 6 on its host's second process, of a host with 4 GPUs: cuda:1
-    job = Job.build(compose(fast_with(["runtime=real", "device=auto", "budget.max_updates=5"])), 2, False)
+    cfg = compose(fast_with(["runtime=real", "device=auto", "budget.max_updates=5"]))
+    job = Job.build(cfg, 2, False)
     monkeypatch.setattr(placement, "gpus", lambda: 4)
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert job.device(6) == torch.device("cuda", 1)
