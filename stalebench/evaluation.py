@@ -1,12 +1,20 @@
 """Evaluation off the critical path: the server only copies θ at a fixed cadence; the
 snapshots are evaluated after training, and each result is reported at the wall time the
-snapshot was taken, so evaluation never costs the run any of its clock."""
+snapshot was taken, so evaluation never costs the run any of its clock.
+
+Memory holds a few snapshots whatever the run's length: past the last `KEEP`, each is
+written behind to a file of the run directory (`Spill`, by a thread: the copy was the
+run's cost, the write is not) and read back one at a time when evaluated."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+import queue
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stalebench.config import EvalConfig
 
@@ -21,11 +29,105 @@ if TYPE_CHECKING:
 TIME_DIGITS = 6
 
 
+KEEP = 4  # the snapshots' copies of θ held in memory: the latest; the others are spilled
+SPILL = "snapshots.spill"  # in the run directory, while the run lasts
+
+
+@dataclasses.dataclass(eq=False)
+class Stored:
+    """A copy of θ spilled (`Spill`): where it lies in the file, and the copy itself until
+    the writer has written it."""
+
+    spill: Spill
+    offset: int
+    numel: int
+    dtype: Any
+    pending: torch.Tensor | None
+
+    def load(self) -> torch.Tensor:
+        return self.spill.load(self)
+
+
 @dataclasses.dataclass
 class Snapshot:
     t: float
     version: int
-    params: torch.Tensor
+    params: torch.Tensor | Stored
+
+    def tensor(self) -> torch.Tensor:
+        """θ of the snapshot, read back if it was spilled."""
+        return self.params.load() if isinstance(self.params, Stored) else self.params
+
+
+class Spill:
+    """Copies of θ appended to a file (`path`) by a writer thread; `load` reads one back.
+    A write error (a full disk) is raised by the next `put` or `close`."""
+
+    def __init__(self, path: Path):
+        self.path, self.end, self.made = Path(path), 0, False
+        self.queue: queue.Queue[Stored | None] = queue.Queue()
+        self.error: OSError | None = None
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def put(self, params: torch.Tensor) -> Stored:
+        if self.error is not None:
+            raise self.error
+        if not self.made:  # the file, at the first copy spilled
+            self.path.write_bytes(b"")
+            self.made = True
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._write, name="spill", daemon=True)
+            self.thread.start()
+        size = params.numel() * params.element_size()
+        stored = Stored(self, self.end, params.numel(), params.dtype, params)
+        self.end += size
+        self.queue.put(stored)
+        return stored
+
+    def _write(self) -> None:
+        with open(self.path, "r+b") as f:
+            while (stored := self.queue.get()) is not None:
+                try:
+                    f.seek(stored.offset)
+                    f.write(stored.pending.numpy().tobytes())
+                    f.flush()
+                except OSError as exc:
+                    self.error = self.error or exc
+                with self.lock:
+                    stored.pending = None
+
+    def load(self, stored: Stored) -> torch.Tensor:
+        import torch
+
+        with self.lock:
+            if stored.pending is not None:  # not written yet: still here
+                return stored.pending
+        if self.error is not None:
+            raise self.error
+        size = stored.numel * torch.empty(0, dtype=stored.dtype).element_size()
+        with open(self.path, "rb") as f:
+            f.seek(stored.offset)
+            data = bytearray(f.read(size))
+        return torch.frombuffer(data, dtype=stored.dtype)
+
+    def flush(self) -> None:
+        """Wait until every copy put is written."""
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """The run is evaluated (or has failed): the file goes."""
+        try:
+            self.flush()
+        finally:
+            if self.made:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
 
 
 class Snapshots:
@@ -46,8 +148,9 @@ class Snapshots:
     (long BSP or DiLoCo rounds) is thus read at the same times as one that changes at every
     step, and a target reached between two grid times counts at the later one for both."""
 
-    def __init__(self, cfg: EvalConfig, on_grid: bool = False):
-        self.cfg = cfg
+    def __init__(self, cfg: EvalConfig, on_grid: bool = False, spill: Spill | None = None):
+        self.cfg, self.spill = cfg, spill  # spill: where copies past the latest KEEP go
+        self.in_memory = 0  # of `taken`, from here on the copies are in memory
         self.on_grid = on_grid and cfg.every_s > 0
         self.taken: list[Snapshot] = []
         self.next_version = 0
@@ -117,7 +220,28 @@ class Snapshots:
         self.taken.append(Snapshot(t, version, params))
         self.next_version = version + max(self.cfg.every_updates, 1)
         self.next_t = t + self.cfg.every_s
+        self.keep_few()
         return True
+
+    def keep_few(self) -> None:
+        """Spill the copies of θ past the latest KEEP distinct ones in memory; snapshots that
+        share a copy (grid times no update separates) share its place in the file, and are
+        evaluated once."""
+        taken, distinct, i = self.taken, 0, len(self.taken)
+        while self.spill is not None and i > self.in_memory:
+            i -= 1
+            if i == len(taken) - 1 or taken[i].params is not taken[i + 1].params:
+                distinct += 1
+            if distinct > KEEP:
+                break
+        else:
+            return
+        last: tuple[Any, Stored] | None = None  # the copy spilled last, and where it went
+        for snap in taken[self.in_memory : i + 1]:
+            if last is None or last[0] is not snap.params:
+                last = (snap.params, self.spill.put(snap.params))
+            snap.params = last[1]
+        self.in_memory = i + 1
 
 
 def objective(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -216,10 +340,10 @@ def evaluate_snapshots(
     shared, results = None, []  # snapshots sharing one copy of θ (grid times): evaluated once
     for snap in snapshots:
         if snap.params is not shared:
-            shared = snap.params
+            shared, params = snap.params, snap.tensor()  # a spilled copy: read back
             if cfg.train_samples:
-                recalibrate_batch_norm(model, snap.params, sets[1][1], cfg.batch_size)
-            results = [(s, *evaluate(model, snap.params, x, y, cfg.batch_size)) for s, x, y in sets]
+                recalibrate_batch_norm(model, params, sets[1][1], cfg.batch_size)
+            results = [(s, *evaluate(model, params, x, y, cfg.batch_size)) for s, x, y in sets]
         for split, loss, acc in results:
             extra = {"perplexity": math.exp(min(loss, 700.0))} if sequences else {}
             emit(

@@ -30,6 +30,7 @@ from stalebench.errors import (
     last_line,
     with_traceback,
 )
+from stalebench.evaluation import SPILL
 from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
@@ -230,7 +231,7 @@ def _available_mb() -> int | None:
 
 PREVIOUS = "previous"  # where resume=true moves a run it does not go on from
 RUN_FILES = ("events.jsonl", "summary.json", "metrics.parquet", "model.pt", "logs", "checkpoint",
-             "events-after-end.jsonl")  # fmt: skip
+             "events-after-end.jsonl", SPILL)  # fmt: skip
 
 
 def claim_run_dir(cfg: RunConfig, keep: bool = True) -> dict[str, Any] | None:

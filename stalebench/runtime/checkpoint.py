@@ -196,7 +196,8 @@ class Checkpoints:
         self.events.flush()
         for i in range(self.saved_snapshots, len(self.snapshots.taken)):
             snap = self.snapshots.taken[i]
-            write(vars(snap), self.dir / f"snap-{i:05d}.pt")
+            saved = {"t": snap.t, "version": snap.version, "params": snap.tensor()}
+            write(saved, self.dir / f"snap-{i:05d}.pt")
         self.saved_snapshots = len(self.snapshots.taken)
         record = {
             "config_sha": self.sha,  # a resume with another config starts over

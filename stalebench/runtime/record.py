@@ -13,7 +13,7 @@ from torch.nn.utils import vector_to_parameters
 
 from stalebench.config import BudgetConfig
 from stalebench.errors import RunError
-from stalebench.evaluation import Snapshots, evaluate_snapshots, objective
+from stalebench.evaluation import SPILL, Snapshots, Spill, evaluate_snapshots, objective
 from stalebench.job import Job
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.summary import finalize, hold_room, load_writers
@@ -40,7 +40,8 @@ class RunRecord:
         load_writers()  # a signal while the run ends must not land in their first import
         # a cost-only run's events without what needs values (the losses), whatever emits them
         self.events = EventLog(self.run_dir / "events.jsonl", flush_s, values=job.numerics)
-        self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim")
+        self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim",
+                                   spill=Spill(self.run_dir / SPILL))  # fmt: skip
         self.checkpoints = Checkpoints(
             self.run_dir, self.events, self.snapshots, job.meta["config_sha"]
         )
@@ -116,6 +117,8 @@ class RunRecord:
     def _close(self, status: str, error: str | None, summary_extra=None) -> dict[str, Any]:
         cfg = self.job.cfg
         self.events.close()
+        if self.snapshots.spill is not None:
+            self.snapshots.spill.close()  # evaluated, or never to be
         extra = {**self.job.sharding_fields, **(summary_extra or {})}
         if self.ranks is not None:  # each rank's host and device (`World.placed`)
             extra["ranks"] = self.ranks
