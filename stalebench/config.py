@@ -194,6 +194,11 @@ class RunConfig:
     # how the run trains: ps (a server and N workers), allreduce (N replicas), pipeline...
     engine: EngineConfig = MISSING
     device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)
+    # the arithmetic of the workers' real compute (`stalebench.precision`): fp32, tf32
+    # (CUDA's matmuls and convolutions), bf16 (autocast); fp16 is refused (no loss scaling
+    # yet). The simulator's modelled step time has its own, cluster.precision
+    precision: str = "fp32"
+    deterministic: bool = False  # torch's (and cuDNN's) deterministic algorithms
     seed: int = 0
     num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
     timeout_s: float = 60.0  # longest silence tolerated from any peer before the run fails
@@ -228,6 +233,13 @@ class RunConfig:
             raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.precision not in ("fp32", "tf32", "bf16", "fp16"):
+            raise ConfigError(f"precision must be fp32, tf32, bf16 or fp16, got {self.precision!r}")
+        if self.precision == "fp16":
+            raise ConfigError(
+                "precision=fp16: float16 needs loss scaling (a GradScaler), which stalebench "
+                "does not build yet; use precision=bf16"
+            )
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:

@@ -18,7 +18,7 @@ import platform
 import re
 from typing import TYPE_CHECKING, Any
 
-from stalebench import placement
+from stalebench import placement, precision
 from stalebench.cluster import Profile
 from stalebench.config import RunConfig
 from stalebench.data import DATASETS, Dataset, Splits, resolve_sharding, shard_batches
@@ -53,6 +53,8 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         "seed": cfg.seed,
         "config_sha": config_sha(cfg),
         **({"compute": compute} if compute else {}),
+        # the real compute's arithmetic (`precision`), recorded in summary.json only
+        "arithmetic": {"precision": cfg.precision, "deterministic": cfg.deterministic},
         **({} if numerics(cfg) else {"numerics": False}),  # a cost-only run says so
         "host": {
             "machine": platform.machine(),
@@ -148,6 +150,8 @@ class Job:
 
     @classmethod
     def build(cls, cfg: RunConfig, num_workers: int | None = None, one_stream: bool = False):
+        """The job of a process that computes: its arithmetic set first (`precision`)."""
+        precision.configure(cfg.precision, cfg.deterministic)
         n = cfg.cluster.num_workers if num_workers is None else num_workers
         return cls(cfg, load_splits(cfg), Profile(cfg.cluster, cfg.seed), n, one_stream)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from stalebench import precision
 from stalebench.job import Job
 from stalebench.runtime.record import Into, gradient
 
@@ -119,8 +120,9 @@ class Net:
                 views = (t.view(s) for t, s in zip(theta.split(sizes), shapes, strict=True))
                 params = dict(zip(names, views, strict=True))
                 named = dict(zip(buffer_names, buffers, strict=True))
-                out = functional_call(model, (params, named), (x,))
-                return objective(out, y)
+                with precision.autocast(x.device):  # as one gradient at a time computes it
+                    out = functional_call(model, (params, named), (x,))
+                    return objective(out, y)
 
             self._vmapped = vmap(grad_and_value(loss))
         return self._vmapped

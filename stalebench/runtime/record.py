@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.nn.utils import vector_to_parameters
 
+from stalebench import precision
 from stalebench.config import BudgetConfig
 from stalebench.errors import RunError
 from stalebench.evaluation import SPILL, Snapshots, Spill, evaluate_snapshots, objective
@@ -51,7 +52,8 @@ class RunRecord:
             return
         # the host's load and the config's fingerprint go to summary.json only: events stay
         # a function of config and seed (byte-identical in the sim runtime)
-        labels = {k: v for k, v in job.meta.items() if k not in ("host", "config_sha")}
+        labels = {k: v for k, v in job.meta.items()
+                  if k not in ("host", "config_sha", "arithmetic")}  # fmt: skip
         self.events.emit("system", 0.0, event="start", **job.sharding_fields, **labels)
 
     def worker_lost(self, t: float, lost: WorkerLost, gone: int) -> None:
@@ -191,7 +193,8 @@ def gradient(
     x, y = batch
     if device.type != "cpu":  # the data is on the CPU
         x, y = x.to(device), y.to(device)
-    loss = objective(model(x), y)
+    with precision.autocast(device):  # precision=bf16: the forward pass in bfloat16
+        loss = objective(model(x), y)
     grads = torch.autograd.grad(loss, params)
     if isinstance(out, Into):
         torch._foreach_copy_(out.views, grads)  # what torch.optim's foreach paths use
