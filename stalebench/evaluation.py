@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import queue
 import threading
@@ -89,7 +90,9 @@ def trim() -> None:
 
 class Spill:
     """Copies of θ appended to a file (`path`) by a writer thread; `load` reads one back.
-    A write error (a full disk) is raised by the next `put` or `close`."""
+    After a write error (a full disk, a file size limit) the copies stay in memory, as
+    without a spill, and the run goes on (its log says why once): what it writes itself
+    then fails as it would have."""
 
     def __init__(self, path: Path):
         self.path, self.end, self.made, self.written = Path(path), 0, False, 0
@@ -99,11 +102,14 @@ class Spill:
         self.lock = threading.Lock()
 
     def put(self, params: torch.Tensor) -> Stored:
-        if self.error is not None:
-            raise self.error
-        if not self.made:  # the file, at the first copy spilled
-            self.path.write_bytes(b"")
+        if not self.made and self.error is None:  # the file, at the first copy spilled
+            try:
+                self.path.write_bytes(b"")
+            except OSError as exc:
+                self.failed(exc)
             self.made = True
+        if self.error is not None:  # kept in memory
+            return Stored(self, -1, params.numel(), params.dtype, params)
         if self.thread is None:
             self.thread = threading.Thread(target=self._write, name="spill", daemon=True)
             self.thread.start()
@@ -114,30 +120,42 @@ class Spill:
         return stored
 
     def _write(self) -> None:
+        """The writer thread: each copy to its place, then freed. After an error (a full
+        disk) the copies stay in memory, and the next `put` or `close` raises it."""
         import torch
 
-        with open(self.path, "r+b") as f:
-            while (stored := self.queue.get()) is not None:
+        f = None
+        while (stored := self.queue.get()) is not None:
+            if self.error is None:
                 try:
+                    f = f or open(self.path, "r+b")  # noqa: SIM115 (closed below)
                     f.seek(stored.offset)
-                    f.write(stored.pending.view(-1).view(torch.uint8).numpy())  # no copy
+                    f.write(stored.pending.cpu().view(-1).view(torch.uint8).numpy())
                     f.flush()
-                except OSError as exc:
-                    self.error = self.error or exc
-                with self.lock:
-                    stored.pending = None  # the copy is freed
-                self.written += 1
-                if self.written % (KEEP + PENDING) == 0:  # a trim costs ~25 ms on 16 MB copies
-                    trim()
+                except Exception as exc:  # an OSError; any other would hang `put`
+                    self.failed(exc)
+            if self.error is not None:
+                continue
+            with self.lock:
+                stored.pending = None  # the copy is freed
+            self.written += 1
+            if self.written % (KEEP + PENDING) == 0:  # a trim costs ~25 ms on 16 MB copies
+                trim()
+        if f is not None:
+            f.close()
+
+    def failed(self, exc: Exception) -> None:
+        self.error = exc
+        logging.getLogger("stalebench").warning(
+            "%s: %s: the snapshots stay in memory from here", self.path, exc
+        )
 
     def load(self, stored: Stored) -> torch.Tensor:
         import torch
 
         with self.lock:
-            if stored.pending is not None:  # not written yet: still here
+            if stored.pending is not None:  # not written yet (or not at all): still here
                 return stored.pending
-        if self.error is not None:
-            raise self.error
         params = torch.empty(stored.numel, dtype=stored.dtype)
         with open(self.path, "rb") as f:
             f.seek(stored.offset)
@@ -145,22 +163,18 @@ class Spill:
         return params
 
     def flush(self) -> None:
-        """Wait until every copy put is written."""
+        """Wait until every copy put is written (or kept, after an error)."""
         if self.thread is not None:
             self.queue.put(None)
             self.thread.join()
             self.thread = None
-        if self.error is not None:
-            raise self.error
 
     def close(self) -> None:
         """The run is evaluated (or has failed): the file goes."""
-        try:
-            self.flush()
-        finally:
-            if self.made:
-                with contextlib.suppress(OSError):
-                    self.path.unlink()
+        self.flush()
+        if self.made:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
 
 class Snapshots:
@@ -271,6 +285,8 @@ class Snapshots:
             return
         last: tuple[Any, Stored] | None = None  # the copy spilled last, and where it went
         for snap in taken[self.in_memory : i + 1]:
+            if snap.params.is_meta:  # a cost-only run's: no values, no memory
+                continue
             if last is None or last[0] is not snap.params:
                 last = (snap.params, self.spill.put(snap.params))
             snap.params = last[1]

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,16 +48,21 @@ def engine_of(cfg: RunConfig) -> Engine:
 
 
 def check_device(cfg: RunConfig) -> None:
-    """device=cuda is refused where torch sees no GPU; device=auto there says, in one line,
-    that the ranks compute on the CPU."""
+    """device=cuda is refused where torch sees no GPU."""
     import torch
 
-    if torch.cuda.is_available() or not numerics(cfg):
-        return
-    if cfg.device == "cuda":
+    if cfg.device == "cuda" and numerics(cfg) and not torch.cuda.is_available():
         raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
-    if cfg.device == "auto":
-        log.warning("device=auto: no CUDA device here, every rank computes on the CPU")
+
+
+def say_device(cfg: RunConfig) -> None:
+    """device=auto where torch sees no GPU: one line on stderr, as the run starts (stdout's
+    lines are the run's; a refusal before it is the only line)."""
+    import torch
+
+    if cfg.device == "auto" and numerics(cfg) and not torch.cuda.is_available():
+        print("stalebench: device=auto: no CUDA device here, every rank computes on the CPU",
+              file=sys.stderr)  # fmt: skip
 
 
 def prepare(cfg: RunConfig) -> Engine:
@@ -320,6 +326,7 @@ def launch(cfg: RunConfig, engine: Engine | None = None) -> dict[str, Any]:
     if not cfg.run_dir:
         raise ConfigError("run_dir is empty: the CLI sets it from Hydra's output directory")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    say_device(cfg)
     with recording_interrupts(cfg, engine.num_workers):
         if cfg.runtime == "sim":
             from stalebench.runtime import sim

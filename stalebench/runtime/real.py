@@ -75,6 +75,7 @@ class RealWorld(World):
             self.quorum = Quorum(store, rank, size, timeout_s, active)
             self.rounds = Rounds(self.quorum, transport, self.net.all_reduce_start)
         self.store, self.steps, self.overran, self.told_at = store, 0, 0, 0.0
+        self._placed: list[dict[str, Any]] = []  # rank 0: each rank's host and device
         # a hub's handling of the messages it took: from taking one to asking for the next
         self.handled, self.handling_s, self.took_at = 0, 0.0, None
         # and the CPU its process spent (every thread: receiving, handling, replying) from
@@ -193,6 +194,9 @@ class RealWorld(World):
             here = placement.placed(self.rank, self.device)
             self.store.set(f"placed/{self.rank}", json.dumps(here))
         self._warm()
+        if self.rank == 0 and self.store is not None:  # each set before its warm key
+            keys = [f"placed/{r}" for r in range(self.size)]
+            self._placed = [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
         start = torch.zeros(3 + 2 * self.size, dtype=torch.float64)
         if self.rank == 0:
             at, version, due, ranks = self._start_of()
@@ -209,10 +213,7 @@ class RealWorld(World):
         self.t0 = time.perf_counter() - at
 
     def placed(self) -> list[dict[str, Any]]:
-        if self.store is None:
-            return super().placed()
-        keys = [f"placed/{r}" for r in range(self.size)]  # each set before the start
-        return [json.loads(self.store.get(k)) for k in keys if self.store.check([k])]
+        return self._placed or super().placed()  # read at the start (`begin`)
 
     def strike(self, on_pause: Pause | None = None) -> float:
         assert self.faults is not None, "world.play(worker) before its first step"

@@ -92,6 +92,8 @@ def test_a_cost_only_run_is_the_run_with_values_less_its_values(tmp_path, case):
     assert s["numerics"] is False and not set(NUMERIC_KEYS) & set(s)
     same = set(n) - set(NUMERIC_KEYS) - {"host", "config_sha", "sim_loop_s", "chance_accuracy"}
     same -= {"consensus_final"}  # gossip's distances between the nodes: values
+    same -= {"ranks"}  # where each rank computed: a cost-only run's on the meta device
+    assert {r["device"] for r in s["ranks"]} == {"meta"}
     assert {k: s.get(k) for k in same} == {k: n[k] for k in same}
     assert s["updates"] >= 10 and s["bytes_sent"] > 0  # rounds (local: of H inner steps)
     lost = LOSS[0] in CASES[case] or case == "ps-a-worker-lost"

@@ -6,7 +6,6 @@ a GPU says so in one line."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
@@ -70,11 +69,11 @@ def test_summary_names_each_ranks_host_and_device_and_the_accelerator(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
-def test_device_auto_without_a_gpu_says_so_in_one_line(caplog):
-    caplog.set_level(logging.WARNING, logger="stalebench")
-    experiment.prepare(compose(fast_with(["runtime=sim", "device=auto", "budget.max_updates=5"])))
-    said = [r.getMessage() for r in caplog.records if "device=auto" in r.getMessage()]
-    assert said == ["device=auto: no CUDA device here, every rank computes on the CPU"]
-    caplog.clear()
-    experiment.prepare(compose(fast_with(["runtime=sim", "device=cpu", "budget.max_updates=5"])))
-    assert not [r for r in caplog.records if "device=" in r.getMessage()]
+def test_device_auto_without_a_gpu_says_so_in_one_line(capsys):
+    auto = ["runtime=sim", "device=auto", "budget.max_updates=5"]
+    experiment.say_device(compose(fast_with(auto)))
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["stalebench: device=auto: no CUDA device here, every rank computes on the CPU"]
+    for quiet in (["device=cpu"], ["device=auto", "sim.numerics=false"]):
+        experiment.say_device(compose(fast_with(["runtime=sim", "budget.max_updates=5", *quiet])))
+        assert capsys.readouterr().err == ""
