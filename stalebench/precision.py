@@ -38,7 +38,8 @@ def configure(precision: str, deterministic: bool) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
     if deterministic:  # cuBLAS's deterministic workspace, read when CUDA starts
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the call imports
+        torch.use_deterministic_algorithms(deterministic)  # torch._dynamo: 1 s, once asked
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
 
