@@ -97,7 +97,7 @@ class Spill:
     def __init__(self, path: Path):
         self.path, self.end, self.made, self.written = Path(path), 0, False, 0
         self.queue: queue.Queue[Stored | None] = queue.Queue(maxsize=PENDING)
-        self.error: OSError | None = None
+        self.error: Exception | None = None  # the writer's, once it failed: no more spills
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -121,7 +121,7 @@ class Spill:
 
     def _write(self) -> None:
         """The writer thread: each copy to its place, then freed. After an error (a full
-        disk) the copies stay in memory, and the next `put` or `close` raises it."""
+        disk) the copies queued stay in memory, as every later one does (`put`)."""
         import torch
 
         f = None

@@ -12,6 +12,7 @@ and count, torch's CUDA, cuDNN and NCCL versions) and each rank's host and devic
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Mapping
@@ -66,6 +67,7 @@ def placed(rank: int, device: torch.device) -> dict[str, Any]:
     return {"rank": rank, "host": socket.gethostname(), "device": str(device)}
 
 
+@functools.cache
 def accelerator() -> dict[str, Any]:
     """The machine's accelerator as summary.json records it: the GPU model and count (0 on a
     machine without CUDA), and the CUDA, cuDNN and NCCL versions torch was built with

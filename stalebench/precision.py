@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _autocast: str | None = None  # the dtype's name under autocast (bf16), once `configure`d
 
 

@@ -101,9 +101,10 @@ class Members:
         fill the vacant places (`World.invite`) and the order is plain (0: no stop, no
         checkpoint, which a rank joining after the round would not take part in); another
         rank's, as it is."""
-        if self.quorum and self.world.record is not None and not order and self.vacant:
-            return order + INVITE if self.world.invite(self.vacant) else order
-        return order
+        if not self.quorum or self.world.record is None or order:
+            return order
+        vacant = self.vacant
+        return order + INVITE if vacant and self.world.invite(vacant) else order
 
     def heard(self, order: float) -> float:
         """The round's `order` as every rank got it, without INVITE; with it, the ranks

@@ -62,6 +62,9 @@ from stalebench.runtime.transport import brief
 log = logging.getLogger("stalebench")
 
 POLL_S = 0.01
+# how often the lowest survivor looks in the store for ranks standing by while places are
+# vacant (`invite`): a few store requests, off every round but one in this many seconds
+INVITE_POLL_S = 0.1
 
 
 def mark_dead(store: dist.Store, rank: int) -> None:
@@ -102,6 +105,7 @@ class Quorum:
         self.group: Any = None  # the current group's, once regrouped (None: the default)
         self.lost: list[int] = []  # the ranks left out of the rounds, in order
         self.invites, self.inviting = 0, False  # invitations heard; one under way (`invite`)
+        self.looked = -math.inf  # when `invite` last looked in the store (monotonic)
 
     def resume(self, members: list[int]) -> None:
         """A resumed run: the rounds go on over `members` (those in the checkpoint set);
@@ -214,10 +218,12 @@ class Quorum:
         places (lost ranks whose workers no rank plays) — a rank back its own, the
         cluster's spares the others in order —, kept in the store for `invited`; whether
         there are any. None while spares chosen before have not joined, or its last
-        invitation is unheard. (A resumed run's worker rank that took no part in its
-        checkpoint was lost before it: it stays out, as in the run uninterrupted.)"""
-        if self.joining or self.inviting:
+        invitation is unheard, or it looked less than INVITE_POLL_S ago. (A resumed run's
+        worker rank that took no part in its checkpoint was lost before it: it stays out,
+        as in the run uninterrupted.)"""
+        if self.joining or self.inviting or time.monotonic() - self.looked < INVITE_POLL_S:
             return False
+        self.looked = time.monotonic()
         ready = [s for s in self.spares
                  if s >= self.active and self.store.check([f"spare/{s}/ready"])]  # fmt: skip
         pairs = []
@@ -270,9 +276,9 @@ class Quorum:
         epoch = self.epoch + 1
         members = sorted([*self.members, *(s for s, _ in self.joining)])
         ranks = ",".join(map(str, members))
+        spares = ",".join(map(str, self.spares))  # still standing by, for the joiners' quorums
         for spare, lost in self.joining:  # no later quorum chooses it again
             self.store.delete_key(f"spare/{spare}/ready")
-            spares = ",".join(map(str, self.spares))  # still standing by, for its quorums
             self.store.set(f"spare/{spare}", f"{epoch}:{lost}:{ranks}:{round_}:{self.invites}:"
                            f"{spares}:{due!r}")  # fmt: skip
         try:
