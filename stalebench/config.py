@@ -194,6 +194,10 @@ class RunConfig:
     # how the run trains: ps (a server and N workers), allreduce (N replicas), pipeline...
     engine: EngineConfig = MISSING
     device: str = "auto"  # auto | cpu | cuda: where workers compute (transport stays on CPU)
+    # where a server (a rank that keeps θ and applies updates but computes no gradient: the
+    # parameter server) keeps θ, the update rule's and the optimizer's state: auto as
+    # `device` (a GPU of its host where the workers have one), cpu, or cuda
+    server_device: str = "auto"
     # the arithmetic of the workers' real compute (`stalebench.precision`): fp32, tf32
     # (CUDA's matmuls and convolutions), bf16 (autocast); fp16 is refused (no loss scaling
     # yet). The simulator's modelled step time has its own, cluster.precision
@@ -229,8 +233,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise ConfigError(f"runtime: unknown {self.runtime!r}; known: {', '.join(RUNTIMES)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        for key in ("device", "server_device"):
+            if getattr(self, key) not in ("auto", "cpu", "cuda"):
+                raise ConfigError(f"{key} must be auto, cpu or cuda, got {getattr(self, key)!r}")
         if self.num_threads < 1:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.precision not in ("fp32", "tf32", "bf16", "fp16"):

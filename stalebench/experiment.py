@@ -48,21 +48,28 @@ def engine_of(cfg: RunConfig) -> Engine:
 
 
 def check_device(cfg: RunConfig) -> None:
-    """device=cuda is refused where torch sees no GPU."""
+    """device=cuda or server_device=cuda is refused where torch sees no GPU."""
     import torch
 
-    if cfg.device == "cuda" and numerics(cfg) and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but CUDA is not available here (use device=auto)")
+    for key in ("device", "server_device"):
+        if getattr(cfg, key) == "cuda" and numerics(cfg) and not torch.cuda.is_available():
+            raise ConfigError(f"{key}=cuda but CUDA is not available here (use {key}=auto)")
 
 
 def say_device(cfg: RunConfig) -> None:
-    """device=auto where torch sees no GPU: one line on stderr, as the run starts (stdout's
-    lines are the run's; a refusal before it is the only line)."""
+    """device=auto where torch sees no GPU, or real processes on GPUs whose steps the profile
+    pads to an emulated time: one line on stderr, as the run starts (stdout's lines are the
+    run's; a refusal before it is the only line)."""
     import torch
 
-    if cfg.device == "auto" and numerics(cfg) and not torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    if cfg.device == "auto" and numerics(cfg) and not gpu:
         print("stalebench: device=auto: no CUDA device here, every rank computes on the CPU",
               file=sys.stderr)  # fmt: skip
+    elif gpu and cfg.device != "cpu" and cfg.runtime == "real" and cfg.cluster.compute_ms > 0:
+        print(f"stalebench: the workers compute on GPUs, each step padded to cluster="
+              f"{cfg.cluster.preset}'s emulated {cfg.cluster.compute_ms:g} ms "
+              "(cluster.compute_ms=0: as long as the GPU takes)", file=sys.stderr)  # fmt: skip
 
 
 def prepare(cfg: RunConfig) -> Engine:

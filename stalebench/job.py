@@ -55,6 +55,7 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         **({"compute": compute} if compute else {}),
         # the real compute's arithmetic (`precision`), recorded in summary.json only
         "arithmetic": {"precision": cfg.precision, "deterministic": cfg.deterministic},
+        "step_time": step_time(cfg),  # summary.json only
         **({} if numerics(cfg) else {"numerics": False}),  # a cost-only run says so
         "host": {
             "machine": platform.machine(),
@@ -65,6 +66,16 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
             "git": code_state(),  # the code that ran it
         },
     }
+
+
+def step_time(cfg: RunConfig) -> str:
+    """What a step's duration is: `measured` (real processes, no compute model: as long as
+    its compute took, on the device it ran on), `emulated` (real processes, each step padded
+    to the profile's drawn time: `cluster.compute_ms`; `overrun` counts those that took
+    longer) or `modelled` (the simulator's virtual time)."""
+    if cfg.runtime == "sim":
+        return "modelled"
+    return "emulated" if cfg.cluster.compute_ms > 0 else "measured"
 
 
 def environment() -> dict[str, Any]:
@@ -214,9 +225,13 @@ class Job:
 
         return torch.device("cpu" if self.numerics else "meta")
 
-    def device(self, rank: int) -> torch.device:
+    def device(self, rank: int, serves: bool = False) -> torch.device:
         """Where the process of `rank` computes (`stalebench.placement`: a GPU of its host, by
         its local rank, when asked and present, else the CPU; in a cost-only run the meta
-        device, where nothing is computed). A rank's program takes its world's (`World.device`)."""
+        device, where nothing is computed); a server (`Engine.serves`) by `server_device`,
+        whose auto follows `device`. A rank's program takes its world's (`World.device`)."""
+        asked = self.cfg.device
+        if serves and self.cfg.server_device != "auto":
+            asked = self.cfg.server_device
         index = placement.local_rank(rank)
-        return placement.device_of(self.cfg.device, self.numerics, index, placement.gpus())
+        return placement.device_of(asked, self.numerics, index, placement.gpus())

@@ -62,6 +62,24 @@ def use(device: torch.device) -> None:
         torch.cuda.set_device(device)  # CUDA only
 
 
+def host_buffer(size: int, pinned: bool) -> torch.Tensor:
+    """A float32 buffer of `size` in host memory; `pinned`: page-locked (a rank on a GPU: its
+    copies to and from the device are asynchronous, `non_blocking`, and run at the bus's
+    rate; pageable memory is copied through a staging buffer, blocking)."""
+    import torch
+
+    return torch.empty(size, pin_memory=pinned)  # pinned: CUDA only
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a GPU's stream runs ahead of the host: an
+    asynchronous copy into host memory is there only once this returns); nothing elsewhere."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # CUDA only
+
+
 def placed(rank: int, device: torch.device) -> dict[str, Any]:
     """One rank's entry in summary.json's `ranks`: its host and device."""
     return {"rank": rank, "host": socket.gethostname(), "device": str(device)}

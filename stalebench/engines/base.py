@@ -106,6 +106,11 @@ class Engine:
         """Its processes: by default the N workers, then the spares if it takes them."""
         return self.num_workers + (self.run.cluster.spares if self.takes_spares else 0)
 
+    def serves(self, rank: int) -> bool:
+        """Is `rank` a server: it keeps θ and applies updates, but computes no gradient? A
+        server keeps its state on `server_device` (`Job.device`); by default no rank does."""
+        return False
+
     def rank_name(self, rank: int) -> str:
         n = self.num_workers
         return f"worker {rank} (rank {rank})" if rank < n else f"spare {rank - n} (rank {rank})"
@@ -171,6 +176,11 @@ class Engine:
                     f"preset made for engine={name}, or another engine"
                 )
         self.check_spares()
+        if run.server_device == "cuda" and not any(map(self.serves, range(self.world_size()))):
+            raise ConfigError(
+                f"server_device=cuda: engine={name} has no server (its ranks compute on "
+                "`device`); leave server_device unset"
+            )
         for key in self.ignores:
             value = getattr(run.cluster, key)
             if value:

@@ -59,7 +59,7 @@ class Net:
         if not self.numerics:
             return (out.flat if isinstance(out, Into) else out), math.nan
         if x is not self.flat:  # a replica computing at its own θ needs no copy
-            self.flat.copy_(x)
+            self.flat.copy_(x, non_blocking=True)  # from a pinned mailbox: queued
         if not buffers:  # no BatchNorm
             return gradient(self.model, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):

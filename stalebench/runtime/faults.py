@@ -179,8 +179,10 @@ class Shaped(Transport):
         self.wire_s = 0.0
         self.waits = Waits()  # how well this process kept the model's times
 
-    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
-        return self.inner.mailbox(src, dst, size, header)
+    def mailbox(
+        self, src: int, dst: int, size: int, header: int, pinned: bool = False
+    ) -> torch.Tensor:
+        return self.inner.mailbox(src, dst, size, header, pinned)
 
     @property
     def slow_s(self) -> float:

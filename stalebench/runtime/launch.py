@@ -95,7 +95,8 @@ def run_rank(
             rank, world_size, transport, job.profile, record, run_dir, cfg.timeout_s,
             store if store is not None else dist.distributed_c10d._get_default_store(),
             spares=cfg.cluster.spares if engine.takes_quorum else 0,
-            every_s=checkpoint.every_s(cfg), links_dir=shared, device=job.device(rank),
+            every_s=checkpoint.every_s(cfg), links_dir=shared,
+            device=job.device(rank, engine.serves(rank)),
         )  # fmt: skip
         try:
             summary = run_program(engine.program(job, world))

@@ -158,7 +158,7 @@ class RealWorld(World):
         self.net.waits.until(through, through - now)
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
-        return self.transport.mailbox(src, dst, size, header)
+        return self.transport.mailbox(src, dst, size, header, self.device.type == "cuda")
 
     def _warm(self) -> None:
         """Wait in the store until every rank is past its warm-up (at most `WARM_UP_S`, or

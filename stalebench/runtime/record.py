@@ -53,7 +53,7 @@ class RunRecord:
         # the host's load and the config's fingerprint go to summary.json only: events stay
         # a function of config and seed (byte-identical in the sim runtime)
         labels = {k: v for k, v in job.meta.items()
-                  if k not in ("host", "config_sha", "arithmetic")}  # fmt: skip
+                  if k not in ("host", "config_sha", "arithmetic", "step_time")}  # fmt: skip
         self.events.emit("system", 0.0, event="start", **job.sharding_fields, **labels)
 
     def worker_lost(self, t: float, lost: WorkerLost, gone: int) -> None:
@@ -189,19 +189,21 @@ def gradient(
 ) -> tuple[torch.Tensor, float]:
     """Flat CPU gradient of the mean `objective` on one minibatch (cross-entropy for labels,
     ½·mean squared error for float targets), and the loss; written into `out` if given (a
-    message's payload: no copy of its own; an `Into` on the CPU)."""
+    message's payload: no copy of its own; an `Into` on the CPU). From a GPU the copy into
+    `out` is queued (`non_blocking`: asynchronous into pinned memory) and complete once
+    the loss is read, which waits for the device's stream."""
     x, y = batch
     if device.type != "cpu":  # the data is on the CPU
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     with precision.autocast(device):  # precision=bf16: the forward pass in bfloat16
         loss = objective(model(x), y)
     grads = torch.autograd.grad(loss, params)
     if isinstance(out, Into):
-        torch._foreach_copy_(out.views, grads)  # what torch.optim's foreach paths use
+        torch._foreach_copy_(out.views, grads, non_blocking=True)  # torch.optim's foreach copy
         return out.flat, loss.item()
     flat = [g.reshape(-1) for g in grads]
     if out is None:
         return torch.cat(flat).cpu(), loss.item()
     if device.type == "cpu":
         return torch.cat(flat, out=out), loss.item()
-    return out.copy_(torch.cat(flat)), loss.item()
+    return out.copy_(torch.cat(flat), non_blocking=True), loss.item()

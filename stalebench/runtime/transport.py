@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stalebench import placement
 from stalebench.errors import RunError
 
 
@@ -26,13 +27,17 @@ class Transport:
 
     bytes_sent: int
 
-    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+    def mailbox(
+        self, src: int, dst: int, size: int, header: int, pinned: bool = False
+    ) -> torch.Tensor:
         """A float32 buffer of `size` for the messages rank `src` sends rank `dst` (this
         rank is one of them), each `header` values then a payload. Sending or receiving
         this very buffer may skip copies: in shared memory only the header travels, so the
         sender writes the next message only once the receiver is done with this one (a
-        reply says so), and the receiver reads the payload in place."""
-        return torch.empty(size)
+        reply says so), and the receiver reads the payload in place. `pinned`: in page-
+        locked memory, for a rank on a GPU (its copies to and from the device are then
+        asynchronous: `placement.host_buffer`)."""
+        return placement.host_buffer(size, pinned)
 
     def send(self, buf: torch.Tensor, dst: int) -> None:
         raise NotImplementedError
@@ -213,7 +218,10 @@ class SharedMemory(Transport):
     def bytes_sent(self) -> int:  # type: ignore[override]
         return self.inner.bytes_sent + self.in_place
 
-    def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
+    def mailbox(
+        self, src: int, dst: int, size: int, header: int, pinned: bool = False
+    ) -> torch.Tensor:
+        # a file's pages, shared by the two processes: not pinned (that would copy them)
         path = self.dir / f"{src}-{dst}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -64,6 +64,8 @@ def test_a_run_counts_the_steps_that_ran_longer_than_drawn(tmp_path, capsys):
     # real compute only: nothing is timed, nothing counted
     free = run_job(tmp_path / "free", ["cluster.compute_ms=0", "budget.max_updates=20"])
     assert "overrun" not in free.summary
+    # what a step's duration was: padded to the profile's draw, or as long as it took
+    assert (over.summary["step_time"], free.summary["step_time"]) == ("emulated", "measured")
     # the report names the run that overran, and only it
     from stalebench.report.cli import build_report
 

@@ -99,6 +99,9 @@ class LocalEngine(Engine):
         otherwise needs every replica; a dead server ends the run."""
         return rank > 0 and (self.asynchronous or self.run.cluster.min_replicas > 0)
 
+    def serves(self, rank: int) -> bool:
+        return self.asynchronous and rank == 0
+
     def rank_name(self, rank: int) -> str:
         if not self.asynchronous:
             return super().rank_name(rank)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stalebench import placement
 from stalebench.algorithms.local import OUTER
 from stalebench.engines.common import Net, late_loss
 from stalebench.engines.local.round import Arrivals, Replica, Wire, async_event, segments
@@ -69,7 +70,9 @@ class Server(Role):
         self.cfg, self.world, self.num_workers = job.cfg, world, job.num_workers
         world.hub = True
         self.record, self.numerics = world.record, job.numerics  # false: cost-only
-        self.net = Net(job, job.host)  # its own: in the simulator workers share one
+        # its own net, on its device (`server_device`): in the simulator workers share one
+        self.device = world.device
+        self.net = Net(job, self.device)
         self.theta = self.net.flat.detach().clone()
         self.arrivals = Arrivals(job, self.theta)
         self.wire, num_params = wire_of(job, self.net), self.theta.numel()
@@ -145,7 +148,9 @@ class Server(Role):
         record = self.record
         compute, loss, paused, rtt, norm, err = push.floats.tolist()
         clock, read, steps = push.ints.tolist()
-        delta = self.wire.decode(push.delta) if self.numerics else None  # cost-only: no Δ
+        delta = None  # cost-only: no Δ
+        if self.numerics:  # decoded on the host, then to θ's device (queued)
+            delta = self.wire.decode(push.delta).to(self.device, non_blocking=True)
         lag = self.arrivals.apply(worker, delta, read, steps, compute)
         t, version = self.world.now(), self.arrivals.version
         if paused > 0:
@@ -163,7 +168,8 @@ class Server(Role):
             self.active.discard(worker)
             self.listener.close(worker)
         elif self.numerics:  # a cost-only reply: its header (θ has no values)
-            out[REPLY:] = self.theta
+            out[REPLY:].copy_(self.theta, non_blocking=True)
+            placement.synchronize(self.device)  # from a GPU: θ is in the mailbox
         try:
             yield from self.world.send(out, worker + 1)
         except RunError as exc:  # it died since its push: the listener reports the loss

@@ -42,6 +42,9 @@ class ParameterServerEngine(DataParallel):
     def world_size(self) -> int:
         return self.num_workers + 1 + self.run.cluster.spares
 
+    def serves(self, rank: int) -> bool:
+        return rank == 0
+
     def rank_name(self, rank: int) -> str:
         if rank == 0:
             return "server (rank 0)"

@@ -51,11 +51,14 @@ class Port(Protocol):
         """Between two pushes: save what a resumed run needs, if a checkpoint is due."""
 
 
-def build_server(job: Job, emit: Callable[..., Any]) -> tuple[torch.nn.Module, ParameterServer]:
-    """The model (θ₀ seeded) and the PS state machine with the configured algorithm."""
+def build_server(
+    job: Job, emit: Callable[..., Any], device: torch.device
+) -> tuple[torch.nn.Module, ParameterServer]:
+    """The model (θ₀ seeded) and the PS state machine with the configured algorithm, θ and
+    the rule's state on `device` (the server's: `server_device`)."""
     cfg, n = job.cfg, job.num_workers
     model = job.model()
-    params = parameters_to_vector(model.parameters()).detach().clone()
+    params = parameters_to_vector(model.parameters()).detach().clone().to(device)
     barrier = BARRIERS.build(cfg.algorithm.barrier, n, cfg.seed)
     rule = UPDATES.build(cfg.algorithm.update, params, n)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: per tensor

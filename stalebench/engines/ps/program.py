@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from stalebench import placement
 from stalebench.algorithms.base import UPDATES
 from stalebench.engines.common import GradientStep, Net, catch_up, late_loss
 from stalebench.engines.ps.loop import build_server, serve
@@ -72,7 +73,8 @@ class Server(Role):
         self.now = world.now  # the port's clock is the world's
         world.hub = True
         self.record = record = world.record
-        self.model, self.ps = build_server(job, record.events.emit)
+        self.device = device = world.device  # θ's and the rule's (`server_device`)
+        self.model, self.ps = build_server(job, record.events.emit, device)
         self.started_at, self.bytes = 0.0, 0  # run time and bytes before this process
         if record.resumed:
             self.ps.resume(record.resumed["state"]["ps"])
@@ -93,6 +95,12 @@ class Server(Role):
         self.reply_views = {rank: Header(box, num_params) for rank, box in self.replies.items()}
         # the views of each buffer a push comes in (the listener's `make`), by its address
         self.push_views = {box.data_ptr(): Header(box, num_params) for box in pushes.values()}
+        # a server on a GPU: a push's gradient copied up from its (pinned) mailbox into one
+        # buffer, which the state machine reads (or copies) before the next push is read
+        payload = next(iter(self.push_views.values())).payload
+        self.grad_in = (
+            None if payload.device == device else torch.empty_like(payload, device=device)
+        )
         peers = {worker: worker + 1 for worker in range(n)}
         self.listener = world.listen(peers, lambda rank: [pushes[rank]])
         self.active = set(range(n))  # workers not yet sent STOP
@@ -152,16 +160,23 @@ class Server(Role):
         view = self.push_views[buf.data_ptr()]
         self.bytes += self.message_bytes
         clock, version, loss, compute_s, rtt_s = PUSH.unpack_from(view.raw)
-        return Push(worker, clock, version, view.payload, loss, compute_s, rtt_s)
+        grad = view.payload
+        if self.grad_in is not None:  # asynchronous from pinned memory, ordered before the update
+            grad = self.grad_in.copy_(grad, non_blocking=True)
+        return Push(worker, clock, version, grad, loss, compute_s, rtt_s)
 
     def send(self, replies: list[Reply]) -> Op[None]:
+        for reply in replies:  # θ into every reply's mailbox (from a GPU: queued together)
+            rank = self.ranks[reply.worker]
+            self.reply_views[rank].payload.copy_(reply.params, non_blocking=True)
+        if replies:
+            placement.synchronize(self.device)  # a GPU's copies are in the mailboxes
         for reply in replies:
             worker = reply.worker
             rank, clock = self.ranks[worker], self.ps.clocks[worker]
             out, view = self.replies[rank], self.reply_views[rank]
             joined = self.joined_at.get(worker, self.started_at)
             REPLY.pack_into(view.raw, 0, PARAMS, reply.version, clock, worker, reply.batch, joined)
-            view.payload.copy_(reply.params)
             try:
                 yield from self.world.send(out, rank)
                 self.bytes += self.message_bytes
