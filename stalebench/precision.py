@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,6 +42,37 @@ def configure(precision: str, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(deterministic)  # torch._dynamo: 1 s, once asked
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def norms_in_float32(model: torch.nn.Module) -> Iterator[None]:
+    """Under bf16 autocast, `model`'s BatchNorm layers take their input in float32 and give
+    their output back in the input's dtype: what the eager kernel computes from a bfloat16
+    input and float32 weights (in float32 inside), but vmapped (the simulator's batched
+    gradients) batch_norm takes no such mix and fails ("expected scalar type BFloat16 but
+    found Float"). As it is without autocast or BatchNorm."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
+    if _autocast is None or not norms:
+        yield
+        return
+    dtypes: list[torch.dtype] = []
+
+    def to_float(module, args):
+        dtypes.append(args[0].dtype)
+        return (args[0].float(), *args[1:])
+
+    def back(module, args, out):
+        return out.to(dtypes.pop())
+
+    hooks = [m.register_forward_pre_hook(to_float) for m in norms]
+    hooks += [m.register_forward_hook(back) for m in norms]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:

@@ -120,7 +120,9 @@ class Net:
                 views = (t.view(s) for t, s in zip(theta.split(sizes), shapes, strict=True))
                 params = dict(zip(names, views, strict=True))
                 named = dict(zip(buffer_names, buffers, strict=True))
-                with precision.autocast(x.device):  # as one gradient at a time computes it
+                # as one gradient at a time computes it (BatchNorm's mixed dtypes, which
+                # vmap's batch_norm refuses, made float32 for it)
+                with precision.autocast(x.device), precision.norms_in_float32(model):
                     out = functional_call(model, (params, named), (x,))
                     return objective(out, y)
 
