@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from stalebench import precision
 from stalebench.job import Job
 from stalebench.runtime.faults import pad_to
 from stalebench.runtime.link import LinkClock, Pace
@@ -34,7 +35,8 @@ def build(overrides: list[str], workers: int) -> Job:
 def plain_loop(overrides: list[str], steps: int) -> float:
     """Steps/s of forward, backward and `torch.optim.SGD` in one process, on the run's
     device (`Job.device`: the GPU when `device` allows one and there is one), so that a GPU
-    run's rate is compared with a plain loop on the same GPU, never with the CPU."""
+    run's rate is compared with a plain loop on the same GPU, never with the CPU; the
+    forward pass under the run's `precision` (bf16: autocast), as its workers compute."""
     job = build(overrides, 1)
     device = job.device(0)
     model, batches = job.model().to(device), job.batches(0)
@@ -45,7 +47,9 @@ def plain_loop(overrides: list[str], steps: int) -> float:
             start = time.perf_counter()
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+        with precision.autocast(device):
+            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        loss.backward()
         opt.step()
     sync(device)
     return steps / (time.perf_counter() - start)
