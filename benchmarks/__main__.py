@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import baselines  # noqa: E402
 from benchmarks.sim_throughput import bare_loop, sim  # noqa: E402
 from stalebench import experiment  # noqa: E402
+from stalebench.metrics.events import read_events  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 MODELS = {
@@ -79,17 +80,24 @@ QUIET = [
 ]
 
 
-def stalebench_rate(overrides: list[str], updates: int) -> float:
+def stalebench_rate(overrides: list[str], updates: int, warmup: int = 0) -> float:
     """Updates/s of a real stalebench run, from its summary (start-up excluded: the run's
-    clock starts when every rank is set up)."""
+    clock starts when every rank is set up); `updates` 0: the overrides' budget.max_wall_s
+    ends it. `warmup` > 0: the rate after the run's first `warmup` updates, from the times
+    of its update events (a GPU's first steps load its kernels)."""
     keys = {o.split("=")[0] for o in overrides}
     quiet = [q for q in QUIET if q.split("=")[0] not in keys]  # a profile's own compute time
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose([*quiet, *overrides, f"budget.max_updates={updates}"])
         cfg.run_dir = tmp
         summary = experiment.run(cfg)
+        events = read_events(Path(tmp) / "events.jsonl") if warmup else []
     assert summary["status"] == "completed", summary["error"]
-    return summary["throughput_updates_per_s"]
+    if not warmup:
+        return summary["throughput_updates_per_s"]
+    timed = sorted(e["t"] for e in events if e["kind"] == "update")[warmup:]
+    assert len(timed) > 1, f"{len(timed)} updates after a warm-up of {warmup}"
+    return (len(timed) - 1) / (timed[-1] - timed[0])
 
 
 def first_update_s() -> float:
