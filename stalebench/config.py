@@ -203,6 +203,12 @@ class RunConfig:
     # yet). The simulator's modelled step time has its own, cluster.precision
     precision: str = "fp32"
     deterministic: bool = False  # torch's (and cuDNN's) deterministic algorithms
+    # torch.compile the model in every process that computes (its forward, and so its
+    # backward) with `compile_backend` (torch._dynamo.list_backends()): each compiles its
+    # own at its warm-up step, before the run's clock starts. The simulator's batched
+    # gradients (sim.batch) run the model through torch.func, eager
+    compile: bool = False
+    compile_backend: str = "inductor"
     seed: int = 0
     num_threads: int = 1  # intra-op threads per process (N+1 processes share the cores)
     timeout_s: float = 60.0  # longest silence tolerated from any peer before the run fails

@@ -56,6 +56,20 @@ def check_device(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}=cuda but CUDA is not available here (use {key}=auto)")
 
 
+def check_compile(cfg: RunConfig) -> None:
+    """compile=true with a backend torch.compile does not know is refused by name."""
+    if not cfg.compile or not numerics(cfg):
+        return
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if cfg.compile_backend not in known:
+        raise ConfigError(
+            f"compile_backend: torch.compile knows no backend {cfg.compile_backend!r} "
+            f"(it knows {', '.join(known)})"
+        )
+
+
 def say_device(cfg: RunConfig) -> None:
     """device=auto where torch sees no GPU, or real processes on GPUs whose steps the profile
     pads to an emulated time: one line on stderr, as the run starts (stdout's lines are the
@@ -100,6 +114,7 @@ def prepare(cfg: RunConfig) -> Engine:
     model = build_model(cfg, splits)
     check_pair(cfg, model, splits)
     check_device(cfg)
+    check_compile(cfg)
     if cfg.runtime == "real":
         check_processes(cfg, engine.world_size())
         if not nodes.under_torchrun():  # torchrun's ranks are on other machines' cores

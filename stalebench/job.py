@@ -54,7 +54,11 @@ def meta(cfg: RunConfig, num_workers: int) -> dict[str, Any]:
         "config_sha": config_sha(cfg),
         **({"compute": compute} if compute else {}),
         # the real compute's arithmetic (`precision`), recorded in summary.json only
-        "arithmetic": {"precision": cfg.precision, "deterministic": cfg.deterministic},
+        "arithmetic": {
+            "precision": cfg.precision,
+            "deterministic": cfg.deterministic,
+            "compile": cfg.compile_backend if cfg.compile else False,
+        },  # fmt: skip
         "step_time": step_time(cfg),  # summary.json only
         **({} if numerics(cfg) else {"numerics": False}),  # a cost-only run says so
         "host": {

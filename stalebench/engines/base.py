@@ -106,6 +106,11 @@ class Engine:
         """Its processes: by default the N workers, then the spares if it takes them."""
         return self.num_workers + (self.run.cluster.spares if self.takes_spares else 0)
 
+    def why_no_compile(self) -> str | None:
+        """Why its programs cannot run the model compiled (compile=true), if they cannot:
+        by default they compute through `engines.common.compiled`."""
+        return None
+
     def serves(self, rank: int) -> bool:
         """Is `rank` a server: it keeps θ and applies updates, but computes no gradient? A
         server keeps its state on `server_device` (`Job.device`); by default no rank does."""
@@ -181,6 +186,8 @@ class Engine:
                 f"server_device=cuda: engine={name} has no server (its ranks compute on "
                 "`device`); leave server_device unset"
             )
+        if run.compile and (why := self.why_no_compile()):
+            raise ConfigError(f"compile=true: {why}; leave compile unset")
         for key in self.ignores:
             value = getattr(run.cluster, key)
             if value:

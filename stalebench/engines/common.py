@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,20 @@ import torch
 from stalebench import precision
 from stalebench.job import Job
 from stalebench.runtime.record import Into, gradient
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled(job: Job, model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What computes `model`'s forward pass: with compile=true, `torch.compile(model)` with
+    `compile_backend`, one per module (its compiled code and guards kept across the calls:
+    the warm-up step compiles it, every later step reuses it); else the model itself. The
+    module keeps its parameters, their names and state_dict as built."""
+    if not job.cfg.compile or not job.numerics:
+        return model
+    if model not in _COMPILED:
+        _COMPILED[model] = torch.compile(model, backend=job.cfg.compile_backend)
+    return _COMPILED[model]
 
 
 class Net:
@@ -35,6 +50,7 @@ class Net:
 
         self.model = model if model is not None else job.model().to(device)
         self.flat = flat if flat is not None else flatten_parameters(self.model)
+        self.forward = compiled(job, self.model)  # compile=true: compiled, else the model
         self.params = list(self.model.parameters())
         self.buffers = list(self.model.buffers())
         self.device = device
@@ -61,10 +77,10 @@ class Net:
         if x is not self.flat:  # a replica computing at its own θ needs no copy
             self.flat.copy_(x, non_blocking=True)  # from a pinned mailbox: queued
         if not buffers:  # no BatchNorm
-            return gradient(self.model, self.params, batch, self.device, out)
+            return gradient(self.forward, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             shared.copy_(mine)
-        grad = gradient(self.model, self.params, batch, self.device, out)
+        grad = gradient(self.forward, self.params, batch, self.device, out)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             mine.copy_(shared)
         return grad

@@ -133,7 +133,11 @@ def test_ssp_zero_per_round_equals_bsp(job):
 
 
 @pytest.mark.timeout(120)
-def test_one_worker_asp_equals_sequential_sgd(job):
+@pytest.mark.parametrize("compiled", [[], ["compile=true", "compile_backend=eager"]],
+                         ids=["eager", "compiled"])  # fmt: skip
+def test_one_worker_asp_equals_sequential_sgd(job, compiled):
+    """Also with the worker's model compiled (torch.compile with its `eager` backend: the
+    graphs dynamo captures, run as they are), the same θ to float rounding."""
     from stalebench.data import shard_batches
     from stalebench.job import Job
     from tests.conftest import FAST, compose
@@ -145,8 +149,9 @@ def test_one_worker_asp_equals_sequential_sgd(job):
         "seed=7",
         "algorithm.update.lr=0.2",
     ]
-    summary, _, run_dir = job(*overrides)
+    summary, _, run_dir = job(*overrides, *compiled)
     assert summary["status"] == "completed" and summary["lag"]["max"] == 0
+    assert summary["arithmetic"]["compile"] == ("eager" if compiled else False)
     cfg = compose(FAST + overrides)
     reference = Job.build(cfg)
     model = reference.model()

@@ -48,7 +48,7 @@ def test_a_bf16_run_trains_and_differs_from_fp32(tmp_path, batch):
         cfg.run_dir = str(tmp_path / p)
         summary = experiment.run(cfg)
         assert summary["status"] == "completed", summary["error"]
-        assert summary["arithmetic"] == {"precision": p, "deterministic": False}
+        assert summary["arithmetic"] == {"precision": p, "deterministic": False, "compile": False}
         losses[p] = [e["loss"] for e in read_events(tmp_path / p / "events.jsonl")
                      if e["kind"] == "update"]  # fmt: skip
     assert losses["bf16"] != losses["fp32"]  # autocast took effect
@@ -72,7 +72,7 @@ def test_a_deterministic_run_completes(tmp_path):
     job()  # this process's flags back
     assert summary["status"] == "completed", summary["error"]
     saved = json.loads((tmp_path / "summary.json").read_text())
-    assert saved["arithmetic"] == {"precision": "fp32", "deterministic": True}
+    assert saved["arithmetic"] == {"precision": "fp32", "deterministic": True, "compile": False}
 
 
 @pytest.mark.parametrize(
@@ -92,3 +92,41 @@ def test_autocast_where_there_is_arithmetic_only():
     assert isinstance(precision.autocast(torch.device("meta")), contextlib.nullcontext)
     job()
     assert isinstance(precision.autocast(torch.device("cpu")), contextlib.nullcontext)
+
+
+def test_compile_runs_the_workers_model_compiled_with_eagers_gradients(tmp_path):
+    """compile=true: every process that computes runs its model through torch.compile
+    (`compile_backend`; torch's `eager` here: dynamo's graphs without inductor's seconds
+    of code generation), the module as built (its parameters, their names); a simulated
+    run's losses are an eager run's to float rounding; summary.json records the backend."""
+    from torch._dynamo.utils import counters
+
+    losses = {}
+    for flag in ("false", "true"):
+        before = counters["stats"]["unique_graphs"]
+        cfg = compose(fast_with([*BASE, f"compile={flag}", "compile_backend=eager",
+                                 "cluster.num_workers=2"]))  # fmt: skip
+        cfg.run_dir = str(tmp_path / flag)
+        summary = experiment.run(cfg)
+        assert summary["status"] == "completed", summary["error"]
+        assert summary["arithmetic"]["compile"] == ("eager" if flag == "true" else False)
+        assert (counters["stats"]["unique_graphs"] > before) is (flag == "true")
+        losses[flag] = [e["loss"] for e in read_events(tmp_path / flag / "events.jsonl")
+                        if e["kind"] == "update"]  # fmt: skip
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["compile_backend=nope"], "compile_backend: torch.compile knows no backend 'nope'"),
+        (["algorithm=gpipe"], "compile=true: engine=pipeline's stages run their modules eager"),
+        (["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=1"],
+         "compile=true: engine.bucket_mb=1: the rounds in pieces hook"),
+    ],
+)  # fmt: skip
+def test_a_compile_that_cannot_be_honoured_is_refused_by_name(tmp_path, overrides, said):
+    cfg = compose(fast_with([*BASE, "compile=true", *overrides]))
+    cfg.run_dir = str(tmp_path)
+    with pytest.raises(ConfigError, match=said):
+        experiment.prepare(cfg)

@@ -73,6 +73,12 @@ class AllReduceEngine(DataParallel):
             return f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces keep none"
         return super().why_no_checkpoints()
 
+    def why_no_compile(self) -> str | None:
+        if self.cfg.bucket_mb:
+            return (f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces hook the "
+                    "model's forward and backward, which run eager")  # fmt: skip
+        return None
+
     def survives_loss_of(self, rank: int) -> bool:
         """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
         0 writes the run directory: losing it ends the run)."""

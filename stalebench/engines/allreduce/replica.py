@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stalebench.engines.common import GradientStep, Net, catch_up
+from stalebench.engines.common import GradientStep, Net, catch_up, compiled
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
 from stalebench.job import Job
@@ -48,7 +48,7 @@ class Replica(Role):
 
     def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
-        return gradient(self.net, self.net_params, (x, y), self.device)
+        return gradient(compiled(self.job, self.net), self.net_params, (x, y), self.device)
 
     def start(self) -> None:
         """Round 0: θ₀ and the rule as built; worker `rank` plays."""

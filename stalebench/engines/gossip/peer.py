@@ -84,7 +84,7 @@ class Peer(Role):
 
     def warm_up(self) -> Any:
         x, y = self.job.splits.x_train[:1], self.job.splits.y_train[:1]
-        return gradient(self.net.model, self.net.params, (x, y), self.net.device)
+        return gradient(self.net.forward, self.net.params, (x, y), self.net.device)
 
     def start(self) -> None:
         self.world.play(self.index)

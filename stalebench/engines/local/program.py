@@ -125,7 +125,7 @@ class Member(Role):
 
     def warm_up(self) -> Any:
         warm = (self.job.splits.x_train[:1], self.job.splits.y_train[:1])
-        return gradient(self.net.model, self.net.params, warm, self.net.device)
+        return gradient(self.net.forward, self.net.params, warm, self.net.device)
 
     def run(self) -> Op[Ending | None]:
         return (yield from self.rounds())

@@ -200,7 +200,7 @@ class Worker(Role):
 
     def warm_up(self) -> Any:
         warm = (self.job.splits.x_train[:1], self.job.splits.y_train[:1])
-        return gradient(self.net.model, self.net.params, warm, self.net.device)
+        return gradient(self.net.forward, self.net.params, warm, self.net.device)
 
     def run(self) -> Op[None]:
         job, world, replica = self.job, self.world, self.replica

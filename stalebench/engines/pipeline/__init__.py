@@ -34,6 +34,10 @@ class PipelineEngine(Engine):
     slots = ("pipeline", "optimizer")
     ignores = UNMODELLED
     one_stream = True  # one stream of microbatches over the whole split
+
+    def why_no_compile(self) -> str | None:
+        return "engine=pipeline's stages run their modules eager (compiling them is not built)"
+
     cost_only = True  # a message's header with values, the activation or gradient without
 
     @property

@@ -248,7 +248,7 @@ class Worker(Role):
     def warm_up(self) -> Any:
         first = slice(0, self.cfg.dataset.batch_size)  # a step off the clock: set-up
         sample = (self.job.splits.x_train[first], self.job.splits.y_train[first])
-        return gradient(self.net.model, self.net.params, sample, self.net.device)
+        return gradient(self.net.forward, self.net.params, sample, self.net.device)
 
     def run(self) -> Op[None]:
         world, reply, push = self.world, self.reply, self.push
