@@ -45,6 +45,17 @@ def steps_for(job: Job, net: Net, k: int, seed: int = 0) -> tuple[list[GradientS
     return steps, seen
 
 
+def alone_and_batched(job: Job, k: int) -> tuple[tuple[list, list], tuple[list, list], Net]:
+    """k workers' steps (`steps_for`) run one at a time, and the same steps run as a batch:
+    each (steps, what their `then` received); and the net they share."""
+    net = Net(job, torch.device("cpu"))
+    alone, batched = steps_for(job, net, k), steps_for(job, net, k)
+    for step in alone[0]:
+        step()
+    net.run_batch(batched[0])
+    return alone, batched, net
+
+
 @pytest.mark.parametrize(
     "model", [["model=mlp"], ["model=cnn", "model.batch_norm=true", "dataset.num_features=16"]]
 )
@@ -52,13 +63,7 @@ def test_a_batch_of_gradients_equals_the_same_gradients_one_at_a_time(model):
     """Net.run_batch against GradientStep called alone, step by step: gradients, losses and
     the BatchNorm statistics each worker's forward pass leaves, within float rounding; each
     step's `then` gets its own `out`, in the steps' order."""
-    job = job_for(model)
-    net = Net(job, torch.device("cpu"))
-    alone, seen_alone = steps_for(job, net, 4)
-    batched, seen_batched = steps_for(job, net, 4)
-    for step in alone:
-        step()
-    net.run_batch(batched)
+    (alone, seen_alone), (batched, seen_batched), net = alone_and_batched(job_for(model), 4)
     assert [g.data_ptr() for g, _ in seen_batched] == [s.out.data_ptr() for s in batched]
     for (g1, l1), (g2, l2) in zip(seen_alone, seen_batched, strict=True):
         assert torch.allclose(g1, g2, rtol=RTOL, atol=ATOL)
@@ -232,12 +237,7 @@ def test_a_bf16_batch_through_batchnorm_equals_the_same_gradients_one_at_a_time(
     differ from fp32's by 1.4 to 2.7 %, one at a time or batched)."""
     job = job_for(["model=cnn", "model.batch_norm=true", "dataset.num_features=16",
                    "precision=bf16"])  # fmt: skip
-    net = Net(job, torch.device("cpu"))
-    alone, seen_alone = steps_for(job, net, 3)
-    batched, seen_batched = steps_for(job, net, 3)
-    for step in alone:
-        step()
-    net.run_batch(batched)
+    (_, seen_alone), (_, seen_batched), _ = alone_and_batched(job, 3)
     for (g1, l1), (g2, l2) in zip(seen_alone, seen_batched, strict=True):
         assert g2.dtype == torch.float32 and not torch.equal(g1, torch.zeros_like(g1))
         assert (g1 - g2).norm() < 0.05 * g1.norm(), (g1 - g2).norm() / g1.norm()
