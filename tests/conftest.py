@@ -163,7 +163,15 @@ def _preset_engines() -> tuple[tuple[str, str], ...]:
         for f in files("stalebench.conf").joinpath("algorithm").iterdir()
         if f.name.endswith(".yaml")
     ]
-    return tuple((n, compose([f"algorithm={n}"]).engine.name) for n in sorted(names))
+    return tuple((n, preset(n).engine.name) for n in sorted(names))
+
+
+@functools.cache
+def preset(name: str):
+    """The RunConfig of `algorithm=<name>` as shipped, composed once a process (the presets'
+    engines and parts are read at collection by several modules): read it, never change it
+    (`compose` gives a config of one's own)."""
+    return compose([f"algorithm={name}"])
 
 
 def assert_valid_and_learning(events: list[dict]) -> None:

@@ -12,7 +12,7 @@ from stalebench.plugins import load as load_plugins
 from tests.conftest import (
     SUMMARY_FIELDS,
     assert_valid_and_learning,
-    compose,
+    preset,
     preset_engines,
     run_job,
 )
@@ -33,9 +33,7 @@ CASES = (
 # In real processes: every preset, and the parts no preset uses (each process run costs
 # about 7 s on 2 cores; a part a preset already runs adds nothing there)
 IN_PRESETS = {
-    (kind, getattr(compose([f"algorithm={p}"]).algorithm, kind).name)
-    for p in PRESETS
-    for kind in ("inner", "outer")
+    (kind, getattr(preset(p).algorithm, kind).name) for p in PRESETS for kind in ("inner", "outer")
 }
 REAL_CASES = [
     case
