@@ -32,7 +32,7 @@ from stalebench.errors import (
     with_traceback,
 )
 from stalebench.evaluation import SPILL
-from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics
+from stalebench.job import Job, build_model, config_sha, load_splits, meta, numerics, step_time
 from stalebench.metrics.summary import stop
 from stalebench.models import MODELS
 from stalebench.runtime import checkpoint, compute, forkserver, nodes
@@ -80,7 +80,7 @@ def say_device(cfg: RunConfig) -> None:
     if cfg.device == "auto" and numerics(cfg) and not gpu:
         print("stalebench: device=auto: no CUDA device here, every rank computes on the CPU",
               file=sys.stderr)  # fmt: skip
-    elif gpu and cfg.device != "cpu" and cfg.runtime == "real" and cfg.cluster.compute_ms > 0:
+    elif gpu and cfg.device != "cpu" and step_time(cfg) == "emulated":
         print(f"stalebench: the workers compute on GPUs, each step padded to cluster="
               f"{cfg.cluster.preset}'s emulated {cfg.cluster.compute_ms:g} ms "
               "(cluster.compute_ms=0: as long as the GPU takes)", file=sys.stderr)  # fmt: skip

@@ -53,8 +53,11 @@ def norms_in_float32(model: torch.nn.Module) -> Iterator[None]:
     found Float"). As it is without autocast or BatchNorm."""
     import torch
 
+    if _autocast is None:  # nothing to do, and no walk of the model
+        yield
+        return
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
-    if _autocast is None or not norms:
+    if not norms:
         yield
         return
     dtypes: list[torch.dtype] = []

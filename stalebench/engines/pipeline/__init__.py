@@ -34,15 +34,14 @@ class PipelineEngine(Engine):
     slots = ("pipeline", "optimizer")
     ignores = UNMODELLED
     one_stream = True  # one stream of microbatches over the whole split
-
-    def why_no_compile(self) -> str | None:
-        return "engine=pipeline's stages run their modules eager (compiling them is not built)"
-
     cost_only = True  # a message's header with values, the activation or gradient without
 
     @property
     def num_workers(self) -> int:
         return self.run.algorithm.pipeline.stages
+
+    def why_no_compile(self) -> str | None:
+        return "engine=pipeline's stages run their modules eager (compiling them is not built)"
 
     def rank_name(self, rank: int) -> str:
         return f"stage {rank} (rank {rank})"
