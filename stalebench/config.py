@@ -199,8 +199,9 @@ class RunConfig:
     # `device` (a GPU of its host where the workers have one), cpu, or cuda
     server_device: str = "auto"
     # the arithmetic of the workers' real compute (`stalebench.precision`): fp32, tf32
-    # (CUDA's matmuls and convolutions), bf16 (autocast); fp16 is refused (no loss scaling
-    # yet). The simulator's modelled step time has its own, cluster.precision
+    # (CUDA's matmuls and convolutions), bf16 (autocast), fp16 (autocast, each worker's
+    # loss scaled as GradScaler scales it). The simulator's modelled step time has its own,
+    # cluster.precision
     precision: str = "fp32"
     deterministic: bool = False  # torch's (and cuDNN's) deterministic algorithms
     # torch.compile the model in every process that computes (its forward, and so its
@@ -246,11 +247,6 @@ class RunConfig:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.precision not in ("fp32", "tf32", "bf16", "fp16"):
             raise ConfigError(f"precision must be fp32, tf32, bf16 or fp16, got {self.precision!r}")
-        if self.precision == "fp16":
-            raise ConfigError(
-                "precision=fp16: float16 needs loss scaling (a GradScaler), which stalebench "
-                "does not build yet; use precision=bf16"
-            )
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s}")
         if not self.grace_s > 0:

@@ -7,7 +7,11 @@ from the config, as torchtitan sets its mixed precision:
 - `tf32`: float32 tensors, CUDA's matmuls and convolutions in TF32;
 - `bf16`: the forward pass under `torch.autocast` to bfloat16 (θ, its gradient and the
   update stay float32, as with DDP and autocast);
-- `fp16` is refused: it needs loss scaling (a GradScaler), not built yet.
+- `fp16`: the forward pass under autocast to float16, the loss scaled as
+  `torch.amp.GradScaler` scales it (`LossScale`: each worker's own, by GradScaler's own
+  ops). Where GradScaler skips an optimizer step whose gradient overflowed, a worker
+  computes that gradient again at the halved scale (same minibatch, same BatchNorm
+  statistics): every algorithm's step is a gradient of its minibatch, as in float32.
 
 `deterministic=true` turns on torch's deterministic algorithms (cuDNN's too, its
 benchmark off; CUBLAS_WORKSPACE_CONFIG set for cuBLAS). Both are recorded in summary.json
@@ -17,13 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
+
+from stalebench.registry import stored
 
 if TYPE_CHECKING:
     import torch
 
-_autocast: str | None = None  # the dtype's name under autocast (bf16), once `configure`d
+_autocast: str | None = None  # the dtype's name under autocast (bf16, fp16), once `configure`d
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def configure(precision: str, deterministic: bool) -> None:
@@ -32,7 +39,7 @@ def configure(precision: str, deterministic: bool) -> None:
     import torch
 
     global _autocast
-    _autocast = "bfloat16" if precision == "bf16" else None
+    _autocast = AUTOCAST.get(precision)
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
@@ -80,9 +87,71 @@ def norms_in_float32(model: torch.nn.Module) -> Iterator[None]:
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     """A forward pass on `device` under this process's precision: autocast to bfloat16 with
-    precision=bf16, else as it is."""
+    precision=bf16, to float16 with fp16, else as it is."""
     import torch
 
     if _autocast is None or device.type == "meta":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=getattr(torch, _autocast))
+
+
+@stored
+class LossScale:
+    """One worker's loss scale under precision=fp16, kept as `torch.amp.GradScaler` keeps
+    its own (a scale and a growth tracker, tensors on the worker's device) and updated by
+    GradScaler's ops with its defaults: from 2**16, halved by a gradient holding an inf or a
+    NaN, doubled after 2000 in a row without."""
+
+    INIT, GROWTH, BACKOFF, INTERVAL = 2.0**16, 2.0, 0.5, 2000
+
+    def __init__(self, device: torch.device):
+        import torch
+
+        self.scale = torch.full((), self.INIT, device=device)
+        self.tracker = torch.zeros((), dtype=torch.int32, device=device)
+
+    def unscaled(self, grads: Sequence[torch.Tensor]) -> bool:
+        """`grads`, of the loss times `scale`, divided by it in place; the scale updated;
+        whether they were all finite (the one wait on the device this adds to a step)."""
+        import torch
+
+        found, inverse = torch.zeros((), device=self.scale.device), self.scale.reciprocal()
+        torch._amp_foreach_non_finite_check_and_unscale_(list(grads), found, inverse)
+        torch._amp_update_scale_(self.scale, self.tracker, found, self.GROWTH, self.BACKOFF,
+                                 self.INTERVAL)  # fmt: skip
+        return not found.item()
+
+    def again(self, loss: torch.Tensor) -> bool:
+        """After an overflow: is the gradient worth computing again at the halved scale? Not
+        when the loss itself is not finite (a diverged run: no scale helps) or the scale has
+        come under 1 (the gradient overflows float16 unscaled)."""
+        return bool(loss.isfinite()) and float(self.scale) >= 1.0
+
+
+def loss_scale(device: torch.device) -> LossScale | None:
+    """A worker's own `LossScale` under precision=fp16, else None (no scaling)."""
+    return LossScale(device) if _autocast == "float16" and device.type != "meta" else None
+
+
+def grads_of(
+    loss_of: Callable[[], torch.Tensor],
+    params: Sequence[torch.Tensor],
+    scale: LossScale | None,
+    buffers: Sequence[torch.Tensor],
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The gradients of `loss_of()` with respect to `params`, and the loss. With a `scale`
+    (fp16), of the scaled loss, unscaled; where they overflow, computed again at the scale
+    backed off, `buffers` (the forward pass's BatchNorm statistics) as they were."""
+    import torch
+
+    if scale is None:
+        loss = loss_of()
+        return torch.autograd.grad(loss, params), loss
+    kept = [b.clone() for b in buffers]
+    while True:
+        loss = loss_of()
+        grads = torch.autograd.grad(loss * scale.scale, params)
+        if scale.unscaled(grads) or not scale.again(loss):
+            return grads, loss
+        for buffer, was in zip(buffers, kept, strict=True):
+            buffer.copy_(was)

@@ -106,9 +106,11 @@ class Engine:
         """Its processes: by default the N workers, then the spares if it takes them."""
         return self.num_workers + (self.run.cluster.spares if self.takes_spares else 0)
 
-    def why_no_compile(self) -> str | None:
-        """Why its programs cannot run the model compiled (compile=true), if they cannot:
-        by default they compute through `engines.common.compiled`."""
+    def why_not(self, setting: str) -> str | None:
+        """Why its programs cannot honour `setting` of the workers' real compute, if they
+        cannot: `compile=true` (by default they compute through `engines.common.compiled`)
+        or `precision=fp16` (by default each gradient through `precision.grads_of`, with
+        its worker's loss scale)."""
         return None
 
     def serves(self, rank: int) -> bool:
@@ -186,8 +188,12 @@ class Engine:
                 f"server_device=cuda: engine={name} has no server (its ranks compute on "
                 "`device`); leave server_device unset"
             )
-        if run.compile and (why := self.why_no_compile()):
-            raise ConfigError(f"compile=true: {why}; leave compile unset")
+        for setting, asked, instead in (
+            ("compile=true", run.compile, "leave compile unset"),
+            ("precision=fp16", run.precision == "fp16", "use precision=bf16"),
+        ):
+            if asked and (why := self.why_not(setting)):
+                raise ConfigError(f"{setting}: {why}; {instead}")
         for key in self.ignores:
             value = getattr(run.cluster, key)
             if value:

@@ -67,20 +67,21 @@ class Net:
         buffers: list[torch.Tensor],
         batch,
         out: torch.Tensor | Into | None = None,
+        scale: precision.LossScale | None = None,
     ) -> tuple[torch.Tensor, float]:
         """The gradient (into `out`, if given) and loss of `batch` at θ = x, with the
         BatchNorm statistics `buffers` (the caller's own, left as the forward pass updated
-        them). A cost-only run's gradient is `out` as it was, its loss NaN: nothing is
-        computed (`sim.numerics=false`)."""
+        them) and under precision=fp16 the caller's loss `scale`. A cost-only run's gradient
+        is `out` as it was, its loss NaN: nothing is computed (`sim.numerics=false`)."""
         if not self.numerics:
             return (out.flat if isinstance(out, Into) else out), math.nan
         if x is not self.flat:  # a replica computing at its own θ needs no copy
             self.flat.copy_(x, non_blocking=True)  # from a pinned mailbox: queued
         if not buffers:  # no BatchNorm
-            return gradient(self.forward, self.params, batch, self.device, out)
+            return gradient(self.forward, self.params, batch, self.device, out, scale)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             shared.copy_(mine)
-        grad = gradient(self.forward, self.params, batch, self.device, out)
+        grad = gradient(self.forward, self.params, batch, self.device, out, scale, self.buffers)
         for mine, shared in zip(buffers, self.buffers, strict=True):
             mine.copy_(shared)
         return grad
@@ -105,11 +106,23 @@ class Net:
             thetas = torch.stack([steps[k].at for k in ks]).to(dev)
             bufs = [torch.stack([steps[k].buffers[i] for k in ks]).to(dev)
                     for i in range(len(self.buffers))]  # fmt: skip
-            grads, losses = self.vmapped()(thetas, bufs, xs.to(dev), ys.to(dev))
+            scales = [steps[k].scale for k in ks]
+            factors = torch.stack([s.scale if s else torch.ones((), device=dev) for s in scales])
+            grads, losses = self.vmapped()(thetas, bufs, xs.to(dev), ys.to(dev), factors)
+            losses = losses / factors  # of the scaled losses (fp16), the losses
+            # fp16: each unscaled; one that overflowed is computed again alone at the scale
+            # backed off (its statistics as they were), as one gradient at a time would be
+            again = [s is not None and not s.unscaled([g]) and s.again(loss)
+                     for s, g, loss in zip(scales, grads, losses, strict=True)]  # fmt: skip
             grads = grads.cpu()  # from a GPU: one copy for the batch, not one per step
             each = thetas[0].nbytes * 2 + xs[0].nbytes + ys[0].nbytes
             step_bytes = max(step_bytes, each + sum(b[0].nbytes for b in bufs))
             for j, (k, loss) in enumerate(zip(ks, losses.tolist(), strict=True)):
+                if again[j]:
+                    step = steps[k]
+                    results[k] = step.net.gradient_at(step.at, step.buffers, (xs[j], ys[j]),
+                                                      None, step.scale)  # fmt: skip
+                    continue
                 results[k] = (grads[j], loss)
                 for mine, stacked_buf in zip(steps[k].buffers, bufs, strict=True):
                     mine.copy_(stacked_buf[j])  # the forward pass's BatchNorm statistics
@@ -120,7 +133,8 @@ class Net:
         return done, step_bytes
 
     def vmapped(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-        """(θs, BatchNorm buffers, xs, ys) → (gradients, losses), one per leading index."""
+        """(θs, BatchNorm buffers, xs, ys, loss scales) → (gradients, losses), of the
+        losses times the scales (fp16's loss scaling; else ones), one per leading index."""
         if self._vmapped is None:
             from torch.func import functional_call, grad_and_value, vmap
 
@@ -132,7 +146,7 @@ class Net:
             sizes = [p.numel() for p in self.params]
             buffer_names = [name for name, _ in model.named_buffers()]
 
-            def loss(theta, buffers, x, y):
+            def loss(theta, buffers, x, y, factor):
                 views = (t.view(s) for t, s in zip(theta.split(sizes), shapes, strict=True))
                 params = dict(zip(names, views, strict=True))
                 named = dict(zip(buffer_names, buffers, strict=True))
@@ -140,7 +154,7 @@ class Net:
                 # vmap's batch_norm refuses, made float32 for it)
                 with precision.autocast(x.device), precision.norms_in_float32(model):
                     out = functional_call(model, (params, named), (x,))
-                    return objective(out, y)
+                    return objective(out, y) * factor
 
             self._vmapped = vmap(grad_and_value(loss))
         return self._vmapped
@@ -190,13 +204,14 @@ def batchable(job: Job, model: torch.nn.Module, d: int, device: torch.device) ->
 class GradientStep:
     """A worker's gradient as a step (`World.compute`): of `net` at θ = `at`, on the next
     minibatch of `batches` (a `Minibatches`), with the worker's BatchNorm statistics
-    `buffers`, into `out` (None: a new CPU tensor), then `then(gradient, loss)`, whose
-    result is the step's. Called, it is one gradient; the simulator may instead run it in
-    a batch (`run_batch`) with the other workers' pending steps of the same `batch_key`
-    (nets of one architecture): its inputs are the worker's own, fixed once the step is
-    taken, so it reads the same whenever it runs."""
+    `buffers` and loss scale `scale` (precision=fp16; else None), into `out` (None: a new
+    CPU tensor), then `then(gradient, loss)`, whose result is the step's. Called, it is
+    one gradient; the simulator may instead run it in a batch (`run_batch`) with the other
+    workers' pending steps of the same `batch_key` (nets of one architecture): its inputs
+    are the worker's own, fixed once the step is taken, so it reads the same whenever it
+    runs."""
 
-    __slots__ = ("net", "at", "buffers", "batches", "out", "then", "into", "batch_key")
+    __slots__ = ("net", "at", "buffers", "batches", "out", "then", "into", "batch_key", "scale")
 
     def __init__(
         self,
@@ -206,9 +221,10 @@ class GradientStep:
         batches: Iterator,
         out: torch.Tensor | None,
         then: Callable[[torch.Tensor, float], Any],
+        scale: precision.LossScale | None = None,
     ):
         self.net, self.at, self.buffers, self.batches = net, at, buffers, batches
-        self.out, self.then = out, then
+        self.out, self.then, self.scale = out, then, scale
         cpu = out is not None and net.device.type == "cpu"
         self.into = Into(out, net.params) if cpu else out  # written without a concatenation
         self.batch_key = net.signature
@@ -219,5 +235,6 @@ class GradientStep:
     def __call__(self) -> Any:
         if not self.net.numerics:  # cost-only: no minibatch drawn, nothing computed
             return self.then(*self.net.gradient_at(self.at, self.buffers, None, self.into))
-        grad, loss = self.net.gradient_at(self.at, self.buffers, next(self.batches), self.into)
+        batch = next(self.batches)
+        grad, loss = self.net.gradient_at(self.at, self.buffers, batch, self.into, self.scale)
         return self.then(grad, loss)

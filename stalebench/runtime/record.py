@@ -4,7 +4,7 @@ the budget and divergence tests, and a worker's gradient step."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,18 +186,25 @@ def gradient(
     batch,
     device: torch.device,
     out: torch.Tensor | Into | None = None,
+    scale: precision.LossScale | None = None,
+    buffers: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, float]:
     """Flat CPU gradient of the mean `objective` on one minibatch (cross-entropy for labels,
     ½·mean squared error for float targets), and the loss; written into `out` if given (a
     message's payload: no copy of its own; an `Into` on the CPU). From a GPU the copy into
     `out` is queued (`non_blocking`: asynchronous into pinned memory) and complete once
-    the loss is read, which waits for the device's stream."""
+    the loss is read, which waits for the device's stream. `scale`: the worker's loss scale
+    under precision=fp16 (`model`'s BatchNorm statistics `buffers` kept for a gradient
+    computed again after an overflow)."""
     x, y = batch
     if device.type != "cpu":  # the data is on the CPU
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    with precision.autocast(device):  # precision=bf16: the forward pass in bfloat16
-        loss = objective(model(x), y)
-    grads = torch.autograd.grad(loss, params)
+
+    def loss_of() -> torch.Tensor:
+        with precision.autocast(device):  # bf16, fp16: the forward pass in half precision
+            return objective(model(x), y)
+
+    grads, loss = precision.grads_of(loss_of, params, scale, buffers)
     if isinstance(out, Into):
         torch._foreach_copy_(out.views, grads, non_blocking=True)  # torch.optim's foreach copy
         return out.flat, loss.item()

@@ -133,11 +133,15 @@ def test_ssp_zero_per_round_equals_bsp(job):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("compiled", [[], ["compile=true", "compile_backend=eager"]],
-                         ids=["eager", "compiled"])  # fmt: skip
+@pytest.mark.parametrize(
+    "compiled",
+    [[], ["compile=true", "compile_backend=eager"], ["precision=fp16"]],
+    ids=["eager", "compiled", "fp16"],
+)
 def test_one_worker_asp_equals_sequential_sgd(job, compiled):
     """Also with the worker's model compiled (torch.compile with its `eager` backend: the
-    graphs dynamo captures, run as they are), the same θ to float rounding."""
+    graphs dynamo captures, run as they are), the same θ to float rounding; and in fp16,
+    the θ of torch's own mixed-precision loop (autocast to float16, a GradScaler)."""
     from stalebench.data import shard_batches
     from stalebench.job import Job
     from tests.conftest import FAST, compose
@@ -151,17 +155,23 @@ def test_one_worker_asp_equals_sequential_sgd(job, compiled):
     ]
     summary, _, run_dir = job(*overrides, *compiled)
     assert summary["status"] == "completed" and summary["lag"]["max"] == 0
-    assert summary["arithmetic"]["compile"] == ("eager" if compiled else False)
+    assert summary["arithmetic"]["compile"] == ("eager" if "compile=true" in compiled else False)
     cfg = compose(FAST + overrides)
     reference = Job.build(cfg)
     model = reference.model()
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     batches = shard_batches(reference.splits, 0, 1, cfg.dataset.batch_size, cfg.seed)
+    fp16 = compiled == ["precision=fp16"]
+    assert summary["arithmetic"]["precision"] == ("fp16" if fp16 else "fp32")
+    scaler = torch.amp.GradScaler("cpu", enabled=fp16)
     for _ in range(25):
         x, y = next(batches)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
     got = final_params(run_dir)
     for key, value in model.state_dict().items():
         torch.testing.assert_close(got[key], value, rtol=0, atol=1e-6)

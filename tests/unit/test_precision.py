@@ -1,12 +1,14 @@
 """The arithmetic of the workers' real compute (`stalebench.precision`): precision=bf16
 runs the forward pass under autocast — one gradient at a time and the simulator's batched
 gradients alike —, θ and its gradient staying float32; tf32 and deterministic set torch's
-flags, and a later job of the same process resets them; fp16 is refused by name; summary.json
-records the choice."""
+flags, and a later job of the same process resets them; fp16 scales each worker's loss as
+GradScaler does and computes an overflowed gradient again; what an engine cannot honour is
+refused by name; summary.json records the choice."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -75,13 +77,91 @@ def test_a_deterministic_run_completes(tmp_path):
     assert saved["arithmetic"] == {"precision": "fp32", "deterministic": True, "compile": False}
 
 
+def test_a_precision_that_cannot_be_honoured_is_refused_by_name():
+    with pytest.raises(ConfigError, match="precision must be fp32, tf32, bf16 or fp16, got 'fp8'"):
+        compose(fast_with([*BASE, "precision=fp8"]))
+
+
+def bn_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
+
+
+def test_fp16_unscales_a_scaled_gradient_and_computes_an_overflowed_one_again(monkeypatch):
+    """precision=fp16: the gradient of the loss times the worker's scale, divided by it;
+    at a scale whose gradient overflows float16 (2**40), computed again at half the scale
+    until it is finite (one forward pass each), from the BatchNorm statistics as they were:
+    the gradient and the statistics are those of one pass at a scale that fits."""
+    job("precision=fp16")
+    x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    got = {}
+    for init in (2.0**10, 2.0**40):
+        monkeypatch.setattr(precision.LossScale, "INIT", init)
+        model, passes = bn_net(), []
+        model.register_forward_hook(lambda m, i, out, seen=passes: seen.append(out.dtype))
+        scale = precision.loss_scale(torch.device("cpu"))
+        grad, loss = gradient(model, list(model.parameters()), (x, y), torch.device("cpu"),
+                              None, scale, list(model.buffers()))  # fmt: skip
+        halvings = round(math.log2(init / float(scale.scale)))
+        assert len(passes) == 1 + halvings and passes[0] == torch.float16
+        got[init] = grad, loss, model[1].running_mean.clone(), halvings
+    (g10, l10, mean10, h10), (g40, l40, mean40, h40) = got[2.0**10], got[2.0**40]
+    assert h10 == 0 and h40 > 0 and torch.isfinite(g40).all()
+    torch.testing.assert_close(g40, g10)  # a power of two scales and unscales exactly
+    assert l40 == l10 and torch.equal(mean40, mean10)
+    job()
+    model = bn_net()
+    reference, _ = gradient(model, list(model.parameters()), (x, y), torch.device("cpu"))
+    torch.testing.assert_close(g10, reference, rtol=0.02, atol=1e-3)  # float16's rounding
+
+
+def test_fp16s_loss_scale_grows_after_an_interval_without_overflow(monkeypatch):
+    """As GradScaler's: doubled after INTERVAL finite gradients in a row."""
+    monkeypatch.setattr(precision.LossScale, "INTERVAL", 3)
+    scale = precision.LossScale(torch.device("cpu"))
+    for _ in range(3):
+        assert scale.unscaled([torch.ones(4)])
+    assert float(scale.scale) == 2.0**17
+    assert not scale.unscaled([torch.tensor([1.0, math.inf])])
+    assert float(scale.scale) == 2.0**16 and int(scale.tracker) == 0
+
+
+@pytest.mark.parametrize("batch", ["off", "on"])
+def test_an_fp16_run_from_an_overflowing_scale_trains_as_fp32(tmp_path, monkeypatch, batch):
+    """A simulated fp16 run whose every worker's first gradient overflows (a scale of
+    2**40), one at a time or batched: each computed again until finite; the losses are
+    float32's to float16's rounding."""
+    monkeypatch.setattr(precision.LossScale, "INIT", 2.0**40)
+    losses = {}
+    for p in ("fp32", "fp16"):
+        cfg = compose(fast_with([*BASE, f"precision={p}", f"sim.batch={batch}",
+                                 "cluster.num_workers=3"]))  # fmt: skip
+        cfg.run_dir = str(tmp_path / p)
+        summary = experiment.run(cfg)
+        assert summary["status"] == "completed", summary["error"]
+        assert summary["arithmetic"]["precision"] == p
+        losses[p] = [e["loss"] for e in read_events(tmp_path / p / "events.jsonl")
+                     if e["kind"] == "update"]  # fmt: skip
+    job()
+    assert losses["fp16"] != losses["fp32"]  # autocast took effect
+    assert losses["fp16"] == pytest.approx(losses["fp32"], abs=1e-3)
+
+
 @pytest.mark.parametrize(
-    ("value", "said"),
-    [("fp16", "precision=fp16: float16 needs loss scaling"), ("fp8", "precision must be")],
-)
-def test_a_precision_that_cannot_be_honoured_is_refused_by_name(value, said):
+    ("overrides", "said"),
+    [
+        (["algorithm=gpipe"], "precision=fp16: engine=pipeline's stages each run a part of"),
+        (["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=1"],
+         "precision=fp16: engine.bucket_mb=1: a piece is all-reduced as backward makes it"),
+    ],
+)  # fmt: skip
+def test_an_fp16_that_cannot_be_honoured_is_refused_by_name(tmp_path, overrides, said):
+    cfg = compose(fast_with([*BASE, "precision=fp16", *overrides]))
+    cfg.run_dir = str(tmp_path)
     with pytest.raises(ConfigError, match=said):
-        compose(fast_with([*BASE, f"precision={value}"]))
+        experiment.prepare(cfg)
 
 
 def test_autocast_where_there_is_arithmetic_only():

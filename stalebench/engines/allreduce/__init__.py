@@ -73,11 +73,14 @@ class AllReduceEngine(DataParallel):
             return f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces keep none"
         return super().why_no_checkpoints()
 
-    def why_no_compile(self) -> str | None:
-        if self.cfg.bucket_mb:
+    def why_not(self, setting: str) -> str | None:
+        if not self.cfg.bucket_mb:
+            return None
+        if setting == "compile=true":
             return (f"engine.bucket_mb={self.cfg.bucket_mb:g}: the rounds in pieces hook the "
                     "model's forward and backward, which run eager")  # fmt: skip
-        return None
+        return (f"engine.bucket_mb={self.cfg.bucket_mb:g}: a piece is all-reduced as backward "
+                "makes it, before an overflow anywhere in the gradient is known")  # fmt: skip
 
     def survives_loss_of(self, rank: int) -> bool:
         """A replica, with cluster.min_replicas set: the rounds go on over the others (rank

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stalebench import precision
 from stalebench.engines.common import GradientStep, Net, catch_up, compiled
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
@@ -218,4 +219,5 @@ def worker_of(job: Job, world: World, net, params, worker: int, version: int, ou
     batches = job.batches(worker)
     catch_up(profile, worker, batches, version)
     own = Net(job, device, net, params if device.type == "cpu" else None)
-    return GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss)
+    scale = precision.loss_scale(device)  # fp16: the replica's own loss scale
+    return GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss, scale)

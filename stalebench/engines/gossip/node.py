@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stalebench import precision
 from stalebench.algorithms.gossip import GOSSIP, Mixing
 from stalebench.algorithms.local import INNER
 from stalebench.engines.common import GradientStep, Net
@@ -49,6 +50,7 @@ class Node:
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(index)
         self.buffers = [b.detach().clone() for b in net.buffers]
+        self.scale = precision.loss_scale(net.device)  # fp16: its own loss scale
 
     @property
     def z(self) -> torch.Tensor:
@@ -59,7 +61,7 @@ class Node:
     def gradient(self, net: Net) -> GradientStep:
         """The gradient at z of the next minibatch, with the node's BatchNorm statistics, as
         a step (`World.compute`): its result (gradient, loss)."""
-        return GradientStep(net, self.z, self.buffers, self.batches, None, _both)
+        return GradientStep(net, self.z, self.buffers, self.batches, None, _both, self.scale)
 
     def step(self, grad: torch.Tensor) -> None:
         self.inner.step(grad)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from stalebench import precision
 from stalebench.algorithms.local import INNER, OUTER, OuterRule
 from stalebench.engines.common import GradientStep, Net
 from stalebench.engines.local.wire import QUANTIZE
@@ -45,11 +46,13 @@ class Replica:
         self.inner = INNER.build(job.cfg.algorithm.inner, self.x)
         self.batches = job.batches(worker)
         self.buffers = [b.detach().clone() for b in net.buffers]
+        self.scale = precision.loss_scale(net.device)  # fp16: its own loss scale
 
     def step(self, net: Net) -> GradientStep:
         """One inner step on the next minibatch, as a step (`World.compute`): the gradient
         at x, then the optimizer; its result the minibatch's loss."""
-        return GradientStep(net, self.x, self.buffers, self.batches, None, self._inner)
+        return GradientStep(net, self.x, self.buffers, self.batches, None, self._inner,
+                            self.scale)  # fmt: skip
 
     def _inner(self, grad: torch.Tensor, loss: float) -> float:
         if self.numerics:

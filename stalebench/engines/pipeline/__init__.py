@@ -40,8 +40,11 @@ class PipelineEngine(Engine):
     def num_workers(self) -> int:
         return self.run.algorithm.pipeline.stages
 
-    def why_no_compile(self) -> str | None:
-        return "engine=pipeline's stages run their modules eager (compiling them is not built)"
+    def why_not(self, setting: str) -> str | None:
+        if setting == "compile=true":
+            return "engine=pipeline's stages run their modules eager (compiling them is not built)"
+        return ("engine=pipeline's stages each run a part of backward, so an overflow would "
+                "have to be found across them (loss scaling over stages is not built)")  # fmt: skip
 
     def rank_name(self, rank: int) -> str:
         return f"stage {rank} (rank {rank})"

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from stalebench import placement
+from stalebench import placement, precision
 from stalebench.algorithms.base import UPDATES
 from stalebench.engines.common import GradientStep, Net, catch_up, late_loss
 from stalebench.engines.ps.loop import build_server, serve
@@ -230,6 +230,7 @@ class Worker(Role):
         size = HEADER + num_params
         self.inbox = world.mailbox(0, rank, size, HEADER)
         self.buffers = [b.detach().clone() for b in net.buffers]  # its own BatchNorm
+        self.scale = precision.loss_scale(net.device)  # fp16: its own loss scale
         self.out = world.mailbox(rank, 0, size, HEADER)
         # the views of the reply it reads and the push it writes
         self.reply, self.push = Header(self.inbox, num_params), Header(self.out, num_params)
@@ -283,7 +284,13 @@ class Worker(Role):
         catch_up(profile, worker, self.batches, clock)
         # a step: the gradient at the θ just received, on the next minibatch, into the push
         self.step = GradientStep(
-            self.net, self.reply.payload, self.buffers, self.batches, self.push.payload, self.pushed
+            self.net,
+            self.reply.payload,
+            self.buffers,
+            self.batches,
+            self.push.payload,
+            self.pushed,
+            self.scale,
         )
 
     def pause(self, at: float, seconds: float) -> None:
