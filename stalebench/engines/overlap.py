@@ -21,8 +21,9 @@ import functools
 import time
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
+from stalebench import precision
 from stalebench.algorithms.base import UPDATES
 from stalebench.evaluation import objective
 from stalebench.job import Job
@@ -146,7 +147,8 @@ class Rounds:
     apply the last round's pieces as the forward pass reaches them, the paced step that
     fires them, and the update once a round's pieces are in."""
 
-    def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, msg):
+    def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, msg,
+                 grad_in: torch.Tensor | None = None):  # fmt: skip
         eng, n, net = job.cfg.engine, job.num_workers, gradient_step.net.model
         self.p3, self.n = eng.schedule == "p3", n
         self.net_params = net_params = list(net.parameters())
@@ -161,8 +163,8 @@ class Rounds:
             raise ValueError(f"a round's message of {msg.slots} slots for {layout.size}")
         self.buf = msg.buf  # the tail, then θ's gradient (the step's `out` where not hooked)
         self.params, self.rule, self.batches = params, rule, gradient_step.batches
+        self.grad_in = grad_in  # θ on a GPU: where a piece of the mean is copied up to
         self.device = world.device
-        self.in_place = params.data_ptr() == net_params[0].data_ptr()  # views of θ: no copies
         self.round, self.step_s = 0, 0.0  # the round being computed, its modelled step time
         self.mark = 0.0  # seconds waited for pieces before the round began
         self.applied = [0] * len(layout.pieces)  # the last round each piece was applied for
@@ -205,10 +207,9 @@ class Rounds:
         before by layer, then what it did not reach), backward posting the pieces as it
         makes them; the loss."""
         self.pace.start(self.step_s)
-        if not self.p3 and not self.in_place:
-            vector_to_parameters(self.params.to(self.device), self.net_params)
         x, y = next(self.batches)
-        loss = objective(self.net(x.to(self.device)), y.to(self.device))
+        with precision.autocast(self.device):  # bf16: the forward pass in bfloat16
+            loss = objective(self.net(x.to(self.device)), y.to(self.device))
         if self.p3 and self.round > 1:
             self.apply(list(range(len(self.net_params))))
             self.rule.count()
@@ -246,11 +247,11 @@ class Rounds:
                     lo, hi = self.layout.span(k)
                     grad = self.buf[self.layout.tail :]
                     grad[lo:hi].div_(self.n)
+                    if self.grad_in is not None:  # up to θ's device
+                        self.grad_in[lo:hi].copy_(grad[lo:hi], non_blocking=True)
+                        grad = self.grad_in
                     self.rule.apply_part(self.params, grad, lo, hi)
                     self.applied[k] = done
-            if not self.in_place:
-                p, lo = self.net_params[i], self.layout.offsets[i] - self.layout.tail
-                p.data.copy_(self.params[lo : lo + p.numel()].view_as(p))
 
 
 def measure_step(job: Job, world, net, net_params) -> Op[float]:
@@ -268,13 +269,14 @@ def measure_step(job: Job, world, net, net_params) -> Op[float]:
 
 
 def build_replica(job: Job, device: torch.device):
-    """(θ₀'s model, θ, the update rule, the replica's net, its parameter tensors): on the
-    CPU the net's parameters are views of θ, so an update needs no copy."""
+    """(θ₀'s model, θ, the update rule, the replica's net, its parameter tensors): θ, the
+    rule's state and the net on `device`, the net's parameters views of θ, so an update
+    needs no copy."""
     model = job.model()
-    params = parameters_to_vector(model.parameters()).detach().clone()
+    params = parameters_to_vector(model.parameters()).detach().clone().to(device)
     rule = UPDATES.build(job.cfg.algorithm.update, params, job.num_workers)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: DDP's tensors
     net = job.model().to(device)
-    if device.type == "cpu":
+    if job.numerics:  # a cost-only run's θ has no values
         flatten_parameters(net, params)
     return model, params, rule, net, list(net.parameters())

@@ -2,7 +2,9 @@
 rank's statistics, a stop word: values every run carries), then a `payload` (a gradient, θ).
 
 With numerics (every run but a cost-only one) the message is one float32 tensor, `buf`,
-of which `head` and `payload` are views: what the world sends or all-reduces. In a
+of which `head` and `payload` are views: what the world sends or all-reduces, in host
+memory (page-locked, `pinned`, for a rank on a GPU: its copies to and from the device are
+then asynchronous). In a
 cost-only run (`sim.numerics=false`) the payload has no values — a tensor on the meta
 device, its size and no storage — and `buf` is the head alone, while `nbytes` still says
 what the whole message weighs: the world charges the wire for it (its `nbytes=`), so the
@@ -19,10 +21,10 @@ import torch
 class Message:
     __slots__ = ("buf", "head", "payload", "nbytes", "slots")
 
-    def __init__(self, head: int, payload: int, numerics: bool = True):
+    def __init__(self, head: int, payload: int, numerics: bool = True, pinned: bool = False):
         self.slots = head + payload
         if numerics:
-            self.buf = torch.zeros(self.slots)
+            self.buf = torch.zeros(self.slots, pin_memory=pinned)  # pinned: CUDA only
             self.head, self.payload = self.buf[:head], self.buf[head:]
             self.nbytes: int | None = None
         else:

@@ -2,8 +2,9 @@
 same θ₀ and the same per-rank data order, 50 steps of allreduce-BSP and of PS-BSP end with
 parameters bit-identical to `DistributedDataParallel` over gloo with `torch.optim.SGD`
 (2 processes, CPU); so do allreduce-BSP's overlapped rounds, in DDP-like buckets and in
-P3's slices applied layer by layer. A harness that reordered a sum, dropped a batch or
-applied a stale gradient would differ in the last bits at least.
+P3's slices applied layer by layer; and with precision=bf16, allreduce-BSP in one message
+and in buckets against DDP under `torch.autocast` to bfloat16. A harness that reordered a
+sum, dropped a batch or applied a stale gradient would differ in the last bits at least.
 
 The same holds for the update rules that are torch's optimizers (stalebench/algorithms/
 torch_optim.py): allreduce-BSP with `algorithm/update=adamw|adam|nadam|torch_sgd` ends
@@ -32,16 +33,18 @@ ARGS = ["algorithm=bsp", "cluster.num_workers=2", f"budget.max_updates={STEPS}"]
 BUCKETS = ["engine=allreduce", "engine.bucket_mb=0.0005"]  # 131 floats: 2 buckets, 8 slices
 
 
-def _ddp_final(job, rank: int, optimizer) -> torch.Tensor:
+def _ddp_final(job, rank: int, optimizer, bf16: bool = False) -> torch.Tensor:
     """θ after STEPS steps of DDP from the job's θ₀ on its rank's stream, the optimizer
-    made by `optimizer(parameters)`."""
+    made by `optimizer(parameters)`; `bf16`: the forward pass under autocast to bfloat16."""
     model = torch.nn.parallel.DistributedDataParallel(job.model())
     opt = optimizer(model.parameters())
     batches = job.batches(rank)
     for _ in range(STEPS):
         x, y = next(batches)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
     return parameters_to_vector(model.parameters()).detach().clone()
 
@@ -71,11 +74,15 @@ def test_allreduce_bsp_and_ps_bsp_end_bit_identical_to_ddp(tmp_path, ddp_optimiz
         "ps": ["engine=ps"],
         "buckets": fifo,
         "p3": [*fifo, "engine.schedule=p3"],
+        "allreduce_bf16": ["engine=allreduce", "precision=bf16"],
+        "buckets_bf16": [*fifo, "precision=bf16"],
     }
     for name, args in runs.items():
         ours = final_params(run_job(tmp_path / name, [*ARGS, *args]))
-        assert ours.shape == reference.shape
-        assert torch.equal(ours, reference), (name, (ours - reference).abs().max())
+        want = ddp_optimizers["sgd_bf16"] if name.endswith("bf16") else reference
+        assert ours.shape == want.shape
+        assert torch.equal(ours, want), (name, (ours - want).abs().max())
+    assert not torch.equal(ddp_optimizers["sgd_bf16"], reference)  # autocast took effect
 
 
 # name: (stalebench's overrides, torch.optim's class and its arguments): the same numbers
@@ -127,6 +134,7 @@ def _ddp_optimizers(rank: int, port: int, overrides: list[str], out: str) -> Non
     job = Job.build(compose(overrides))
     lr = job.cfg.algorithm.update.lr
     finals = {"sgd": _ddp_final(job, rank, lambda params: torch.optim.SGD(params, lr=lr))}
+    finals["sgd_bf16"] = _ddp_final(job, rank, lambda p: torch.optim.SGD(p, lr=lr), bf16=True)
     for name, (_, optimizer, kwargs) in TORCH_RULES.items():
         make = getattr(torch.optim, optimizer)
         finals[name] = _ddp_final(job, rank, lambda params, m=make, k=kwargs: m(params, **k))

@@ -1,6 +1,10 @@
 """engine=allreduce's replica, one role for both runtimes (the engine, its config and
 checks: `stalebench.engines.allreduce`, which imports no torch).
 
+A replica keeps θ, its net (whose parameters are views of θ) and the update rule's state
+on its device, and takes the update there; the round's message is in host memory (pinned
+on a GPU), the gradient copied into it and the mean copied back, each `non_blocking`.
+
 The protocol, a round at a time: every replica computes its gradient, writes its statistics
 (compute time, loss, seconds paused) and rank 0 its order (stop, save, or go on) into the
 header of one message, and all-reduces it with the gradient — in one message, or with
@@ -16,6 +20,8 @@ takes a lost replica's place.
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from stalebench import precision
 from stalebench.engines.common import GradientStep, Net, catch_up, compiled
@@ -76,10 +82,10 @@ class Replica(Role):
         return True
 
     def join(self, state: dict[str, Any]) -> None:
-        """θ (its net's parameters views of it on the CPU), the rule and the rounds so far
-        from a checkpoint's part or the replicas left."""
+        """θ (its net's parameters views of it), the rule and the rounds so far from a
+        checkpoint's part or the replicas left."""
         self.params, self.rule, self.progress = state["params"], state["rule"], state["progress"]
-        if self.params.device.type == "cpu" and self.device.type == "cpu":
+        if not self.params.is_meta:  # a cost-only run's θ has no values
             sent = self.params.clone()
             flatten_parameters(self.net, self.params)  # the net's parameters views of θ
             self.params.copy_(sent)
@@ -117,7 +123,11 @@ class Replica(Role):
         self.worker = self.members.me
         header_slots = 3 * n + 1  # the statistics, then the order
         payload_slots = round_slots(params.numel(), n) - header_slots
-        self.msg = Message(header_slots, payload_slots, job.numerics)
+        self.msg = Message(header_slots, payload_slots, job.numerics, world.device.type == "cuda")
+        # θ on a GPU: the mean gradient copied up from the message into one buffer
+        payload = self.msg.payload
+        same = payload.device == params.device or payload.is_meta
+        self.grad_in = None if same else torch.empty_like(params)
         self.step = worker_of(job, world, self.net, params, self.worker, progress["version"],
                               self.msg.payload)  # fmt: skip
         eng = job.cfg.engine
@@ -125,7 +135,8 @@ class Replica(Role):
         if eng.bucket_mb:
             if self.p3:
                 nominal = yield from measure_step(job, world, self.net, self.net_params)
-            self.overlap = Rounds(job, world, self.step, params, rule, nominal, self.msg)
+            self.overlap = Rounds(job, world, self.step, params, rule, nominal, self.msg,
+                                  self.grad_in)  # fmt: skip
             self.step = self.overlap.step if self.overlap.pieces.hooked else self.step
         self.hooked = self.overlap is not None and self.overlap.pieces.hooked
         # the slots the protocol reads, as numpy: no tensor op a scalar
@@ -161,7 +172,7 @@ class Replica(Role):
         if self.order[0] == STOP:  # rank 0 decided last round that this one is not applied
             return False
         if self.job.numerics:  # a cost-only run takes no update's arithmetic
-            self.rule.step(self.params, self.msg.payload.div_(len(self.members.live)), -1, 0)
+            self.rule.step(self.params, self.mean_gradient(), -1, 0)
         self.close(self.stats, world.now() - reduce_start, compute)
         yield from self.after_round()
         return True
@@ -176,6 +187,11 @@ class Replica(Role):
         lasts = overlap.pieces.comm_s(compute, world.faults.slow_s) if overlap else None
         live = yield from self.members.summing(msg.buf, lasts, nbytes=msg.nbytes)
         self.members.left(self.version + 1, live)
+
+    def mean_gradient(self) -> Any:
+        """The round's summed gradient over the replicas in it, on θ's device."""
+        grad = self.msg.payload.div_(len(self.members.live))
+        return grad if self.grad_in is None else self.grad_in.copy_(grad, non_blocking=True)
 
     def close(self, round_stats, reduce_s: float, own: float) -> None:
         """The round is in θ: rank 0 reports it and decides the stop."""
@@ -213,11 +229,11 @@ class Replica(Role):
 
 
 def worker_of(job: Job, world: World, net, params, worker: int, version: int, out):
-    """`worker`'s step (the gradient at θ into `out`, its loss the result; on the CPU the
-    net's parameters are views of θ: no copy), from round `version` on."""
+    """`worker`'s step (the gradient at θ into `out`, its loss the result; the net's
+    parameters are views of θ: no copy), from round `version` on."""
     device, profile = world.device, job.profile
     batches = job.batches(worker)
     catch_up(profile, worker, batches, version)
-    own = Net(job, device, net, params if device.type == "cpu" else None)
+    own = Net(job, device, net, params)
     scale = precision.loss_scale(device)  # fp16: the replica's own loss scale
     return GradientStep(own, params, own.buffers, batches, out, lambda grad, loss: loss, scale)
