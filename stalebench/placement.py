@@ -80,6 +80,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()  # CUDA only
 
 
+def on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in host memory, for a collective over gloo: itself where it is already
+    there (the CPU; the meta device of a cost-only run); from a GPU, a page-locked copy,
+    waited for."""
+    import torch
+
+    if tensor.device.type != "cuda":
+        return tensor
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)  # CUDA only
+    out.copy_(tensor, non_blocking=True)
+    synchronize(tensor.device)
+    return out
+
+
 def placed(rank: int, device: torch.device) -> dict[str, Any]:
     """One rank's entry in summary.json's `ranks`: its host and device."""
     return {"rank": rank, "host": socket.gethostname(), "device": str(device)}

@@ -212,10 +212,19 @@ def test_a_silent_worker_fails_the_run_within_the_timeout(job):
     [
         ["algorithm=bsp", "cluster.num_workers=2", "budget.max_updates=10"],
         ["runtime=sim", "algorithm=asp", "cluster.num_workers=4", "budget.max_updates=20"],
+        ["engine=allreduce", "algorithm=bsp", "cluster.num_workers=2", "budget.max_updates=10"],
+        ["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=0.0005", "engine.schedule=p3",
+         "cluster.num_workers=2", "budget.max_updates=10"],
+        ["engine=local", "algorithm=local_sgd", "cluster.num_workers=2",
+         "budget.max_updates=4"],
+        ["engine=gossip", "algorithm=sgp", "cluster.num_workers=2", "budget.max_updates=10"],
     ],
-    ids=["real-workers", "simulator"],
-)
+    ids=["real-workers", "simulator", "allreduce", "allreduce-p3", "local", "gossip"],
+)  # fmt: skip
 def test_gradients_on_cuda_match_cpu(job, common):
+    """Every engine's state on the GPU (θ, the rules', replicas' and nodes' state; the
+    parameter server's by server_device=auto), its messages through host memory: the θ
+    the CPU ends with, to float rounding."""
     cpu, _, cpu_dir = job("device=cpu", *common)
     gpu, _, gpu_dir = job("device=cuda", *common)
     assert cpu["status"] == gpu["status"] == "completed"

@@ -71,7 +71,9 @@ class Node:
         return self.rule.send(self.x, self.w, self.index, k)
 
     def receive(self, message: torch.Tensor) -> None:
-        self.rule.receive(self.x, self.w, message)
+        """Take in a message [x | w] (from host memory: copied to x's device at once, the
+        buffer then free for the next one)."""
+        self.rule.receive(self.x, self.w, message.to(self.x.device))
 
 
 def message_bytes(num_params: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from stalebench import placement
 from stalebench.engines.common import catch_up
 from stalebench.engines.gossip.node import (
     ROW,
@@ -61,14 +62,16 @@ class Peer(Role):
         self.net = world.shared("net", lambda: Net(job, world.device))
         # false: a cost-only run (sim.numerics=false), whose x, w and messages have no values
         self.values = job.numerics
-        flat = self.net.flat.detach()
-        theta = (flat.cpu() if self.values else flat).clone()  # θ₀, the same in every rank
+        theta = self.net.flat.detach().clone()  # θ₀, the same in every rank, on its device
         self.node = Node(job, self.index, theta, self.net, self.rule)
         self.sync_every, self.num_params = job.cfg.engine.sync_every, theta.numel()
-        self.z_mean, self.first, self.nbytes, self.status = theta.clone(), 0, 0, "completed"
+        # z̄ in host memory (pinned on a GPU): the meetings all-reduce it over gloo
+        self.z_mean = placement.on_host(theta.clone())
+        self.first, self.nbytes, self.status = 0, 0, "completed"
         self.in_flight: deque[tuple[int, torch.Tensor, list[tuple[Any, int]]]] = deque()
         self.rows: list[list[float]] = []
-        self.inbox = theta.new_empty(self.num_params + 1)  # a message [x | w], taken in at once
+        # a message [x | w], taken in at once, in host memory (pinned on a GPU) for gloo
+        self.inbox = placement.on_host(theta.new_empty(self.num_params + 1))
         self.carried = [0.0, 0.0]  # wait, comm of the last collective, for the next row
         self.save, self.met_at = False, 0.0  # a checkpoint after the last meeting; its time
         self.lost: set[int] = set()  # nodes known lost
@@ -212,7 +215,7 @@ class Peer(Role):
         (grad, loss), compute = yield from world.compute(step, self.job.profile.step_s(self.index))
         if not rule.mixes_first and self.values:
             node.step(grad)
-        message, sends = node.send(k) if self.values else self.inbox, []
+        message, sends = placement.on_host(node.send(k)) if self.values else self.inbox, []
         wire_s = world.wire_s  # the network's seconds so far
         for peer in rule.out_peers(self.index, k):
             try:
@@ -289,7 +292,7 @@ class Peer(Role):
         mine = torch.tensor(self.rows, dtype=torch.float64).flatten()
         stats[self.index * width : self.index * width + mine.numel()] = mine
         if self.values:  # a cost-only run has no distance, loss or θ to check
-            stats[n * width + self.index] = float((z - self.z_mean).norm())
+            stats[n * width + self.index] = float((z - self.z_mean.to(z.device)).norm())
             losses = [row[1] for row in self.rows]
             stats[-1] = float(any(not math.isfinite(v) for v in losses) or diverged(0.0, z))
         if record is not None:  # rank 0's order: stop, or a checkpoint after this meeting

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from stalebench import placement
 from stalebench.engines.common import Net, catch_up
 from stalebench.engines.local.round import (
     STATS,
@@ -74,7 +75,8 @@ class Member(Role):
         starts, or where the replicas left are (`state`: a spare's welcome, or this rank's
         part of a checkpoint)."""
         job, world, engine, net = self.job, self.world, self.engine, self.net
-        self.theta = net.flat.detach().to(job.host).clone()  # θ₀, the same on every rank
+        # θ₀, the same on every rank, on its device (the replica's, the outer rules' too)
+        self.theta = net.flat.detach().clone()
         # who plays which worker (a spare: the one whose place it takes), those left: as
         # the run starts, or where the replicas left are (a spare joining, or resumed)
         self.members = Members(job, world, *((state["workers"], state["live"]) if state else ()))
@@ -217,10 +219,10 @@ class Member(Role):
                 losses[worker] = row[1]
                 waited += yield from world.all_reduce(losses)
                 exchange.choose(losses.tolist())
-                payload = exchange.contribution(worker, delta)
+                payload = placement.on_host(exchange.contribution(worker, delta))
                 waited += yield from world.all_reduce(payload, nbytes=exchange.payload_bytes)
             else:
-                payload = exchange.contribution(worker, delta)
+                payload = placement.on_host(exchange.contribution(worker, delta))  # for gloo
                 if exchange.gathers:  # int8: every worker's piece, summed after decoding
                     pieces = [torch.empty_like(payload) for _ in range(num_workers)]
                     handle = yield from world.all_gather(

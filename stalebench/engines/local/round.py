@@ -85,7 +85,8 @@ class Wire:
             return x
         if not self.gathers:
             return x.to(self.dtype)
-        q, scales = torch.empty(x.numel(), dtype=torch.int8), torch.empty(len(self.segments))
+        q = torch.empty(x.numel(), dtype=torch.int8, device=x.device)
+        scales = torch.empty(len(self.segments), device=x.device)
         for k, (a, b) in enumerate(self.segments):
             top = float(x[a:b].abs().max()) if b > a else 0.0
             scales[k] = top / 127 if top > 0 else 1.0
@@ -199,7 +200,7 @@ class Exchange:
             return self.wire.encode(delta)
         if self.rule.exchange == "mean":
             return self.wire.encode(delta / self.num_workers)
-        out = torch.zeros(self.slots, self.d, dtype=self.wire.dtype)
+        out = torch.zeros(self.slots, self.d, dtype=self.wire.dtype, device=delta.device)
         if worker in self.leaders:
             out[self.leaders.index(worker)] = self.wire.encode(delta)
         return out
@@ -216,6 +217,7 @@ class Exchange:
         pieces); returns the leaders' replicas (rows), or None. `share`: M / the replicas
         the payload summed, when some were lost (a mean over those left)."""
         summed = self.gathered(total) if self.gathers else self.wire.decode(total)
+        summed = summed.to(theta.device, non_blocking=True)  # from the wire to θ's device
         if share != 1.0:
             summed.mul_(share)
         if self.rule.exchange == "mean":

@@ -189,10 +189,11 @@ class Worker(Role):
         self.job, self.world, self.worker = job, world, world.rank - 1
         self.net = net = world.shared("net", lambda: Net(job, world.device))
         num_params = net.flat.numel()
-        self.replica = Replica(job, self.worker, net.flat.detach().to(job.host), net)
+        self.replica = Replica(job, self.worker, net.flat.detach(), net)  # on its device
         self.wire = wire_of(job, net)
         world.play(self.worker)
-        self.rule = OUTER.build(job.cfg.algorithm.outer, torch.zeros(num_params, device=job.host),
+        self.rule = OUTER.build(job.cfg.algorithm.outer,
+                                torch.zeros(num_params, device=net.flat.device),
                                 job.num_workers)  # fmt: skip
         self.inbox = world.mailbox(0, world.rank, REPLY + num_params, REPLY)
         self.message = world.mailbox(world.rank, 0, Push.size(self.wire, num_params), HEADER)
@@ -213,6 +214,8 @@ class Worker(Role):
             if kind == STOP:
                 return None
             theta = inbox[REPLY:]  # in a cost-only run none: it has no values, nor has Δ
+            if job.numerics:  # to the replica's device (queued, from a pinned mailbox)
+                theta = theta.to(replica.x.device, non_blocking=True)
             if job.numerics and delta is None:
                 replica.x.copy_(theta)
             elif job.numerics:

@@ -132,7 +132,7 @@ class StageProgram(Role):
         buf[:1].view(torch.int32)[0] = microbatch
         buf[2:4].view(torch.float64)[0] = loss
         if payload is not None and self.numerics:
-            buf[HEADER:] = payload.reshape(-1).cpu()
+            buf[HEADER:].copy_(payload.reshape(-1))  # from a GPU: into host memory, once
         start = self.world.now()
         self.sends.append(((yield from self.world.isend(buf, dst)), dst))
         self.comm += self.world.now() - start
