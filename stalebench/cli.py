@@ -3,6 +3,7 @@ naming the config key and value, before any process starts."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import json
@@ -87,6 +88,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
 
     rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
     multirun = hc.mode == RunMode.MULTIRUN
+    torchrun = nodes.under_torchrun()
+    nodes.JOB = str(hc.job.num or 0) if multirun else "0"  # torchrun: the store's prefix
     if deferred():  # a launcher's worker that was signalled (callbacks.StopOnSignal)
         _remove_if_unused(Path(hc.runtime.output_dir))
         sys.exit(Interrupted(deferred()).exit_code)  # it starts no more jobs
@@ -108,12 +111,21 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         from stalebench import experiment
         from stalebench.runtime import forkserver
 
-        engine = experiment.prepare(cfg) if rank == 0 else experiment.engine_of(cfg)
-        kept = experiment.claim_run_dir(cfg, keep=not nodes.under_torchrun()) if rank == 0 else None
+        # torchrun: every process checks the input on its own node, then hears the others'
+        engine = experiment.prepare(cfg)
+        if torchrun:
+            nodes.agree()
+        kept = experiment.claim_run_dir(cfg, keep=not torchrun) if rank == 0 else None
     except ConfigError as exc:
         if progress is not None:
             progress.close(None)  # the error on a line of its own
         print(f"stalebench: error: {exc}", file=sys.stderr)
+        if torchrun:  # every other process ends with this line too
+            nodes.tell_refusal(str(exc))
+            if rank > 0:  # its directory is rank 0's, which decides about it
+                if multirun:
+                    return None
+                sys.exit(EXIT_CODES["invalid"])
         if multirun and rank == 0 and isinstance(exc, BadCheckpoint):
             # the sweep goes on, and its end names this job, whose directory is left as it is
             from stalebench.callbacks import record_refused
@@ -132,10 +144,17 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
             progress.close(None)
         print(f"[kept] resume=true: completed before with this config -> {cfg.run_dir}")
         return (kept.get("final") or {}).get("accuracy")
-    if nodes.under_torchrun() and rank > 0:  # its rank in the run: nodes.form_group
+    if torchrun and rank > 0:  # its rank in the run: nodes.form_group
         from stalebench.runtime.launch import run_rank
 
-        sys.exit(run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None))
+        try:
+            code = run_rank(cfg, engine, rank, int(os.environ["WORLD_SIZE"]), None)
+        except ConfigError as exc:  # rank 0 refused its run directory
+            print(f"stalebench: error: {exc}", file=sys.stderr)
+            code = EXIT_CODES["invalid"]
+        if multirun:  # the sweep's next job
+            return None
+        sys.exit(code)
     tail = _follow(cfg, dcfg, hc, progress)
     summary, interrupted = None, None
     try:
@@ -453,7 +472,7 @@ def main() -> None:
             print(f"stalebench: error: {exc}", file=sys.stderr)
             sys.exit(2)
         return
-    from stalebench.runtime.nodes import owns_run_dir
+    from stalebench.runtime.nodes import owns_run_dir, tell_refusal, under_torchrun
 
     try:
         check_choices(sys.argv[1:])
@@ -462,13 +481,22 @@ def main() -> None:
             check_room(sys.argv[1:])
     except ConfigError as exc:
         print(f"stalebench: error: {exc}", file=sys.stderr)
+        if under_torchrun():  # every other process ends with this line too
+            tell_refusal(str(exc))
         sys.exit(2)
     if not owns_run_dir():
         # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);
-        # Hydra must not make a directory of its own, which ${now:} would name per process.
+        # Hydra must not make a directory of its own, which ${now:} would name per process,
+        # nor, under -m, a sweep's directories, files or report (rank 0's sweep has them):
+        # what its sweeper writes goes to a directory of its own, removed at its exit
+        scratch = tempfile.mkdtemp(prefix="stalebench-sweep-")
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
         sys.argv += [
             "hydra.output_subdir=null",
             "hydra.run.dir=.",
+            f"hydra.sweep.dir={scratch}",
+            "hydra.sweep.subdir=.",
+            "~hydra.callbacks.report",
             "hydra/job_logging=none",
             "hydra/hydra_logging=none",
         ]

@@ -171,7 +171,10 @@ RANK_MB = 256  # what one rank holds at least: the interpreter, torch, the data 
 
 
 def check_processes(cfg: RunConfig, world: int) -> None:
-    """Refuse a process count this machine cannot hold in memory, before starting any."""
+    """Refuse a process count this machine cannot hold in memory, before starting any
+    (under torchrun, this node's: `LOCAL_WORLD_SIZE`)."""
+    if nodes.under_torchrun():
+        world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     need_mb, have_mb = world * RANK_MB, _available_mb()
     if have_mb is not None and need_mb > have_mb:
         raise ConfigError(

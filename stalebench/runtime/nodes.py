@@ -6,21 +6,31 @@ others with `=0`; then its first process (`LOCAL_RANK` 0) is rank 0 and its othe
 processes come next, whatever order the rendezvous picked. With the variable set nowhere,
 torchrun's rank 0 is rank 0. The processes agree on their ranks through torchrun's store,
 then form the process group in that order.
+
+Every process checks the input itself (its node's files and devices may differ), then
+waits for the others' checks (`agree`): a refusal on any of them is posted to the store
+(`tell_refusal`) and every other process ends with the same line. Each job of a sweep
+(`-m`) meets under its own prefix of the store (`JOB`), and forms its own process group.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from stalebench.errors import RunError
+from stalebench.errors import ConfigError, RunError
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
 OWNER_ENV = "STALEBENCH_RUN_DIR_NODE"
 FORMING = timedelta(minutes=5)  # the longest wait for the other processes to arrive
+REFUSED = "refused"  # the store's key for the first refusal of the input, on any process
+JOB = "0"  # this process's job of a sweep (its number under -m): the store's prefix for it
+POLL_S = 0.1
+_main: dist.Store | None = None  # this process's connection to the store (`store`)
 
 
 def under_torchrun() -> bool:
@@ -40,15 +50,54 @@ def owns_run_dir() -> bool:
 def store(timeout: timedelta) -> dist.Store:
     """torchrun's store (its agent's), under our prefix; a restart gets a fresh one. Under
     another launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://),
-    rank 0 hosts it, as torch's env:// rendezvous does."""
+    rank 0 hosts it, as torch's env:// rendezvous does. One connection a process (rank 0
+    may host it), each job of a sweep under its own prefix."""
     import torch.distributed as dist
 
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    main = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-        is_master=not agent and os.environ["RANK"] == "0", timeout=timeout,
-    )  # fmt: skip
-    return dist.PrefixStore(f"stalebench/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/", main)
+    global _main
+    if _main is None:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        _main = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+            is_master=not agent and os.environ["RANK"] == "0", timeout=timeout,
+        )  # fmt: skip
+    _main.set_timeout(timeout)
+    main = _main
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+    return dist.PrefixStore(f"stalebench/{restart}/{JOB}/", main)
+
+
+def tell_refusal(message: str) -> None:
+    """This process refused the input: the others hear it (`wait_all`) and end with the
+    same line. The first refusal stands; a store already gone tells nothing (the others
+    find that out themselves)."""
+    try:
+        store(timedelta(seconds=5)).compare_set(REFUSED, "", message)
+    except Exception:  # noqa: S110  (the store's own errors: nothing more to tell)
+        pass
+
+
+def wait_all(shared: dist.Store, keys: list[str], what: str) -> None:
+    """Wait until every key of `keys` is set, at most FORMING; a refusal posted meanwhile
+    (`tell_refusal`) is raised here as this process's own (a ConfigError, its message)."""
+    deadline = time.monotonic() + FORMING.total_seconds()
+    while not shared.check(keys):
+        if shared.check([REFUSED]):
+            raise ConfigError(shared.get(REFUSED).decode())
+        if time.monotonic() > deadline:
+            raise RunError(f"torchrun: {what}: not all {len(keys)} processes within {FORMING}")
+        time.sleep(POLL_S)
+    if shared.check([REFUSED]):  # posted by a process that came last
+        raise ConfigError(shared.get(REFUSED).decode())
+
+
+def agree() -> None:
+    """Every process of a torchrun launch, once it checked the input: wait for the others'
+    checks (a refusal on any process is raised here, as a ConfigError with its message)."""
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    shared = store(FORMING)
+    shared.set(f"checked/{rank}", "1")
+    wait_all(shared, [f"checked/{r}" for r in range(world)], "checking the input")
 
 
 def roles(flags: list[str], nodes: list[str]) -> list[int]:
@@ -73,9 +122,12 @@ def form_group(timeout: timedelta) -> tuple[int, dist.Store]:
     shared = store(max(timeout, FORMING))
     node = os.environ.get("GROUP_RANK", "0")
     shared.set(f"node/{rank}", f"{os.environ.get(OWNER_ENV, '')}:{node}")
+    wait_all(shared, [f"node/{r}" for r in range(world)], "forming the process group")
     seen = [shared.get(f"node/{r}").decode().split(":") for r in range(world)]
     order = roles([f for f, _ in seen], [n for _, n in seen])
     role = order.index(rank)
     group = dist.PrefixStore("group/", shared)
+    if dist.is_initialized():  # an earlier job's of this sweep (-m), maybe never torn down
+        dist.destroy_process_group()
     dist.init_process_group("gloo", store=group, rank=role, world_size=world, timeout=timeout)
     return role, shared

@@ -142,10 +142,11 @@ def torchrun(tmp_path: Path, nproc: int, args: list[str], env=None) -> None:
 
 @pytest.fixture(scope="module")
 def plugin_under_torchrun(tmp_path_factory) -> Path:
-    """One run for two tests: torchrun's 3 ranks (a server and 2 workers), each a
+    """One sweep for two tests: torchrun's 3 ranks (a server and 2 workers), each a
     `stalebench` process of its own, with examples/plugin's update rule, which each finds
-    through its entry point. Made importable as an installed distribution: a dist-info
-    directory with its entry point, on PYTHONPATH (what `pip install` would write)."""
+    through its entry point, over two seeds (`-m`: the same processes run each job). Made
+    importable as an installed distribution: a dist-info directory with its entry point, on
+    PYTHONPATH (what `pip install` would write). Their temporary files under TMPDIR."""
     tmp_path = tmp_path_factory.mktemp("torchrun")
     site = tmp_path / "site"
     info = site / "stalebench_signsgd-0.1.0.dist-info"
@@ -156,32 +157,43 @@ def plugin_under_torchrun(tmp_path_factory) -> Path:
     (info / "entry_points.txt").write_text("[stalebench.plugins]\nsignsgd = stalebench_signsgd\n")
     pythonpath = os.pathsep.join([str(site), str(ROOT / "examples" / "plugin")])
     args = [
+        "-m",  # before the overrides (Hydra's command line)
         "algorithm=asp",
         "algorithm/update=signsgd",
         "algorithm.update.lr=0.01",
         "cluster.num_workers=2",
         "budget.max_updates=40",
         *FAST,
+        "seed=0,1",
+        "hydra.sweep.dir=sweep",
     ]
-    run = tmp_path / "run"
+    run, scratch = tmp_path / "run", tmp_path / "tmp"
     run.mkdir()
-    torchrun(run, 3, args, env={"PYTHONPATH": pythonpath})
+    scratch.mkdir()
+    torchrun(run, 3, args, env={"PYTHONPATH": pythonpath, "TMPDIR": str(scratch)})
+    assert not list(scratch.glob("stalebench-*"))  # each rank's scratch sweep dir removed
     return run
 
 
 @pytest.mark.timeout(120)
-def test_torchrun_ranks_share_one_run_directory(plugin_under_torchrun):
+def test_torchrun_ranks_share_one_run_directory_per_job_of_a_sweep(plugin_under_torchrun):
+    """Each job of the sweep meets in its own part of torchrun's store and forms its own
+    process group: both complete; ranks > 0 make no directory or file of their own."""
     tmp_path = plugin_under_torchrun
-    (summary,) = summaries(tmp_path)
-    assert summary["status"] == "completed" and summary["updates"] == 40
-    run_dirs = [
-        p
+    assert [(s["status"], s["updates"], s["seed"]) for s in summaries(tmp_path)] == [
+        ("completed", 40, 0), ("completed", 40, 1)
+    ]  # fmt: skip
+    run_dirs = sorted(
+        p.relative_to(tmp_path)
         for p in tmp_path.rglob("*")
         if p.is_dir() and p.name != ".hydra" and (p / ".hydra").exists()
-    ]
-    assert len(run_dirs) == 1  # ranks > 0 made no Hydra directory of their own
-    logs = sorted(p.name for p in (run_dirs[0] / "logs").iterdir())
-    assert logs == ["rank-0.log", "rank-1.log", "rank-2.log"]
+    )
+    assert run_dirs == [Path("sweep/0"), Path("sweep/1")]  # none of ranks > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    assert (tmp_path / "sweep" / "report.md").is_file()
+    for run_dir in run_dirs:
+        logs = sorted(p.name for p in (tmp_path / run_dir / "logs").iterdir())
+        assert logs == ["rank-0.log", "rank-1.log", "rank-2.log"]
 
 
 def _pids(run_dir: Path) -> dict[int, int]:
@@ -262,7 +274,7 @@ def test_a_killed_server_fails_the_run_and_leaves_no_process(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_out_of_tree_plugin_is_found_through_entry_points(plugin_under_torchrun):
-    (summary,) = summaries(plugin_under_torchrun)
+    summary = summaries(plugin_under_torchrun)[0]
     assert summary["status"] == "completed"
     assert (summary["update_rule"], summary["algorithm"]) == ("signsgd", "asp+signsgd")
     run_dir = next(plugin_under_torchrun.rglob("summary.json")).parent

@@ -1,7 +1,8 @@
 """Two torchrun "nodes" on loopback (c10d rendezvous, 2 processes each): the server is rank
 0 on the node started with STALEBENCH_RUN_DIR_NODE=1, whatever rank the rendezvous gave
 it; losing either node ends the run with a summary.json, written by the node that
-survives, and leaves no process (a lost node's ranks die with its agent)."""
+survives, and leaves no process (a lost node's ranks die with its agent); input refused on
+one node ends every node's processes within seconds, each with the same line."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stalebench.metrics.events import read_events
 from tests.conftest import free_port
 from tests.integration.test_cli import FAST, _alive, _pids
+from tests.unit.test_data import write_mnist
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +28,15 @@ ARGS = ["algorithm=ssp", "cluster.num_workers=3", *FAST[:-1], "budget.max_wall_s
 ARGS += ["timeout_s=5", "logger=none"]
 
 
-def node(tmp_path: Path, name: str, owner: bool, port: int, run_dir: Path) -> subprocess.Popen:
-    (tmp_path / name).mkdir()
+def node(
+    tmp_path: Path, name: str, owner: bool, port: int, run_dir: Path, args: list[str] = ARGS
+) -> subprocess.Popen:
+    (tmp_path / name).mkdir(exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
         + ["--nproc-per-node", "2", "--rdzv-backend", "c10d"]
         + [f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={tmp_path.name}"]
-        + ["-m", "stalebench.cli", *ARGS, f"hydra.run.dir={run_dir}"],
+        + ["-m", "stalebench.cli", *args, f"hydra.run.dir={run_dir}"],
         cwd=tmp_path / name,
         env={**os.environ, "STALEBENCH_RUN_DIR_NODE": "1" if owner else "0"},
         stdout=subprocess.PIPE,
@@ -93,3 +98,41 @@ def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, los
     while [p for p in pids.values() if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [r for r, p in pids.items() if _alive(p)]
+
+
+@pytest.mark.timeout(120)
+def test_input_refused_on_one_node_ends_every_node_with_its_line(tmp_path):
+    """MNIST's files (dataset.root, relative: each node's own directory) on the owner node
+    only: the other node's ranks refuse the input; the owner's, whose checks passed, hear
+    it through torchrun's store and end too, with the same line, no run directory made."""
+    rng = np.random.default_rng(0)
+    write_mnist(
+        tmp_path / "owner" / "mnist",
+        {"x_train": rng.integers(0, 256, size=(40, 8, 8), dtype=np.uint8),
+         "y_train": (np.arange(40) % 10).astype(np.uint8),
+         "x_test": rng.integers(0, 256, size=(10, 8, 8), dtype=np.uint8),
+         "y_test": (np.arange(10) % 10).astype(np.uint8)},
+        gz=False,
+    )  # fmt: skip
+    args = ["dataset=mnist", "dataset.root=mnist", "model=mlp", "dataset.batch_size=4",
+            "algorithm=ssp", "cluster.num_workers=3", "budget.max_updates=20", "logger=none",
+            "oversubscribe=true"]  # fmt: skip
+    port, run_dir = free_port(), tmp_path / "owner" / "run"
+    owner = node(tmp_path, "owner", True, port, run_dir, args)
+    other = node(tmp_path, "other", False, port, run_dir, args)
+    ended = {}
+    try:
+        for name, proc in (("owner", owner), ("other", other)):
+            _, err = proc.communicate(timeout=90)
+            ended[name] = (time.monotonic(), proc.returncode, err)
+    finally:
+        for proc in (owner, other):
+            if proc.poll() is None:
+                proc.kill()
+    said = "stalebench: error: dataset.root: directory 'mnist' does not exist"
+    for name, (_, code, err) in ended.items():
+        lines = [line for line in err.splitlines() if line.startswith("stalebench: error:")]
+        assert code != 0 and len(lines) == 2, (name, err[-3000:])  # its two processes
+        assert all(line.startswith(said) for line in lines), (name, lines)
+    assert abs(ended["owner"][0] - ended["other"][0]) < 15
+    assert not run_dir.exists()
