@@ -36,7 +36,7 @@ from stalebench.runtime.faults import FAULT_EXIT, WorkerDied
 from stalebench.runtime.quorum import mark_dead
 from stalebench.runtime.real import OVERRUN_KEY, RealWorld, run_program
 from stalebench.runtime.record import RunRecord
-from stalebench.runtime.signals import die_with_parent
+from stalebench.runtime.signals import die_with_parent, outliving_parent
 from stalebench.runtime.transport import Gloo, SharedMemory, Transport
 
 log = logging.getLogger("stalebench")
@@ -69,8 +69,12 @@ def run_rank(
     timeout = timedelta(seconds=cfg.timeout_s)
     node_store = None
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
-        die_with_parent(os.getppid(), ignore_sigint=False)  # its node's agent: a lost node
+        # its node's agent: a lost node (a rank > 0 may finish writing the summary of a
+        # run whose rank 0 is lost first: `_summary_if_rank_0_is_gone`)
+        die_with_parent(os.getppid(), ignore_sigint=False, may_outlive=not nodes.owns_run_dir())
         rank, node_store = nodes.form_group(timeout)
+        if rank == 0:
+            nodes.beat(timeout)
         run_dir_of_rank_0 = [cfg.run_dir]
         dist.broadcast_object_list(run_dir_of_rank_0, src=0)
         cfg.run_dir = run_dir_of_rank_0[0]
@@ -135,16 +139,23 @@ def _why(run_dir: Path, rank: int) -> str:
 
 
 def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error: str) -> None:
-    """torchrun, a rank that failed: if rank 0 does not say within timeout_s that it wrote
-    summary.json (its node is gone, with torchrun's store perhaps), one failed rank of this
-    node writes one into the run dir (on this node's disk), status failed. Every failed
-    rank waits (torchrun stops a node's ranks when its first one exits); a lock file picks
-    the writer."""
-    try:
-        shared.wait(["summary"], timedelta(seconds=cfg.timeout_s))
-        return
-    except Exception:
-        pass
+    """torchrun, a rank that failed: unless rank 0 lives (`nodes.rank_0_alive`) and says
+    within timeout_s that it wrote summary.json, one failed rank of this node writes one
+    into the run dir (on this node's disk), status failed, naming the ranks rank 0's node
+    held. Every failed rank waits (torchrun stops a node's ranks when its first one exits);
+    a lock file picks the writer. Its agent's death does not stop it (when rank 0's node
+    hosted torchrun's store, the agent fails at once)."""
+    with outliving_parent():
+        _write_summary_if_rank_0_is_gone(cfg, engine, shared, error)
+
+
+def _write_summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared, error: str) -> None:
+    if nodes.rank_0_alive(shared):
+        try:
+            shared.wait(["summary"], timedelta(seconds=cfg.timeout_s))
+            return
+        except Exception:
+            pass
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / ".summary.lock"
@@ -157,7 +168,9 @@ def _summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared: dist.Store, error
             time.sleep(0.05)
         return
     if not (run_dir / "summary.json").exists():
-        reason = f"{engine.rank_name(0)} ended without a summary (its node lost?); here: {error}"
+        with_it = ", ".join(engine.rank_name(r) for r in nodes.same_node(0)[1:])
+        lost = f"its node lost?{f' with {with_it}' if with_it else ''}"
+        reason = f"{engine.rank_name(0)} ended without a summary ({lost}); here: {error}"
         log.error("writing summary.json: %s", reason)
         stop(run_dir, meta(cfg, engine.num_workers), "failed", reason, cfg.budget.target_accuracy)
     lock.unlink()

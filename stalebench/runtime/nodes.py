@@ -7,6 +7,10 @@ processes come next, whatever order the rendezvous picked. With the variable set
 torchrun's rank 0 is rank 0. The processes agree on their ranks through torchrun's store,
 then form the process group in that order.
 
+Rank 0 beats in the store (`beat`): a rank that lost it tells a dead rank 0 (its node
+lost; the summary is then the survivors' to write) from a live one still writing its own
+(`rank_0_alive`), and names the ranks that shared its node (`same_node`).
+
 Every process checks the input itself (its node's files and devices may differ), then
 waits for the others' checks (`agree`): a refusal on any of them is posted to the store
 (`tell_refusal`) and every other process ends with the same line. Each job of a sweep
@@ -15,7 +19,9 @@ waits for the others' checks (`agree`): a refusal on any of them is posted to th
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -30,7 +36,10 @@ FORMING = timedelta(minutes=5)  # the longest wait for the other processes to ar
 REFUSED = "refused"  # the store's key for the first refusal of the input, on any process
 JOB = "0"  # this process's job of a sweep (its number under -m): the store's prefix for it
 POLL_S = 0.1
+BEAT_S = 0.5  # rank 0's beat in the store
 _main: dist.Store | None = None  # this process's connection to the store (`store`)
+NODE_OF: list[str] = []  # each rank's node (GROUP_RANK), once the group formed
+_beating = threading.Event()  # set: the beat of an earlier job of a sweep stops
 
 
 def under_torchrun() -> bool:
@@ -47,24 +56,68 @@ def owns_run_dir() -> bool:
     return flag == "1" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
+def _connect(timeout: timedelta, master: bool = False) -> dist.Store:
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=master, timeout=timeout)  # fmt: skip
+
+
+def _prefixed(main: dist.Store) -> dist.Store:
+    import torch.distributed as dist
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
+    return dist.PrefixStore(f"stalebench/{restart}/{JOB}/", main)
+
+
 def store(timeout: timedelta) -> dist.Store:
     """torchrun's store (its agent's), under our prefix; a restart gets a fresh one. Under
     another launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://),
     rank 0 hosts it, as torch's env:// rendezvous does. One connection a process (rank 0
     may host it), each job of a sweep under its own prefix."""
-    import torch.distributed as dist
-
     global _main
     if _main is None:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        _main = dist.TCPStore(
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-            is_master=not agent and os.environ["RANK"] == "0", timeout=timeout,
-        )  # fmt: skip
+        _main = _connect(timeout, master=not agent and os.environ["RANK"] == "0")
     _main.set_timeout(timeout)
-    main = _main
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
-    return dist.PrefixStore(f"stalebench/{restart}/{JOB}/", main)
+    return _prefixed(_main)
+
+
+def beat(timeout: timedelta) -> None:
+    """Rank 0: raise a counter in the store every BEAT_S, from a thread and a connection
+    of its own, while it lives (`rank_0_alive`); an earlier job's beat (-m) stops."""
+    global _beating
+    _beating.set()
+    shared, stop = _prefixed(_connect(timeout)), threading.Event()
+    _beating = stop
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the store gone: nobody to tell
+            while not stop.is_set():
+                shared.add("beat", 1)
+                stop.wait(BEAT_S)
+
+    threading.Thread(target=run, name="stalebench-beat", daemon=True).start()
+
+
+def rank_0_alive(shared: dist.Store) -> bool:
+    """Does rank 0 still beat (`beat`)? Its counter moves within 4 beats; not where the
+    store is gone."""
+    try:
+        first = shared.add("beat", 0)
+        deadline = time.monotonic() + 4 * BEAT_S
+        while time.monotonic() < deadline:
+            time.sleep(BEAT_S / 2)
+            if shared.add("beat", 0) != first:
+                return True
+    except Exception:  # the store's node is gone: rank 0's, or its agent with it
+        pass
+    return False
+
+
+def same_node(rank: int) -> list[int]:
+    """The ranks on `rank`'s node (itself among them), as the group formed."""
+    return [r for r, node in enumerate(NODE_OF) if node == NODE_OF[rank]]
 
 
 def tell_refusal(message: str) -> None:
@@ -126,6 +179,7 @@ def form_group(timeout: timedelta) -> tuple[int, dist.Store]:
     seen = [shared.get(f"node/{r}").decode().split(":") for r in range(world)]
     order = roles([f for f, _ in seen], [n for _, n in seen])
     role = order.index(rank)
+    NODE_OF[:] = [seen[r][1] for r in order]  # the node of each rank it plays
     group = dist.PrefixStore("group/", shared)
     if dist.is_initialized():  # an earlier job's of this sweep (-m), maybe never torn down
         dist.destroy_process_group()

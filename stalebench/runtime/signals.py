@@ -12,7 +12,10 @@ its next run is interrupted as it starts, and it starts no job after.
 A rank ignores SIGINT (a Ctrl-C reaches the whole foreground process group; the top
 process decides) and dies with its parent (`die_with_parent`) and with the process that
 supervises it, so even a SIGKILL of the top process leaves no rank behind, and no rank
-writes to the run directory once its supervisor is gone.
+writes to the run directory once its supervisor is gone. One exception: a torchrun rank
+other than rank 0 that is writing the summary of a run whose rank 0 is lost finishes it
+first (`outliving_parent`), its agent gone or not: when rank 0's node hosts the store, the
+other agents fail at once and end their ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -32,6 +36,9 @@ _deferring = False  # this process runs jobs for a launcher (`defer`)
 _deferred: int | None = None  # the first signal it received, if any
 _shields = 0  # `shielded` blocks the main thread is in
 _held: int | None = None  # a signal that came inside one, raised at its end
+_outliving = 0  # `outliving_parent` blocks under way (any thread)
+_outlived = threading.Condition()
+GRACE_S = 2.0  # how long a rank that may outlive its parent lives on to start doing so
 
 
 class Interrupted(BaseException):
@@ -128,25 +135,62 @@ def interrupt_if_deferred() -> None:
 
 
 def die_with_parent(
-    parent_pid: int, ignore_sigint: bool = True, supervisor: int | None = None
+    parent_pid: int,
+    ignore_sigint: bool = True,
+    supervisor: int | None = None,
+    may_outlive: bool = False,
 ) -> None:
     """In a rank: ignore SIGINT (the top process decides), and be killed when the process
     that started it dies (Linux; elsewhere only the SIGINT part), and, given `supervisor`,
-    as soon as that process dies too (`_die_with`)."""
+    as soon as that process dies too (`_die_with`). `may_outlive`: the parent's death is
+    watched by a thread, which lets an `outliving_parent` block under way or begun within
+    GRACE_S finish first (Linux >= 5.3; elsewhere the parent-death signal, at once)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if not (may_outlive and _die_with(parent_pid, outlive=True)):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     if supervisor is not None:
         _die_with(supervisor)
 
 
-def _die_with(pid: int) -> None:
-    """SIGKILL this process the moment process `pid` ends: a thread blocked on its pidfd
-    (Linux >= 5.3; elsewhere nothing), costing the training loop nothing.
+@contextlib.contextmanager
+def outliving_parent() -> Iterator[None]:
+    """While inside, a rank that may outlive its parent (`die_with_parent`) lives on when
+    the parent dies, and (in the main thread) ignores SIGTERM, by which the parent, failing,
+    stops its children (torchrun's agent, which SIGKILLs them 30 s later); it dies once the
+    block ends (at the latest GRACE_S after the parent's death)."""
+    global _outliving
+    with _outlived:
+        _outliving += 1
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        with _outlived:
+            _outliving -= 1
+            _outlived.notify_all()
+
+
+def _outlive() -> None:
+    """The parent died: wait while an `outliving_parent` block is under way, or may begin
+    within GRACE_S."""
+    end = time.monotonic() + GRACE_S
+    with _outlived:
+        while _outliving or time.monotonic() < end:
+            _outlived.wait(None if _outliving else max(end - time.monotonic(), 0.0))
+
+
+def _die_with(pid: int, outlive: bool = False) -> bool:
+    """SIGKILL this process the moment process `pid` ends (`outlive`: once `_outlive` lets
+    it): a thread blocked on its pidfd (Linux >= 5.3; elsewhere nothing: False), costing
+    the training loop nothing.
 
     A rank's parent is the fork server, not its supervisor: the server ends only once it
     sees its liveness pipe close and its interpreter (torch imported) is torn down, 0.6 s
@@ -158,12 +202,15 @@ def _die_with(pid: int) -> None:
     except ProcessLookupError:  # gone already
         os._exit(1)
     except (AttributeError, OSError):  # no pidfds here: the parent-death signal alone
-        return
+        return False
 
     def wait() -> None:
         poll = select.poll()
         poll.register(fd, select.POLLIN)  # readable once the process has ended
         poll.poll()
+        if outlive:
+            _outlive()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="stalebench-supervisor-watch", daemon=True).start()
+    return True

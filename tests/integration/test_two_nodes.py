@@ -59,21 +59,30 @@ def started(run_dir: Path, nodes: list[subprocess.Popen]) -> dict[int, int]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("lost", ["other", "owner"])
-def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, lost):
+@pytest.mark.parametrize(
+    ("lost", "store"), [("other", "other"), ("owner", "other"), ("owner", "owner")]
+)
+def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, lost, store):
+    """`store`: the node started first, whose agent hosts torchrun's store (the rendezvous
+    gives that node rank 0 too); losing it fails the other node's agent at once."""
     run_dir = tmp_path / "owner" / "run"
     port = free_port()
-    other = node(tmp_path, "other", False, port, tmp_path / "other" / "run")
-    time.sleep(1)  # the other node usually joins first: the rendezvous gives it rank 0
-    owner = node(tmp_path, "owner", True, port, run_dir)
-    nodes = {"owner": owner, "other": other}
+    dirs = {"owner": run_dir, "other": tmp_path / "other" / "run"}
+    nodes = {}
+    for name in sorted(dirs, key=lambda n: n != store):
+        nodes[name] = node(tmp_path, name, name == "owner", port, dirs[name])
+        time.sleep(1)  # the first joins first: its agent hosts the store
+    owner = nodes["owner"]
     try:
         pids = started(run_dir, list(nodes.values()))
         # rank 0 (the server) runs on the owner node: its agent's child
         assert int(Path(f"/proc/{pids[0]}/stat").read_text().split()[3]) == owner.pid
         os.kill(nodes[lost].pid, signal.SIGKILL)  # the node's agent; its ranks die with it
+        killed, killed_at = time.monotonic(), time.time()
         survivor = nodes["other" if lost == "owner" else "owner"]
         _, err = survivor.communicate(timeout=120)
+        while not (run_dir / "summary.json").exists() and time.monotonic() < killed + 5:
+            time.sleep(0.1)  # (a rank may finish writing it after its agent failed)
     finally:
         for n in nodes.values():
             if n.poll() is None:
@@ -87,11 +96,14 @@ def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, los
         assert summary["status"] in ("failed", "interrupted"), summary
         if summary["status"] == "failed":
             assert "(rank " in summary["error"] and " lost" in summary["error"], summary["error"]
-    else:  # the other node's ranks lost the server and wrote the summary
+    else:  # the other node's ranks lost the server and wrote the summary, in timeout_s
         assert summary["status"] == "failed"
         assert summary["error"].startswith(
-            "server (rank 0) ended without a summary (its node lost?); here: server (rank 0) lost"
+            "server (rank 0) ended without a summary (its node lost? with worker 0 (rank 1)); "
+            "here: server (rank 0) lost"
         ), summary["error"]
+        written = (run_dir / "summary.json").stat().st_mtime
+        assert written < killed_at + 5  # within timeout_s (5 s) of the loss
         events = read_events(run_dir / "events.jsonl")
         assert events[-1]["event"] == "stop" and events[-1]["status"] == "failed"
     deadline = time.monotonic() + 10
