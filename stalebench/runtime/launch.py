@@ -83,7 +83,8 @@ def run_rank(
             "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
         )
     run_dir = Path(cfg.run_dir)
-    _setup_logging(run_dir, rank, "INFO")
+    logs = nodes.log_dir(run_dir, rank)  # torchrun: off rank 0's node, a directory of its own
+    _setup_logging(logs, rank, "INFO")
     given = f" (torchrun rank {os.environ['RANK']})" if node_store is not None else ""
     log.info("rank %d of %d (pid %d): process group ready%s", rank, world_size, os.getpid(), given)
     transport: Transport = Gloo(cfg.timeout_s, engine.rank_name)
@@ -106,9 +107,15 @@ def run_rank(
             summary = run_program(engine.program(job, world))
         finally:
             world.close()
+            if node_store is not None:  # torchrun: its counts are in the store (`tell_overrun`)
+                if logs != run_dir / "logs":  # for rank 0 to gather
+                    nodes.send_log(node_store, logs / f"rank-{rank}.log", rank)
+                with contextlib.suppress(Exception):
+                    node_store.set(f"closed/{rank}", "1")
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
         if summary and node_store is not None:
+            summary = _add_overrun_of_nodes(cfg, summary, node_store, world, run_dir)
             node_store.set("summary", "written")  # for the other nodes: rank 0 ended the run
     except WorkerDied as exc:
         log.warning("%s: %s", engine.rank_name(rank), exc)
@@ -116,7 +123,7 @@ def run_rank(
     except Exception as exc:
         log.error("%s: %s", engine.rank_name(rank), exc, exc_info=with_traceback(exc))
         with contextlib.suppress(OSError):  # for the supervisor: the error summary.json names
-            write_text(_error_file(run_dir, rank), last_line(exc), run_dir)  # (room held)
+            write_text(_error_file(logs, rank), last_line(exc), run_dir)  # (room held)
         if node_store is not None and rank > 0:
             _summary_if_rank_0_is_gone(cfg, engine, node_store, str(exc))
         return 1
@@ -126,14 +133,30 @@ def run_rank(
     return 0
 
 
-def _error_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / "logs" / f"rank-{rank}.error"
+def _add_overrun_of_nodes(cfg: RunConfig, summary, node_store, world, run_dir: Path):
+    """torchrun, rank 0: summary.json's `overrun`, `hub` and `cycle` (`add_overrun`) from
+    every rank's counts, once each has closed (a completed run: at most timeout_s; else
+    those told already: a lost rank tells nothing more)."""
+    if summary["status"] == "completed":
+        closed = [f"closed/{r}" for r in range(world.size)]
+        with contextlib.suppress(Exception):  # a rank that never closes: the others' counts
+            node_store.wait(closed, timedelta(seconds=cfg.timeout_s))
+    for r in range(1, world.size):  # the logs of the ranks off this node, as they sent them
+        text, path = nodes.gathered_log(node_store, r), run_dir / "logs" / f"rank-{r}.log"
+        if text is not None and not path.exists():
+            with contextlib.suppress(OSError):
+                path.write_bytes(text)
+    return add_overrun(summary, world.store, world.size, run_dir)
+
+
+def _error_file(logs: Path, rank: int) -> Path:
+    return logs / f"rank-{rank}.error"
 
 
 def _why(run_dir: Path, rank: int) -> str:
     """What a rank that exited with an error said of it (`last_line`), or nothing."""
     try:
-        return ": " + _error_file(run_dir, rank).read_text()
+        return ": " + _error_file(run_dir / "logs", rank).read_text()
     except OSError:
         return ""
 
@@ -176,10 +199,14 @@ def _write_summary_if_rank_0_is_gone(cfg: RunConfig, engine, shared, error: str)
     lock.unlink()
 
 
-def _setup_logging(run_dir: Path, rank: int, level: str) -> None:
+def _setup_logging(logs: Path, rank: int, level: str) -> None:
     logging.raiseExceptions = False  # a full disk: no traceback per log line (summary says)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log")
+    logs.mkdir(parents=True, exist_ok=True)
+    for old in [h for h in log.handlers if getattr(h, "rank_log", False)]:
+        log.removeHandler(old)  # an earlier job's of this process (a sweep under torchrun)
+        old.close()
+    handler = logging.FileHandler(logs / f"rank-{rank}.log")
+    handler.rank_log = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(level)

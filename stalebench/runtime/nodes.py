@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import tempfile
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stalebench.errors import ConfigError, RunError
@@ -113,6 +116,42 @@ def rank_0_alive(shared: dist.Store) -> bool:
     except Exception:  # the store's node is gone: rank 0's, or its agent with it
         pass
     return False
+
+
+def log_dir(run_dir: Path, rank: int) -> Path:
+    """Where `rank` logs: the run directory's `logs/` on rank 0's node; on another node,
+    which may not share that disk, a directory of this node's own, named after it and the
+    run, in its temporary directory (rank 0 gathers these logs into the run directory at
+    the end: `gathered_log`)."""
+    if not NODE_OF or NODE_OF[rank] == NODE_OF[0]:
+        return run_dir / "logs"
+    return own_log_dir(run_dir)
+
+
+def own_log_dir(run_dir: Path) -> Path:
+    """This node's directory for the logs of its ranks in the run at `run_dir` (on rank 0's
+    node: `<run_dir>/logs`)."""
+    name = "-".join(p for p in run_dir.parts if p != run_dir.anchor)
+    return Path(tempfile.gettempdir()) / "stalebench-logs" / socket.gethostname() / name
+
+
+LOG_KEEP = 1 << 20  # the last bytes of a rank's log gathered into the run directory
+
+
+def send_log(shared: dist.Store, path: Path, rank: int) -> None:
+    """A rank off rank 0's node, at its end: its log's last LOG_KEEP bytes to the store."""
+    with contextlib.suppress(Exception):  # no log, or no store: nothing gathered
+        with open(path, "rb") as f:
+            f.seek(max(path.stat().st_size - LOG_KEEP, 0))
+            shared.set(f"log/{rank}", f.read())
+
+
+def gathered_log(shared: dist.Store, rank: int) -> bytes | None:
+    """Rank 0: the log `rank` sent (`send_log`), if it did."""
+    with contextlib.suppress(Exception):
+        if shared.check([f"log/{rank}"]):
+            return shared.get(f"log/{rank}")
+    return None
 
 
 def same_node(rank: int) -> list[int]:

@@ -178,11 +178,16 @@ def plugin_under_torchrun(tmp_path_factory) -> Path:
 @pytest.mark.timeout(120)
 def test_torchrun_ranks_share_one_run_directory_per_job_of_a_sweep(plugin_under_torchrun):
     """Each job of the sweep meets in its own part of torchrun's store and forms its own
-    process group: both complete; ranks > 0 make no directory or file of their own."""
+    process group: both complete, their summaries with every rank's counts and place;
+    ranks > 0 make no directory or file of their own."""
     tmp_path = plugin_under_torchrun
     assert [(s["status"], s["updates"], s["seed"]) for s in summaries(tmp_path)] == [
         ("completed", 40, 0), ("completed", 40, 1)
     ]  # fmt: skip
+    for summary in summaries(tmp_path):  # every rank's counts, as under the spawn launcher
+        assert summary["overrun"]["steps"] >= 40 and summary["hub"]["messages"] >= 40
+        assert summary["cycle"]["steps"] > 0
+        assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2]
     run_dirs = sorted(
         p.relative_to(tmp_path)
         for p in tmp_path.rglob("*")

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from stalebench.metrics.events import read_events
+from stalebench.runtime.nodes import own_log_dir
 from tests.conftest import free_port
-from tests.integration.test_cli import FAST, _alive, _pids
+from tests.integration.test_cli import FAST, _alive
 from tests.unit.test_data import write_mnist
 
 pytestmark = pytest.mark.slow
@@ -45,12 +46,24 @@ def node(
     )
 
 
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """Each rank's pid, from its log: the owner's in the run directory, the other node's
+    in that node's own directory (`own_log_dir`: it need not share the owner's disk)."""
+    pids = {}
+    for logs in (run_dir / "logs", own_log_dir(run_dir)):
+        for log in logs.glob("rank-*.log"):
+            for line in log.read_text().splitlines():
+                if "process group ready" in line:
+                    pids[int(log.stem.split("-")[1])] = int(line.split("(pid ")[1].split(")")[0])
+    return pids
+
+
 def started(run_dir: Path, nodes: list[subprocess.Popen]) -> dict[int, int]:
     """The ranks' pids, once all four train."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         assert all(n.poll() is None for n in nodes), [n.communicate()[1][-2000:] for n in nodes]
-        pids = _pids(run_dir) if (run_dir / "logs").exists() else {}
+        pids = rank_pids(run_dir)
         updates = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] == "update"]
         if len(pids) == 4 and len(updates) > 20:
             return pids
@@ -148,3 +161,36 @@ def test_input_refused_on_one_node_ends_every_node_with_its_line(tmp_path):
         assert all(line.startswith(said) for line in lines), (name, lines)
     assert abs(ended["owner"][0] - ended["other"][0]) < 15
     assert not run_dir.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_two_node_run_records_every_rank(tmp_path):
+    """A completed run over two nodes: summary.json counts every rank's steps, waits and
+    the server's messages (`overrun`, `hub`, `cycle`) and places each rank; the other
+    node's ranks log in that node's own directory, and the run directory gathers them."""
+    run_dir, port = tmp_path / "owner" / "run", free_port()
+    args = [a for a in ARGS if not a.startswith("budget.max_wall_s")] + ["budget.max_updates=60"]
+    owner = node(tmp_path, "owner", True, port, run_dir, args)
+    other = node(tmp_path, "other", False, port, tmp_path / "other" / "run", args)
+    try:
+        for proc in (owner, other):
+            _, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err[-3000:]
+    finally:
+        for proc in (owner, other):
+            if proc.poll() is None:
+                proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["updates"] == 60
+    assert summary["overrun"]["steps"] >= 60 and summary["hub"]["messages"] >= 60
+    assert summary["cycle"]["steps"] > 0
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    logs = sorted(p.name for p in (run_dir / "logs").glob("rank-*.log"))
+    assert logs == ["rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"]
+    own = sorted(p.name for p in own_log_dir(run_dir).glob("rank-*.log"))
+    assert own == ["rank-2.log", "rank-3.log"]  # the other node's: after the owner's ranks
+    for name in own:  # as it was when its rank closed (before its last line, "done")
+        gathered = (run_dir / "logs" / name).read_text()
+        assert "process group ready" in gathered
+        assert (own_log_dir(run_dir) / name).read_text().startswith(gathered)
+    assert not (tmp_path / "other" / "run").exists()
