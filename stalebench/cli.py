@@ -86,6 +86,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     from stalebench.runtime import nodes
 
+    nodes.from_submitit()  # a task of a SLURM job of several: one rank of the run
     rank = 0 if nodes.owns_run_dir() else 1  # torchrun: is this process the run's rank 0?
     multirun = hc.mode == RunMode.MULTIRUN
     torchrun = nodes.under_torchrun()
@@ -114,6 +115,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         # torchrun: every process checks the input on its own node, then hears the others'
         engine = experiment.prepare(cfg)
         if torchrun:
+            nodes.check_size(engine.world_size(), f"engine={engine.name} with "
+                             f"cluster.num_workers={engine.num_workers}")  # fmt: skip
             nodes.agree()
         kept = experiment.claim_run_dir(cfg, keep=not torchrun) if rank == 0 else None
     except ConfigError as exc:

@@ -1,5 +1,7 @@
 """Ranks started by torchrun, on one node or several: which process plays rank 0 (the
 server, or stage 0, which owns the run directory), whatever rank the rendezvous gave it.
+The tasks of a SLURM job (Hydra's submitit launcher with several tasks, `from_submitit`)
+join as torchrun's processes do, their ranks from SLURM's environment.
 
 The node that owns the run directory is started with `STALEBENCH_RUN_DIR_NODE=1`, the
 others with `=0`; then its first process (`LOCAL_RANK` 0) is rank 0 and its other
@@ -49,6 +51,24 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ
 
 
+def from_submitit() -> bool:
+    """In a task of a submitit job of several tasks (SLURM's, or submitit's local
+    executor's): the environment torch's env:// initialisation reads, from submitit's own
+    helper (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR: the job's first host, MASTER_PORT:
+    drawn from the job's id), and its node (GROUP_RANK), so that the job's tasks form one
+    run as torchrun's processes do. Whether they do."""
+    if under_torchrun() or "SUBMITIT_EXECUTOR" not in os.environ:
+        return False
+    import submitit
+
+    job = submitit.JobEnvironment()
+    if job.num_tasks < 2:
+        return False
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    os.environ["GROUP_RANK"] = str(job.node)
+    return True
+
+
 def owns_run_dir() -> bool:
     """Does this process play rank 0? (A process that is not under torchrun does.)"""
     if not under_torchrun():
@@ -71,6 +91,18 @@ def _prefixed(main: dist.Store) -> dist.Store:
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)
     return dist.PrefixStore(f"stalebench/{restart}/{JOB}/", main)
+
+
+def check_size(needed: int, who: str) -> None:
+    """The launch's processes are the run's: torchrun's, or a SLURM job's tasks."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world != needed:
+        how = "torchrun's nproc_per_node × nnodes"
+        if "SUBMITIT_EXECUTOR" in os.environ:
+            how = "hydra.launcher.tasks_per_node × hydra.launcher.nodes"
+        raise ConfigError(
+            f"the launch starts {world} processes, but {who} runs {needed}: set {how} to {needed}"
+        )
 
 
 def store(timeout: timedelta) -> dist.Store:

@@ -17,9 +17,12 @@ SLURM = [
     "hydra/launcher=submitit_slurm",
     "hydra.launcher.partition=gpu",
     "hydra.launcher.timeout_min=240",
-    "hydra.launcher.tasks_per_node=1",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.tasks_per_node=8",
+    "hydra.launcher.gpus_per_node=8",
     "hydra.launcher.cpus_per_task=8",
-    "hydra.launcher.mem_gb=32",
+    "hydra.launcher.mem_gb=256",
+    "cluster.num_workers=15",
 ]
 
 
@@ -61,4 +64,33 @@ def test_the_slurm_launcher_composes_with_the_readme_settings():
         launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     )
     assert (launcher.partition, launcher.timeout_min, launcher.cpus_per_task) == ("gpu", 240, 8)
-    assert (launcher.tasks_per_node, launcher.mem_gb) == (1, 32)
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
+    assert launcher.mem_gb == 256 and cfg.cluster.num_workers == 15
+
+
+@pytest.mark.timeout(300)
+def test_the_tasks_of_a_submitit_job_form_one_run_or_are_refused_by_name(tmp_path):
+    """submitit's local executor, 3 tasks a job (as SLURM's tasks: ranks from its
+    environment): the job whose run has 3 ranks is one run of them, its events and summary
+    agreeing; the one whose run has 2 is refused by name on every task, recorded `invalid`,
+    and never runs twice into its directory."""
+    done = stalebench(
+        ["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=3"]
+        + ["hydra.sweep.dir=sweep", "algorithm=ssp", "cluster.num_workers=2,1", *FAST[:-1]]
+        + ["budget.max_updates=40", "logger=none"],
+        tmp_path,
+        timeout=280,
+    )
+    sweep = tmp_path / "sweep"
+    ran, refused = (json.loads((sweep / j / "summary.json").read_text()) for j in ("0", "1"))
+    assert (ran["status"], ran["updates"], ran["num_workers"]) == ("completed", 40, 2), done.stderr
+    assert [r["rank"] for r in ran["ranks"]] == [0, 1, 2]
+    events = [json.loads(line) for line in (sweep / "0" / "events.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "update" for e in events) == 40
+    assert sum(e["kind"] == "system" and e["event"] == "start" for e in events) == 1
+    said = ("the launch starts 3 processes, but engine=ps with cluster.num_workers=1 runs 2: "
+            "set hydra.launcher.tasks_per_node × hydra.launcher.nodes to 2")  # fmt: skip
+    assert (refused["status"], refused["error"]) == ("invalid", said)
+    task_logs = sorted((sweep / ".submitit").glob("*/*_log.err"))
+    told = [p for p in task_logs if f"stalebench: error: {said}" in p.read_text()]
+    assert len(told) == 3  # every task of that job
