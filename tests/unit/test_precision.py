@@ -41,22 +41,6 @@ def test_bf16_computes_the_forward_pass_in_bfloat16_and_the_gradient_in_float32(
     hook.remove()
 
 
-@pytest.mark.parametrize("batch", ["off", "on"])
-def test_a_bf16_run_trains_and_differs_from_fp32(tmp_path, batch):
-    losses = {}
-    for p in ("fp32", "bf16"):
-        cfg = compose(fast_with([*BASE, f"precision={p}", f"sim.batch={batch}",
-                                 "cluster.num_workers=3"]))  # fmt: skip
-        cfg.run_dir = str(tmp_path / p)
-        summary = experiment.run(cfg)
-        assert summary["status"] == "completed", summary["error"]
-        assert summary["arithmetic"] == {"precision": p, "deterministic": False, "compile": False}
-        losses[p] = [e["loss"] for e in read_events(tmp_path / p / "events.jsonl")
-                     if e["kind"] == "update"]  # fmt: skip
-    assert losses["bf16"] != losses["fp32"]  # autocast took effect
-    assert all(abs(a - b) < 0.05 for a, b in zip(losses["bf16"], losses["fp32"], strict=True))
-
-
 def test_tf32_and_deterministic_set_torchs_flags_and_a_later_job_resets_them():
     job("precision=tf32", "deterministic=true")
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
@@ -129,39 +113,26 @@ def test_fp16s_loss_scale_grows_after_an_interval_without_overflow(monkeypatch):
 
 
 @pytest.mark.parametrize("batch", ["off", "on"])
-def test_an_fp16_run_from_an_overflowing_scale_trains_as_fp32(tmp_path, monkeypatch, batch):
-    """A simulated fp16 run whose every worker's first gradient overflows (a scale of
-    2**40), one at a time or batched: each computed again until finite; the losses are
-    float32's to float16's rounding."""
+def test_half_precision_runs_train_as_fp32_and_differ_from_it(tmp_path, monkeypatch, batch):
+    """bf16 and fp16 runs, one gradient at a time or batched: autocast takes effect (the
+    losses differ from float32's) and they train as float32 does, to their rounding; fp16
+    from a scale at which every worker's first gradient overflows (2**40): each computed
+    again until finite."""
     monkeypatch.setattr(precision.LossScale, "INIT", 2.0**40)
     losses = {}
-    for p in ("fp32", "fp16"):
+    for p in ("fp32", "bf16", "fp16"):
         cfg = compose(fast_with([*BASE, f"precision={p}", f"sim.batch={batch}",
                                  "cluster.num_workers=3"]))  # fmt: skip
         cfg.run_dir = str(tmp_path / p)
         summary = experiment.run(cfg)
         assert summary["status"] == "completed", summary["error"]
-        assert summary["arithmetic"]["precision"] == p
+        assert summary["arithmetic"] == {"precision": p, "deterministic": False, "compile": False}
         losses[p] = [e["loss"] for e in read_events(tmp_path / p / "events.jsonl")
                      if e["kind"] == "update"]  # fmt: skip
     job()
-    assert losses["fp16"] != losses["fp32"]  # autocast took effect
-    assert losses["fp16"] == pytest.approx(losses["fp32"], abs=1e-3)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "said"),
-    [
-        (["algorithm=gpipe"], "precision=fp16: engine=pipeline's stages each run a part of"),
-        (["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=1"],
-         "precision=fp16: engine.bucket_mb=1: a piece is all-reduced as backward makes it"),
-    ],
-)  # fmt: skip
-def test_an_fp16_that_cannot_be_honoured_is_refused_by_name(tmp_path, overrides, said):
-    cfg = compose(fast_with([*BASE, "precision=fp16", *overrides]))
-    cfg.run_dir = str(tmp_path)
-    with pytest.raises(ConfigError, match=said):
-        experiment.prepare(cfg)
+    for half, rounding in (("bf16", 0.05), ("fp16", 1e-3)):
+        assert losses[half] != losses["fp32"]
+        assert losses[half] == pytest.approx(losses["fp32"], abs=rounding)
 
 
 def test_autocast_where_there_is_arithmetic_only():
@@ -196,17 +167,25 @@ def test_compile_runs_the_workers_model_compiled_with_eagers_gradients(tmp_path)
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
 
 
+BUCKETS = ["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=1"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "said"),
     [
-        (["compile_backend=nope"], "compile_backend: torch.compile knows no backend 'nope'"),
-        (["algorithm=gpipe"], "compile=true: engine=pipeline's stages run their modules eager"),
-        (["engine=allreduce", "algorithm=bsp", "engine.bucket_mb=1"],
-         "compile=true: engine.bucket_mb=1: the rounds in pieces hook"),
+        (["compile=true", "compile_backend=nope"],
+         "compile_backend: torch.compile knows no backend 'nope'"),
+        (["compile=true", "algorithm=gpipe"],
+         "compile=true: engine=pipeline's stages run their modules eager"),
+        (["compile=true", *BUCKETS], "compile=true: engine.bucket_mb=1: the rounds in pieces hook"),
+        (["precision=fp16", "algorithm=gpipe"],
+         "precision=fp16: engine=pipeline's stages each run a part of"),
+        (["precision=fp16", *BUCKETS],
+         "precision=fp16: engine.bucket_mb=1: a piece is all-reduced as backward makes it"),
     ],
 )  # fmt: skip
-def test_a_compile_that_cannot_be_honoured_is_refused_by_name(tmp_path, overrides, said):
-    cfg = compose(fast_with([*BASE, "compile=true", *overrides]))
+def test_a_compile_or_fp16_that_cannot_be_honoured_is_refused_by_name(tmp_path, overrides, said):
+    cfg = compose(fast_with([*BASE, *overrides]))
     cfg.run_dir = str(tmp_path)
     with pytest.raises(ConfigError, match=said):
         experiment.prepare(cfg)
