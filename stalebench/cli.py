@@ -27,6 +27,7 @@ from stalebench.metrics.sinks import EventTail, Progress, Sink, Wandb
 from stalebench.metrics.summary import EXIT_CODES, write_json
 from stalebench.overrides import keeps_preset_name
 from stalebench.plugins import load as load_plugins
+from stalebench.runtime import signals
 from stalebench.runtime.signals import Interrupted, deferred
 
 HELP = """usage: stalebench [KEY=VALUE ...]             one run (defaults: a real 4-worker SSP job)
@@ -99,6 +100,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
     try:
         cfg = to_run_config(dcfg, list(hc.overrides.task))  # a bad value: refused before
         cfg.run_dir = cfg.run_dir or hc.runtime.output_dir  # torch is imported (experiment)
+        if nodes.in_submitit() and (Path(cfg.run_dir) / nodes.REQUEUED).exists():
+            cfg.resume = True  # a SLURM job requeued after its time limit or a preemption
         if cfg.logger.name != "none" and rank == 0:  # a live line from the start
             progress = Progress(cfg.label, cfg.budget.max_updates, cfg.budget.max_wall_s)
             progress.say("preparing data and model …")
@@ -177,6 +180,9 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
         if line:
             print(line)
     if interrupted:
+        if interrupted.signum == signals.REQUEUE:  # a SLURM task's time limit, preemption
+            (Path(cfg.run_dir) / nodes.REQUEUED).touch()  # the requeued job resumes
+            signals.requeue(interrupted.signum)  # submitit requeues the job and exits
         sys.exit(interrupted.exit_code)  # a multirun stops here too
     code = EXIT_CODES[summary["status"]]
     if code and not multirun:  # in a multirun the next job runs; the report has them all

@@ -376,7 +376,7 @@ def recording_interrupts(cfg: RunConfig, num_workers: int) -> Iterator[None]:
     """SIGINT or SIGTERM inside ends the run `interrupted`: whatever the block does on its
     way out runs first (the real runtime stops its ranks), then the stop event and
     summary.json are written, with further signals ignored, and `Interrupted` goes on."""
-    with interruptible():
+    with interruptible(requeue=nodes.in_submitit()):  # a SLURM task: its time limit too
         try:
             interrupt_if_deferred()  # a launcher's worker signalled before this run began
             yield

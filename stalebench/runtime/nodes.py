@@ -51,13 +51,21 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ
 
 
+def in_submitit() -> bool:
+    """Is this a task of a submitit job (SLURM's, or its local executor's)?"""
+    return "SUBMITIT_EXECUTOR" in os.environ
+
+
+REQUEUED = ".requeued"  # in a run directory: its submitit job was requeued (resume it)
+
+
 def from_submitit() -> bool:
     """In a task of a submitit job of several tasks (SLURM's, or submitit's local
     executor's): the environment torch's env:// initialisation reads, from submitit's own
     helper (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR: the job's first host, MASTER_PORT:
     drawn from the job's id), and its node (GROUP_RANK), so that the job's tasks form one
     run as torchrun's processes do. Whether they do."""
-    if under_torchrun() or "SUBMITIT_EXECUTOR" not in os.environ:
+    if under_torchrun() or not in_submitit():
         return False
     import submitit
 

@@ -5,6 +5,11 @@ caller stops its ranks, writes summary.json with status `interrupted` and re-rai
 further signals are ignored while it winds down (a bounded few seconds). The CLI turns
 `Interrupted` into one line and the exit code 128 + the signal's number.
 
+In a SLURM job's task (Hydra's submitit launcher), SLURM's warning of a time limit or a
+preemption, SIGUSR2, interrupts the run too (`interruptible(requeue=True)`); the CLI then
+hands it to submitit's own handler, which requeues the job (`requeue`), and the requeued
+job resumes the run from its last checkpoint.
+
 A process that runs a multirun's jobs for a launcher (a loky worker of Hydra's joblib
 launcher) keeps either signal for later outside a run instead of dying of it (`defer`):
 its next run is interrupted as it starts, and it starts no job after.
@@ -30,6 +35,7 @@ import time
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REQUEUE = signal.SIGUSR2  # SLURM's (and submitit's local executor's) time limit, preemption
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 _deferring = False  # this process runs jobs for a launcher (`defer`)
@@ -38,6 +44,7 @@ _shields = 0  # `shielded` blocks the main thread is in
 _held: int | None = None  # a signal that came inside one, raised at its end
 _outliving = 0  # `outliving_parent` blocks under way (any thread)
 _outlived = threading.Condition()
+_requeue_handler: object = None  # what handled REQUEUE before the run's (submitit's)
 GRACE_S = 2.0  # how long a rank that may outlive its parent lives on to start doing so
 
 
@@ -56,16 +63,19 @@ class Interrupted(BaseException):
 
 
 @contextlib.contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible(requeue: bool = False) -> Iterator[None]:
     """While inside, SIGINT and SIGTERM raise `Interrupted` (outside the main thread,
-    where Python cannot catch signals, nothing changes)."""
+    where Python cannot catch signals, nothing changes); with `requeue`, SIGUSR2 too (a
+    SLURM job's task: `requeue` hands it on)."""
+    global _requeue_handler
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signals = (*SIGNALS, REQUEUE) if requeue else SIGNALS
 
     def handler(signum, _frame) -> None:
         global _held
-        for s in SIGNALS:  # one interruption: the wind-down is not interrupted again
+        for s in signals:  # one interruption: the wind-down is not interrupted again
             signal.signal(s, signal.SIG_IGN)
         if _deferring:
             _keep(signum)  # a launcher's worker: no job after this one
@@ -74,12 +84,22 @@ def interruptible() -> Iterator[None]:
             return
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in signals}
+    if requeue:
+        _requeue_handler = previous[REQUEUE]
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def requeue(signum: int) -> None:
+    """After a run interrupted by SIGUSR2 in a SLURM job's task: the signal to the handler
+    that had it before the run (submitit's, which on the job's first task requeues the job
+    and exits; elsewhere returns)."""
+    if callable(_requeue_handler):
+        _requeue_handler(signum, None)
 
 
 @contextlib.contextmanager

@@ -4,10 +4,21 @@ process group); the SLURM launcher (submitit) composes with the settings docs/us
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
+from stalebench import experiment
+from stalebench.metrics.events import read_events
+from tests.conftest import compose
 from tests.integration.test_cli import FAST, stalebench
 
 pytestmark = pytest.mark.slow
@@ -22,6 +33,7 @@ SLURM = [
     "hydra.launcher.gpus_per_node=8",
     "hydra.launcher.cpus_per_task=8",
     "hydra.launcher.mem_gb=256",
+    "hydra.launcher.max_num_timeout=3",
     "cluster.num_workers=15",
 ]
 
@@ -65,7 +77,7 @@ def test_the_slurm_launcher_composes_with_the_readme_settings():
     )
     assert (launcher.partition, launcher.timeout_min, launcher.cpus_per_task) == ("gpu", 240, 8)
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
-    assert launcher.mem_gb == 256 and cfg.cluster.num_workers == 15
+    assert (launcher.mem_gb, launcher.max_num_timeout, cfg.cluster.num_workers) == (256, 3, 15)
 
 
 @pytest.mark.timeout(300)
@@ -94,3 +106,58 @@ def test_the_tasks_of_a_submitit_job_form_one_run_or_are_refused_by_name(tmp_pat
     task_logs = sorted((sweep / ".submitit").glob("*/*_log.err"))
     told = [p for p in task_logs if f"stalebench: error: {said}" in p.read_text()]
     assert len(told) == 3  # every task of that job
+
+
+def submitit_tasks(folder: Path) -> list[int]:
+    """The pids of the submitit tasks whose job folder is under `folder`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes()
+            if b"submitit.core._submit" in cmdline and str(folder).encode() in cmdline:
+                pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.timeout(300)
+def test_a_submitit_job_signalled_as_at_its_time_limit_is_requeued_and_resumes(tmp_path):
+    """SIGUSR2 to a submitit job's task, as SLURM sends before a time limit or preemption
+    (submitit's local executor here): the run ends `interrupted` at once, submitit requeues
+    the job, and the requeued job resumes the run from its last checkpoint: `completed`,
+    with the θ of the same run never interrupted (the simulator: bit for bit)."""
+    args = ["runtime=sim", "engine=allreduce", "algorithm=bsp", "cluster.num_workers=2",
+            "budget.max_updates=3000", "checkpoint_every_s=1", "eval.every_updates=500",
+            *[a for a in FAST if not a.startswith("eval.every_updates")],
+            "logger=none"]  # fmt: skip
+    top = subprocess.Popen(
+        [sys.executable, "-m", "stalebench.cli", "-m", "hydra/launcher=submitit_local",
+         "hydra.sweep.dir=sweep", *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run_dir = tmp_path / "sweep" / "0"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and top.poll() is None:
+            events = read_events(run_dir / "events.jsonl") if run_dir.exists() else []
+            if sum(e["kind"] == "update" for e in events) >= 300:
+                break
+            time.sleep(0.05)
+        (task,) = submitit_tasks(tmp_path / "sweep")
+        os.kill(task, signal.SIGUSR2)
+        _, err = top.communicate(timeout=240)
+    finally:
+        if top.poll() is None:
+            top.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["updates"]) == ("completed", 3000), err[-3000:]
+    events = read_events(run_dir / "events.jsonl")
+    assert [e["event"] for e in events if e["kind"] == "system" and e["event"] == "resume"] == [
+        "resume"
+    ]  # the requeued job went on from a checkpoint, once
+    assert (run_dir / ".requeued").exists()
+    cfg = compose(args)
+    cfg.run_dir = str(tmp_path / "uninterrupted")
+    assert experiment.run(cfg)["status"] == "completed"
+    ours, reference = (torch.load(d / "model.pt") for d in (run_dir, Path(cfg.run_dir)))
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[k], reference[k]) for k in ours)
