@@ -193,3 +193,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def processes_left(root: Path, wait_s: float = 10.0) -> list[int]:
+    """The processes still running in a directory under `root` (their working directory),
+    after waiting up to `wait_s` for them to end: what a test's launch left behind."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    cwd = os.readlink(proc / "cwd")
+                except OSError:
+                    continue
+                if cwd == str(root) or cwd.startswith(f"{root}/"):
+                    left.append(int(proc.name))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stalebench.metrics.events import read_events
+from tests.conftest import processes_left
 
 pytestmark = pytest.mark.slow
 
@@ -172,6 +173,7 @@ def plugin_under_torchrun(tmp_path_factory) -> Path:
     scratch.mkdir()
     torchrun(run, 3, args, env={"PYTHONPATH": pythonpath, "TMPDIR": str(scratch)})
     assert not list(scratch.glob("stalebench-*"))  # each rank's scratch sweep dir removed
+    assert not processes_left(tmp_path)
     return run
 
 

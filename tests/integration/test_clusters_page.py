@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from stalebench.runtime.nodes import own_log_dir
-from tests.conftest import free_port
+from tests.conftest import free_port, processes_left
 from tests.integration.test_cli import FAST, ROOT, stalebench
 from tests.unit.test_cifar_resnet import ALL_FILES, TEST_FILE, write_cifar
 
@@ -91,6 +91,7 @@ def test_the_run_over_two_nodes(tmp_path):
         assert "process group ready" in gathered
         assert (own_log_dir(run_dir) / name).read_text().startswith(gathered)
     assert not (tmp_path / "node1" / "runs").exists()
+    assert not processes_left(tmp_path)
 
 
 def test_the_slurm_line_composes():
@@ -145,3 +146,4 @@ def test_the_one_machine_sweep(tmp_path):
     told = [p for p in task_logs if f"stalebench: error: {said}" in p.read_text()]
     assert len(told) == 3  # every task of that job
     assert (sweep / "report.md").is_file()
+    assert not processes_left(tmp_path)

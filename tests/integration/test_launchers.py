@@ -19,7 +19,7 @@ import torch
 
 from stalebench import experiment
 from stalebench.metrics.events import read_events
-from tests.conftest import compose
+from tests.conftest import compose, processes_left
 from tests.integration.test_cli import FAST, stalebench
 
 pytestmark = pytest.mark.slow
@@ -90,6 +90,7 @@ def test_a_submitit_job_signalled_as_at_its_time_limit_is_requeued_and_resumes(t
         "resume"
     ]  # the requeued job went on from a checkpoint, once
     assert (run_dir / ".requeued").exists()
+    assert not processes_left(tmp_path)
     cfg = compose(args)
     cfg.run_dir = str(tmp_path / "uninterrupted")
     assert experiment.run(cfg)["status"] == "completed"

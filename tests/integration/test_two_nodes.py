@@ -19,7 +19,7 @@ import pytest
 
 from stalebench.metrics.events import read_events
 from stalebench.runtime.nodes import own_log_dir
-from tests.conftest import free_port
+from tests.conftest import free_port, processes_left
 from tests.integration.test_cli import FAST, _alive
 from tests.unit.test_data import write_mnist
 
@@ -123,6 +123,7 @@ def test_a_lost_node_ends_the_run_with_a_summary_from_the_survivor(tmp_path, los
     while [p for p in pids.values() if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [r for r, p in pids.items() if _alive(p)]
+    assert not processes_left(tmp_path)
 
 
 @pytest.mark.timeout(120)
@@ -161,3 +162,4 @@ def test_input_refused_on_one_node_ends_every_node_with_its_line(tmp_path):
         assert all(line.startswith(said) for line in lines), (name, lines)
     assert abs(ended["owner"][0] - ended["other"][0]) < 15
     assert not run_dir.exists()
+    assert not processes_left(tmp_path)
