@@ -1,9 +1,12 @@
 """Which torchrun process plays rank 0 (runtime/nodes.py): the owner node's first process,
 whatever rank the rendezvous gave it; the others in torchrun's order."""
 
+import os
+import time
+
 import pytest
 
-from stalebench.errors import RunError
+from stalebench.errors import ConfigError, RunError
 from stalebench.runtime import nodes
 
 
@@ -46,3 +49,79 @@ def test_a_process_knows_before_hydra_whether_it_plays_rank_0(monkeypatch, env, 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert nodes.owns_run_dir() is owns
+
+
+@pytest.fixture
+def store_env(monkeypatch):
+    """A fresh TCPStore this process hosts, as env:// rank 0 (nodes.store's connection)."""
+    from tests.conftest import free_port
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                       "RANK": "0", "WORLD_SIZE": "2"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setattr(nodes, "_main", None)
+    yield
+    nodes._beating.set()  # this test's beat stops
+
+
+def test_a_refusal_posted_by_one_process_is_raised_in_the_others_wait(store_env):
+    shared = nodes.store(nodes.FORMING)
+    shared.set("checked/0", "1")
+    nodes.tell_refusal("dataset.root: no files here")
+    nodes.tell_refusal("a later refusal")  # the first stands
+    with pytest.raises(ConfigError, match="^dataset.root: no files here$"):
+        nodes.wait_all(shared, ["checked/0", "checked/1"], "checking the input")
+
+
+def test_each_job_of_a_sweep_meets_under_its_own_prefix(store_env, monkeypatch):
+    nodes.store(nodes.FORMING).set("checked/0", "1")
+    monkeypatch.setattr(nodes, "JOB", "1")
+    assert not nodes.store(nodes.FORMING).check(["checked/0"])
+
+
+def test_rank_0_is_alive_while_it_beats(store_env, monkeypatch):
+    monkeypatch.setattr(nodes, "BEAT_S", 0.05)
+    shared = nodes.store(nodes.FORMING)
+    assert not nodes.rank_0_alive(shared)  # no beat yet
+    nodes.beat(nodes.FORMING)
+    assert nodes.rank_0_alive(shared)
+    nodes._beating.set()
+    time.sleep(2 * nodes.BEAT_S)
+    assert not nodes.rank_0_alive(shared)
+
+
+def test_a_launch_of_the_wrong_size_is_refused_naming_what_to_set(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
+    nodes.check_size(2, "engine=ps with cluster.num_workers=1")
+    with pytest.raises(ConfigError, match="starts 2 processes, but engine=ps .* runs 3: set "
+                       "torchrun's nproc_per_node × nnodes to 3"):  # fmt: skip
+        nodes.check_size(3, "engine=ps with cluster.num_workers=2")
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    with pytest.raises(ConfigError, match="hydra.launcher.tasks_per_node × hydra.launcher.nodes"):
+        nodes.check_size(3, "engine=ps with cluster.num_workers=2")
+
+
+def test_a_submitit_task_takes_its_rank_from_slurms_environment(monkeypatch):
+    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "4",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "3",
+           "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST":
+           "gpu[07-08]"}  # fmt: skip
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert nodes.from_submitit()
+    got = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")}
+    assert got == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1"}
+    assert os.environ["MASTER_ADDR"] == "gpu07" and not nodes.owns_run_dir()
+    assert not nodes.from_submitit()  # once: RANK is set
+
+
+def test_a_rank_off_rank_0s_node_logs_on_its_own(monkeypatch, tmp_path):
+    monkeypatch.setattr(nodes, "NODE_OF", ["0", "0", "1"])
+    run_dir = tmp_path / "run"
+    assert nodes.log_dir(run_dir, 1) == run_dir / "logs"
+    own = nodes.log_dir(run_dir, 2)
+    assert own == nodes.own_log_dir(run_dir) and not own.is_relative_to(run_dir)
