@@ -3,6 +3,8 @@ global state, and a helper that runs a real job into a temporary run directory."
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import json
 import os
@@ -103,6 +105,104 @@ def fast_with(overrides: list[str]) -> list[str]:
         if "." not in (key := o.partition("=")[0]) or key.split(".")[0] not in swapped
     ]
     return kept + overrides
+
+
+def _choices_and_values(overrides: list[str]):
+    """Hydra's own split of `overrides` (its defaults_list.Overrides, against the initialized
+    repository): the group choices, as given, and the value overrides, parsed; None where
+    Hydra itself should decide (hydra.*, sweeps, a group override it refuses)."""
+    from hydra._internal.defaults_list import Overrides
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if any(o.is_hydra_override() or o.is_sweep_override() for o in parsed):
+        return None
+    try:
+        values = Overrides(GlobalHydra.instance().config_loader().repository, parsed)
+    except Exception:  # a bad group override: Hydra's compose names it
+        return None
+    ids = {id(o) for o in values.config_overrides}
+    return tuple(o.input_line for o in parsed if id(o) not in ids), values.config_overrides
+
+
+def _config_sources() -> tuple:
+    """What a composition reads besides the ConfigStore: the repository's sources, and every
+    file of the file:// ones and of stalebench's own conf/ (its path, size and mtime), so
+    that a profile a test writes, or a search path it adds, is composed anew."""
+    from importlib.resources import files
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    sources = GlobalHydra.instance().config_loader().repository.get_sources()
+    folders = [str(files("stalebench.conf"))]
+    folders += [s.path for s in sources if s.scheme() == "file"]
+    seen = []
+    for folder in folders:
+        for root, _, names in os.walk(folder, followlinks=True):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(root, name))
+                    seen.append((root, name, st.st_size, st.st_mtime_ns))
+    return tuple((s.provider, s.scheme(), s.path) for s in sources), tuple(sorted(seen))
+
+
+def _stored_nodes() -> list:
+    """Every node of Hydra's ConfigStore (held, and compared by identity: a registration
+    that replaces one, or adds one, composes anew)."""
+    from hydra.core.config_store import ConfigStore
+
+    nodes, todo = [], [ConfigStore.instance().repo]
+    while todo:
+        for name, node in sorted(todo.pop().items()):
+            (todo.append(node) if isinstance(node, dict) else nodes.append((name, node)))
+    return nodes
+
+
+class ChoicesComposedOnce:
+    """hydra.compose with the defaults tree of each set of group choices composed once a
+    process: Hydra composes the choices alone (its defaults list, the configs merged:
+    most of a composition's time), and each call gets a copy with its value overrides
+    applied by Hydra's own step (ConfigLoaderImpl._apply_overrides_to_config, what
+    hydra.compose does after composing the defaults: value overrides never change the
+    defaults list). A composition Hydra must decide itself (hydra.* or sweep overrides, a
+    group it refuses, the Hydra config returned) is Hydra's compose, as is one whose
+    sources or ConfigStore changed since (tests/unit/test_shared_compose.py checks it)."""
+
+    def __init__(self, hydra_compose):
+        self.hydra_compose = hydra_compose
+        self.composed: dict[tuple, tuple[list, object]] = {}
+
+    def __call__(self, config_name=None, overrides=None, return_hydra_config=False, **kwargs):
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        split = None if return_hydra_config or kwargs else _choices_and_values(overrides or [])
+        if split is None:
+            return self.hydra_compose(config_name, overrides, return_hydra_config, **kwargs)
+        choices, values = split
+        key, nodes = (config_name, choices, _config_sources()), _stored_nodes()
+        held = self.composed.get(key)
+        if (
+            held is None
+            or len(held[0]) != len(nodes)
+            or any(a != b or x is not y for (a, x), (b, y) in zip(held[0], nodes, strict=True))
+        ):
+            held = self.composed[key] = (nodes, self.hydra_compose(config_name, list(choices)))
+        cfg = copy.deepcopy(held[1])
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        return cfg
+
+
+@pytest.fixture(scope="session", autouse=True)
+def choices_composed_once():
+    """Every composition of the session through `ChoicesComposedOnce` (stalebench.cli's
+    compose_run calls hydra.compose): a choice of groups composed once a process, not once
+    a test."""
+    import hydra
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hydra, "compose", ChoicesComposedOnce(hydra.compose))
+        yield
 
 
 def compose(overrides: list[str]):
