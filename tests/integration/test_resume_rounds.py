@@ -292,9 +292,15 @@ def test_real_allreduce_healed_then_stopped_resumes_with_the_spare_in_place(tmp_
 
 
 def _checkpoint_after_replaced(run_dir: Path) -> bool:
+    """A checkpoint set after the spare's arrival is committed: its event is written first,
+    then the parts, then rank 0's state.pt (written whole, renamed into place)."""
     events = read_events(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
     replaced = [i for i, e in enumerate(events) if e.get("event") == "replaced"]
-    return bool(replaced) and any(e.get("event") == "checkpoint" for e in events[replaced[0] :])
+    if not replaced or not committed(run_dir):
+        return False
+    after = [e["version"] for e in events[replaced[0] :] if e.get("event") == "checkpoint"]
+    state = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)
+    return bool(after) and state["version"] >= after[0]
 
 
 @pytest.mark.parametrize(
