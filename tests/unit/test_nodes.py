@@ -108,10 +108,12 @@ def test_a_submitit_task_takes_its_rank_from_slurms_environment(monkeypatch):
            "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "3",
            "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST":
            "gpu[07-08]"}  # fmt: skip
+    # a copy of the environment, given back at the end: what submitit's helper exports
+    # (RANK, WORLD_SIZE, ...) must not reach the next tests of this process
+    monkeypatch.setattr(os, "environ", dict(os.environ))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+        os.environ.pop(key, None)
+    os.environ.update(env)
     assert nodes.from_submitit()
     got = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")}
     assert got == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1"}
