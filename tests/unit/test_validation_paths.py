@@ -5,7 +5,6 @@ reports which `raise ConfigError` sites this leaves unexecuted (see docs/testing
 
 from __future__ import annotations
 
-import copy
 import re
 
 import hydra
@@ -14,29 +13,9 @@ from omegaconf import OmegaConf
 
 from stalebench import experiment
 from stalebench.errors import ConfigError
-from tests.conftest import compose, fast_with
+from tests.conftest import ChoicesComposedOnce, _choices_and_values, compose, fast_with
 
 PIPE = ["algorithm=gpipe", "dataset=chars", "model=transformer"]
-HYDRA_COMPOSE = hydra.compose  # Hydra's own, as stalebench.cli.compose_run calls it
-
-
-def _split(overrides: list[str]):
-    """Hydra's own split of `overrides` (its defaults_list.Overrides, against the initialized
-    repository): the group choices, as given, and the value overrides, parsed; None where
-    Hydra itself should decide (hydra.*, sweeps, a group override it refuses)."""
-    from hydra._internal.defaults_list import Overrides
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    if any(o.is_hydra_override() or o.is_sweep_override() for o in parsed):
-        return None
-    try:
-        values = Overrides(GlobalHydra.instance().config_loader().repository, parsed)
-    except Exception:  # a bad group override: Hydra's compose names it
-        return None
-    ids = {id(o) for o in values.config_overrides}
-    return tuple(o.input_line for o in parsed if id(o) not in ids), values.config_overrides
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,34 +40,6 @@ def one_fork_server():
             m for name in registry.names() for m in getattr(registry.get(name)[0], "imports", ())
         ]
     forkserver.start(list(dict.fromkeys(imports)))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def choices_composed_once():
-    """Hydra composes the defaults list of a case's group choices (FAST's and its own) once
-    per distinct choices; each case then gets a copy with its value overrides applied by
-    Hydra's own step (ConfigLoaderImpl._apply_overrides_to_config, what hydra.compose does
-    after composing the defaults: value overrides never change the defaults list). The rest
-    of stalebench.cli.compose_run (its checks, to_run_config's validation) runs as ever;
-    test_a_shared_composition_is_hydras_own checks the copies against Hydra's compose."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    composed = {}
-
-    def shared(config_name=None, overrides=None, return_hydra_config=False, **kwargs):
-        split = None if return_hydra_config or kwargs else _split(list(overrides or []))
-        if split is None:
-            return HYDRA_COMPOSE(config_name, overrides, return_hydra_config, **kwargs)
-        choices, values = split
-        if (config_name, choices) not in composed:
-            composed[config_name, choices] = HYDRA_COMPOSE(config_name, list(choices))
-        cfg = copy.deepcopy(composed[config_name, choices])
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-        return cfg
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(hydra, "compose", shared)
-        yield
 
 
 # (overrides, a fragment of the message: the key and the value it names)
@@ -688,10 +639,11 @@ CASES = [
 
 
 def test_a_shared_composition_is_hydras_own():
-    """The module's shared composition (choices_composed_once) gives the config Hydra's own
-    compose gives, for cases of each kind: value overrides only, swapped groups with values
-    set in them, a group of a group (algorithm/update), an appended sweep whose values
-    reach the run through interpolations, a list of typed faults."""
+    """The suite's shared composition (tests/conftest.py's ChoicesComposedOnce, which the
+    cases go through) gives the config Hydra's own compose gives, for cases of each kind:
+    value overrides only, swapped groups with values set in them, a group of a group
+    (algorithm/update), an appended sweep whose values reach the run through
+    interpolations, a list of typed faults."""
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -708,15 +660,16 @@ def test_a_shared_composition_is_hydras_own():
         ["dataset.sharding=dirichlet", "dataset.dirichlet_alpha=0.01", "dataset.batch_size=64"],
     ]
     assert all(any(o == c for c, _ in CASES) for o in picked)
-    assert hydra.compose is not HYDRA_COMPOSE  # the fixture's, which the cases go through
+    assert isinstance(hydra.compose, ChoicesComposedOnce)  # which the cases go through
+    hydras_own = hydra.compose.hydra_compose
     load_plugins()  # the ConfigStore as compose_run fills it
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module("stalebench.conf", version_base=None):
             for overrides in (fast_with(["budget.max_updates=5", *o]) for o in picked):
-                assert _split(overrides) is not None, overrides
-                theirs = HYDRA_COMPOSE("config", overrides=overrides)
+                assert _choices_and_values(overrides) is not None, overrides
+                theirs = hydras_own("config", overrides=overrides)
                 for _ in range(2):  # the choices composed (or found composed), then found
                     mine = hydra.compose("config", overrides=overrides)
                     assert OmegaConf.to_container(mine) == OmegaConf.to_container(theirs)
