@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from stalebench.config import RunConfig
-from stalebench.errors import RunError, last_line, with_traceback
+from stalebench.errors import last_line, with_traceback
 from stalebench.job import Job, config_sha, meta
 from stalebench.metrics.events import cut_after_end
 from stalebench.metrics.summary import finalize, stop, write_json, write_text
@@ -59,13 +59,10 @@ def run_rank(
     """One process's part in a run; returns its exit code. With `store` None the process
     group forms from torchrun's environment, each process taking the rank it plays
     (`nodes.form_group`); rank 0 then tells the others the run dir. `shared`: a
-    shared-memory directory for same-host mailboxes (every rank on this machine)."""
+    shared-memory directory for same-host mailboxes (every rank on this machine). The
+    world is the engine's: the spawn launcher starts that many, and a torchrun or SLURM
+    launch of another size is refused before (`nodes.check_size`)."""
     torch.set_num_threads(cfg.num_threads)
-    if world_size != engine.world_size():
-        raise RunError(
-            f"world size {world_size} != {engine.world_size()}, what engine={engine.name} "
-            f"needs for cluster.num_workers={cfg.cluster.num_workers}"
-        )
     timeout = timedelta(seconds=cfg.timeout_s)
     node_store = None
     if store is None:  # torchrun: Hydra made a directory per rank; rank 0's is the run's
