@@ -112,7 +112,7 @@ def run_rank(
         status = f": {summary['status']}" if summary else ""
         log.info("%s done%s", engine.rank_name(rank), status)
         if summary and node_store is not None:
-            summary = _add_overrun_of_nodes(cfg, summary, node_store, world, run_dir)
+            summary = _records_of_every_rank(cfg, summary, node_store, world, run_dir)
             node_store.set("summary", "written")  # for the other nodes: rank 0 ended the run
     except WorkerDied as exc:
         log.warning("%s: %s", engine.rank_name(rank), exc)
@@ -130,10 +130,11 @@ def run_rank(
     return 0
 
 
-def _add_overrun_of_nodes(cfg: RunConfig, summary, node_store, world, run_dir: Path):
-    """torchrun, rank 0: summary.json's `overrun`, `hub` and `cycle` (`add_overrun`) from
-    every rank's counts, once each has closed (a completed run: at most timeout_s; else
-    those told already: a lost rank tells nothing more)."""
+def _records_of_every_rank(cfg: RunConfig, summary, node_store, world, run_dir: Path):
+    """torchrun, rank 0, once every rank has closed (a completed run: at most timeout_s;
+    else those closed already: a lost rank tells nothing more): the logs the ranks off this
+    node sent, into `logs/`, and summary.json's `overrun`, `hub` and `cycle` from every
+    rank's counts (`add_overrun`)."""
     if summary["status"] == "completed":
         closed = [f"closed/{r}" for r in range(world.size)]
         with contextlib.suppress(Exception):  # a rank that never closes: the others' counts
