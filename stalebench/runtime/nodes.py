@@ -106,7 +106,7 @@ def check_size(needed: int, who: str) -> None:
     world = int(os.environ["WORLD_SIZE"])
     if world != needed:
         how = "torchrun's nproc_per_node × nnodes"
-        if "SUBMITIT_EXECUTOR" in os.environ:
+        if in_submitit():
             how = "hydra.launcher.tasks_per_node × hydra.launcher.nodes"
         raise ConfigError(
             f"the launch starts {world} processes, but {who} runs {needed}: set {how} to {needed}"
@@ -169,8 +169,8 @@ def log_dir(run_dir: Path, rank: int) -> Path:
 
 
 def own_log_dir(run_dir: Path) -> Path:
-    """This node's directory for the logs of its ranks in the run at `run_dir` (on rank 0's
-    node: `<run_dir>/logs`)."""
+    """This node's own directory for the logs of its ranks in the run at `run_dir` (the
+    ranks on rank 0's node log into `<run_dir>/logs` instead: `log_dir`)."""
     name = "-".join(p for p in run_dir.parts if p != run_dir.anchor)
     return Path(tempfile.gettempdir()) / "stalebench-logs" / socket.gethostname() / name
 
