@@ -36,6 +36,7 @@ class Device:
     name: str
     tflops: dict[str, float]  # precision -> dense peak, TFLOP/s
     source: str
+    gpu: bool = True  # a GPU (a transport that stages through host memory copies its bytes)
 
 
 DEVICES = {
@@ -69,12 +70,14 @@ DEVICES = {
             {"fp32": 2.3296},
             "a node of two Intel Xeon E5-2697 v3 (Haswell-EP; Intel ARK: 14 cores, 2.6 GHz "
             "base): 2 × 14 × 2.6 GHz × 32 FLOP a cycle = 2.33 TFLOP/s FP32",
+            gpu=False,
         ),
         Device(
             "c4_8xlarge",
             {"fp32": 1.6704},
             "an AWS EC2 c4.8xlarge (36 vCPUs: 18 cores of Intel Xeon E5-2666 v3, Haswell, "
             "2.9 GHz base): 18 × 2.9 GHz × 32 FLOP a cycle = 1.67 TFLOP/s FP32",
+            gpu=False,
         ),
     )
 }
@@ -158,6 +161,25 @@ class ClusterConfig(ComponentConfig):
     region_size: int = 0  # racks per region; 0 = one region
     wan_bandwidth_gbps: list[Any] = dataclasses.field(default_factory=list)  # G × G
     wan_latency_ms: list[Any] = dataclasses.field(default_factory=list)  # G × G or empty
+    # what moves the bytes (stalebench.transports, each preset with its source): the share
+    # of line rate the NICs' bytes reach, a fixed cost per collective and per message,
+    # whether messages on a connection overlap their latencies, the all-reduce algorithm,
+    # a staging copy through host memory (priced where the device is a GPU); "ideal": line
+    # rate, a ring, nothing fixed. Each of the five keys below overrides the preset's value
+    transport: str = "ideal"
+    collective: str = ""  # ring, recursive_doubling, tree, hierarchical, sharded_ps; "": its
+    efficiency: float = 0.0  # 0: the transport's (which it must have)
+    collective_ms: float = -1.0  # -1: the transport's
+    message_ms: float = -1.0  # -1: the transport's
+    pipelined: bool | None = None  # None: the transport's
+    # hosts of several GPUs: ranks fill hosts of `gpus_per_host` in rank order and share its
+    # NIC (push_*/pull_* are the host's); between GPUs of a host, `host_link` (nvlink2,
+    # pcie3) or `host_link_gbps` each way; a staging copy crosses `staging_link`
+    gpus_per_host: int = 1
+    host_link: str = ""
+    host_link_gbps: float = 0.0  # 0: the named link's
+    staging_link: str = "pcie3"
+    ps_placement: str = "mxnet"  # collective=sharded_ps: which server holds each key
     # the host: what processes on one machine pay beyond the profile's steps and messages,
     # priced by the simulator (real processes pay it for real; `stalebench calibrate`
     # measures it; all 0 = an ideal host, the default)
@@ -201,6 +223,7 @@ class ClusterConfig(ComponentConfig):
             raise bad("min_replicas", self.min_replicas, f"in [0, num_workers={self.num_workers}]")
         check_device(self.device, self.precision, self.utilization)
         _check_topology(self, bad)
+        _check_transport(self, bad)
         if self.compute not in COMPUTE_MODELS:
             raise bad("compute", self.compute, f"one of {', '.join(COMPUTE_MODELS)}")
         if self.host_cores < 0:
@@ -292,6 +315,43 @@ def _check_topology(c: ClusterConfig, bad) -> None:
         raise bad("wan_bandwidth_gbps", [], "a G × G matrix with cluster.region_size > 0")
     if c.wan_latency_ms and len(c.wan_latency_ms) != len(c.wan_bandwidth_gbps):
         raise bad("wan_latency_ms", c.wan_latency_ms, "empty or as large as wan_bandwidth_gbps")
+
+
+def _check_transport(c: ClusterConfig, bad) -> None:
+    """The transport's keys: named presets, numbers in range, combinations the network
+    model prices (`Network` resolves them)."""
+    from stalebench import transports as t
+
+    preset = t.transport(c.transport)
+    if c.collective and c.collective not in t.COLLECTIVES:
+        raise bad("collective", c.collective, f"one of {', '.join(t.COLLECTIVES)} (or '')")
+    if not 0 <= c.efficiency <= 1:
+        raise bad("efficiency", c.efficiency, "in (0, 1] (0: the transport's)")
+    if preset.efficiency is None and not c.efficiency:
+        raise ConfigError(
+            f"cluster.efficiency: cluster.transport={c.transport} has no measured share of line "
+            "rate (no source pins one): set cluster.efficiency, and say where it comes from"
+        )
+    for key in ("collective_ms", "message_ms"):
+        if getattr(c, key) < 0 and getattr(c, key) != -1:
+            raise bad(key, getattr(c, key), ">= 0 (-1: the transport's)")
+    if c.gpus_per_host < 1:
+        raise bad("gpus_per_host", c.gpus_per_host, ">= 1")
+    if c.host_link:
+        t.host_link(c.host_link)
+    if c.host_link_gbps < 0:
+        raise bad("host_link_gbps", c.host_link_gbps, ">= 0 (0: the named link's)")
+    if c.gpus_per_host > 1 and not (c.host_link or c.host_link_gbps):
+        raise bad("host_link", c.host_link, "a link (nvlink2, pcie3) with gpus_per_host > 1")
+    t.host_link(c.staging_link)
+    t.placement(c.ps_placement)
+    algorithm = c.collective or preset.collective
+    if c.rack_size and algorithm != "ring":
+        raise bad("collective", algorithm, "ring over racks (cluster.rack_size > 0)")
+    if c.rack_size and c.gpus_per_host > 1:
+        raise bad("gpus_per_host", c.gpus_per_host, "1 over racks (cluster.rack_size > 0)")
+    if algorithm == "sharded_ps" and c.gpus_per_host > 1:
+        raise bad("gpus_per_host", c.gpus_per_host, "1 with collective=sharded_ps")
 
 
 def check_regions(c: ClusterConfig, ranks: int) -> None:

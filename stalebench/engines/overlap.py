@@ -101,6 +101,15 @@ class Layout:
             [k for k, (a, b) in enumerate(self.pieces) if a < hi and b > lo] for lo, hi in spans
         ]
 
+    def spans(self) -> list[list[tuple[int, int, int, int]]]:
+        """The tensors each piece holds: (tensor, first element, end, its elements)."""
+        spans: list[list[tuple[int, int, int, int]]] = [[] for _ in self.pieces]
+        for i, (o, s) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+            for k in self.holding(i):
+                a, b = self.pieces[k]
+                spans[k].append((i, max(a, o) - o, min(b, o + s) - o, s))
+        return spans
+
     def span(self, k: int) -> tuple[int, int]:
         """Piece k's range of θ (its tail slots left out)."""
         lo, hi = self.pieces[k]
@@ -179,7 +188,9 @@ class Rounds:
         owners = [(m, [index[id(p)] for p in m.parameters(recurse=False)]) for m in net.modules()]
         owners = [(m, own) for m, own in owners if own]  # each waits for its tensors, then runs
         forward = layout.forward([own for _, own in owners]) if self.p3 else None  # virtual P3
-        self.pieces = world.pieces(self.buf, list(layout.pieces), order, layout.ready_at(), forward)
+        self.pieces = world.pieces(
+            self.buf, list(layout.pieces), order, layout.ready_at(), forward, layout.spans()
+        )
         if not self.pieces.hooked:
             return
         if self.p3:

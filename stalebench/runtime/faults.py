@@ -202,9 +202,10 @@ class Shaped(Transport):
 
     def _depart(self, buf: torch.Tensor, dst: int) -> None:
         """Held while the message leaves its NIC, then while it crosses the topology's
-        shared links (`Network.cross`)."""
+        shared links (`Network.cross`). A pipelined message's latency is not waited for:
+        it is delivered as soon as it is sent, up to that latency early."""
         size = _size(buf)
-        self._pay(self.network.push_s(size, self.slow_s))
+        self._pay(self.network.hold_s(size, self.slow_s))
         wire = self.network.push_wire_s(size)
         self._pay(self.network.cross(self.rank, dst, size, time.perf_counter(), wire))
 

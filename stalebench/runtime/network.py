@@ -62,7 +62,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stalebench.cluster import ClusterConfig
+from stalebench import transports
+from stalebench.cluster import DEVICES, ClusterConfig
 
 SLOTS = 64  # bookings a shared link remembers, beside 4 per rank (the oldest forgotten)
 
@@ -146,13 +147,17 @@ class Topology:
         self.cfg, self.size = cfg, size
         self.racks = math.ceil(size / cfg.rack_size) if cfg.rack_size else 1
         self.regions = math.ceil(self.racks / cfg.region_size) if cfg.region_size else 1
-        self.links = 2 * self.racks + self.regions**2
+        # hosts of several GPUs (`cluster.gpus_per_host`; never with racks): each host's NIC,
+        # uplink and downlink, after the racks' and WAN links
+        self.gpus = cfg.gpus_per_host
+        self.hosts = math.ceil(size / self.gpus) if self.gpus > 1 else 0
+        self.links = 2 * self.racks + self.regions**2 + 2 * self.hosts
         self.calendars: Calendars | None = None
 
     @property
     def flat(self) -> bool:
-        """One rack: no message crosses a shared link."""
-        return self.racks == 1
+        """One rack of hosts of one rank: no message crosses a shared link."""
+        return self.racks == 1 and self.hosts <= 1
 
     def rack(self, rank: int) -> int:
         return rank // self.cfg.rack_size if self.cfg.rack_size else 0
@@ -164,6 +169,15 @@ class Topology:
         """(link, latency s, bandwidth Gbit/s) of each shared link a message from rank `src`
         to rank `dst` crosses, in order; none within a rack."""
         c, a, b = self.cfg, self.rack(src), self.rack(dst)
+        if self.hosts:  # the senders' host's NIC uplink, the receiver's host's downlink
+            host, other = src // self.gpus, dst // self.gpus
+            if host == other:
+                return []
+            base, rate = 2 * self.racks + self.regions**2, efficiency(c)
+            return [
+                (base + 2 * host, 0.0, c.push_bandwidth_gbps * rate),
+                (base + 2 * other + 1, 0.0, c.pull_bandwidth_gbps * rate),
+            ]
         if a == b:
             return []
         hops = [(2 * a, c.rack_latency_ms / 1000, c.rack_bandwidth_gbps)]
@@ -210,11 +224,30 @@ class Topology:
 
 class Network:
     """The prices of the cluster's messages and collectives (seconds), from
-    `cluster.push_*`/`pull_*`, the number of workers and the topology (none: one switch)."""
+    `cluster.push_*`/`pull_*`, the number of workers, the transport and its collective
+    algorithm (`stalebench.transports`), the hosts and the topology (none: one switch)."""
 
     def __init__(self, cfg: ClusterConfig, topology: Topology | None = None):
         self.cfg = cfg
         self.topology = topology if topology is not None and not topology.flat else None
+        preset = transports.transport(cfg.transport)
+        rate = efficiency(cfg)
+        self.push_gbps = cfg.push_bandwidth_gbps * rate  # what the NICs' bytes reach
+        self.pull_gbps = cfg.pull_bandwidth_gbps * rate
+        fixed = cfg.collective_ms if cfg.collective_ms != -1 else preset.collective_ms
+        self.collective_s = fixed / 1000
+        self.message_ms = cfg.message_ms if cfg.message_ms != -1 else preset.message_ms
+        self.pipelined = preset.pipelined if cfg.pipelined is None else cfg.pipelined
+        self.algorithm = cfg.collective or preset.collective
+        self.gpus = cfg.gpus_per_host
+        link = transports.host_link(cfg.host_link) if cfg.host_link else None
+        self.link_gbps = cfg.host_link_gbps or (link.gbps if link else 0.0)
+        self.link_ms = link.latency_ms if link else 0.0
+        # a staging copy through host memory, where the transport needs one and the modelled
+        # device is a GPU: its seconds a byte (0: none)
+        staged = preset.staging and cfg.device and DEVICES[cfg.device].gpu
+        self.stage_s = 8 / (transports.host_link(cfg.staging_link).gbps * 1e9) if staged else 0.0
+        self.placement = transports.placement(cfg.ps_placement)
 
     def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
         """What the topology's shared links add to a message (`Topology.cross`); 0 without."""
@@ -223,21 +256,35 @@ class Network:
         return self.topology.cross(src, dst, nbytes, last, nic_s)
 
     def push_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of one message from a worker; `slow_s` is what a slow fault adds to each
-        message that worker sends (`Faults.slow_s`)."""
-        return _delay(self.cfg.push_latency_ms, self.cfg.push_bandwidth_gbps, nbytes) + slow_s
+        """Seconds of one message from a worker: its latency, the transport's cost a message,
+        its bytes at the NIC's effective bandwidth, a staging copy; `slow_s` is what a slow
+        fault adds to each message that worker sends (`Faults.slow_s`)."""
+        latency = self.cfg.push_latency_ms + self.message_ms
+        return _delay(latency, self.push_gbps, nbytes) + nbytes * self.stage_s + slow_s
 
     def pull_s(self, nbytes: float) -> float:
-        return _delay(self.cfg.pull_latency_ms, self.cfg.pull_bandwidth_gbps, nbytes)
+        latency = self.cfg.pull_latency_ms + self.message_ms
+        return _delay(latency, self.pull_gbps, nbytes) + nbytes * self.stage_s
+
+    def hold_s(self, nbytes: float, slow_s: float = 0.0) -> float:
+        """How long a worker's send holds it (`push_s`): all of it, or, where the transport
+        pipelines messages, all but the latency, which the message spends on its way
+        (`flight_s`) while the sender goes on."""
+        return self.push_s(nbytes, slow_s) - self.flight_s()
+
+    def flight_s(self) -> float:
+        """The part of a message's time after its sender let go: its latency where messages
+        are pipelined, else none."""
+        return self.cfg.push_latency_ms / 1000 if self.pipelined else 0.0
 
     def push_wire_s(self, nbytes: float) -> float:
         """How long a message to a hub holds the hub's downlink: its bytes at the push
         bandwidth (no latency: that is spent on the way)."""
-        return _delay(0.0, self.cfg.push_bandwidth_gbps, nbytes)
+        return _delay(0.0, self.push_gbps, nbytes)
 
     def pull_wire_s(self, nbytes: float) -> float:
         """How long a hub's message holds its uplink: its bytes at the pull bandwidth."""
-        return _delay(0.0, self.cfg.pull_bandwidth_gbps, nbytes)
+        return _delay(0.0, self.pull_gbps, nbytes)
 
     def peer_through(self, down: Link, arrival: float, nbytes: float) -> float:
         """When a message between two peers, out of its sender's NIC at `arrival` (its push
@@ -252,9 +299,10 @@ class Network:
         return down.take(arrival + late, wire)
 
     def allreduce_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of a ring all-reduce of `nbytes` over the N workers: 2(N − 1) steps of a
-        chunk of nbytes/N each, 2(N − 1)·(α + nbytes/(N·β)) when both directions have latency
-        α and bandwidth β (N = 1: 0).
+        """Seconds of an all-reduce of `nbytes` over the N workers by the transport's
+        algorithm (`stalebench.runtime.collectives`), plus its fixed cost and a staging copy
+        each way. A ring is 2(N − 1) steps of a chunk of nbytes/N each, 2(N − 1)·(α +
+        nbytes/(N·β)) when both directions have latency α and bandwidth β (N = 1: 0).
 
         In each step every worker sends a chunk to the next worker (charged the push
         direction's latency and bandwidth) while it receives one from the previous (the pull
@@ -268,25 +316,36 @@ class Network:
         all of a group's at once through the group's one link (nbytes/m a step): a step
         lasts the level's latency plus the slower of the NIC's and the link's time.
         """
+        from stalebench.runtime import collectives
+
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
-        k = self.cfg.rack_size if levels else n
-        seconds = 2 * (k - 1) * (self._nic_s(nbytes / k) + slow_s)
-        hosts = k  # under one group of the level
-        for m, latency, gbps in levels:
-            step = max(self._nic_s(nbytes / (m * hosts)), _delay(0.0, gbps, nbytes / m))
-            seconds += 2 * (m - 1) * (latency + step + slow_s)
-            hosts *= m
-        return seconds
+        if levels or self.algorithm == "ring" and self.gpus == 1:
+            k = self.cfg.rack_size if levels else n
+            seconds = 2 * (k - 1) * (self._nic_s(nbytes / k) + slow_s)
+            hosts = k  # under one group of the level
+            for m, latency, gbps in levels:
+                step = max(self._nic_s(nbytes / (m * hosts)), _delay(0.0, gbps, nbytes / m))
+                seconds += 2 * (m - 1) * (latency + step + slow_s)
+                hosts *= m
+        else:
+            seconds = collectives.allreduce_s(self, nbytes, n, slow_s)
+        return seconds + self.collective_s + 2 * nbytes * self.stage_s
 
     def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
-        """Seconds of a ring all-gather of one `nbytes` piece from each of the N workers:
-        N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`).
-        Over a topology, from the top level down: each host swaps what it holds with its
-        counterparts in the other groups of a level (the group's link carries its hosts'
-        share at once), then each rack's ring forwards the blocks gathered above."""
+        """Seconds of an all-gather of one `nbytes` piece from each of the N workers: a ring
+        of N − 1 steps, each forwarding one piece (the slower direction, as `allreduce_s`)
+        (other algorithms: `stalebench.runtime.collectives`). Over a topology, from the top
+        level down: each host swaps what it holds with its counterparts in the other
+        groups of a level (the group's link carries its hosts' share at once), then each
+        rack's ring forwards the blocks gathered above."""
+        from stalebench.runtime import collectives
+
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
+        if not levels and (self.algorithm != "ring" or self.gpus > 1):
+            seconds = collectives.allgather_s(self, nbytes, n, slow_s)
+            return seconds + self.collective_s + 2 * n * nbytes * self.stage_s
         k = self.cfg.rack_size if levels else n
         hosts = [k]  # under one group of each level
         for m, _, _ in levels:
@@ -296,16 +355,42 @@ class Network:
             step = max(self._nic_s(held), _delay(0.0, gbps, h * held))
             seconds += (m - 1) * (latency + step + slow_s)
             held *= m
-        return seconds + (k - 1) * (self._nic_s(held) + slow_s)
+        seconds += (k - 1) * (self._nic_s(held) + slow_s)
+        return seconds + self.collective_s + 2 * n * nbytes * self.stage_s
 
     def _nic_s(self, nbytes: float) -> float:
-        """A ring step's time on the NICs: the slower direction."""
-        return max(self.push_s(nbytes), self.pull_s(nbytes))
+        """A collective step's time on the NICs: the slower direction (no staging copy:
+        a collective's is once, `allreduce_s`)."""
+        push = _delay(self.cfg.push_latency_ms + self.message_ms, self.push_gbps, nbytes)
+        pull = _delay(self.cfg.pull_latency_ms + self.message_ms, self.pull_gbps, nbytes)
+        return max(push, pull)
+
+    def link_s(self, nbytes: float) -> float:
+        """A step's time between two GPUs of one host (`cluster.host_link`)."""
+        return _delay(self.link_ms, self.link_gbps, nbytes)
+
+    def piece_ends(self, sizes, order, ready, slow_s: float = 0.0, spans=None) -> list[float]:
+        """When each of a round's pieces (`sizes` bytes, made at `ready` seconds) is summed
+        on every rank, all-reduced in `order`: one after another on the rank's link, each
+        once made and the one before it through; under a sharded parameter server each
+        piece's parts pushed to and pulled from the servers holding them
+        (`collectives.sharded_ends`; `spans`: the tensors each piece holds, by default a
+        tensor a piece)."""
+        if self.algorithm == "sharded_ps":
+            from stalebench.runtime import collectives
+
+            return collectives.sharded_ends(self, sizes, order, ready, slow_s, spans)
+        end, ends = 0.0, [0.0] * len(sizes)
+        for k in order:
+            end = max(end, ready[k]) + self.allreduce_s(sizes[k], slow_s)
+            ends[k] = end
+        return ends
 
     def priority_order(self, sizes: list[int], ready: list[float]) -> list[int]:
         """The order in which pieces of `sizes` bytes, made at `ready` seconds, go over a
-        rank's link as ring all-reduces under a priority schedule (P3): whenever the link is
-        free, the made piece nearest the input (the lowest index) first."""
+        rank's link as all-reduces under a priority schedule (P3): whenever the link is
+        free, the made piece nearest the input (the lowest index) first (a piece holds the
+        link its all-reduce's time)."""
         order, t, left = [], 0.0, set(range(len(ready)))
         while left:
             made = [k for k in left if ready[k] <= t]
@@ -316,6 +401,12 @@ class Network:
             left.remove(order[-1])
             t += self.allreduce_s(sizes[order[-1]])
         return order
+
+
+def efficiency(cfg: ClusterConfig) -> float:
+    """The share of line rate the NICs' bytes reach: `cluster.efficiency`, else the
+    transport's (checked: one of them is set)."""
+    return cfg.efficiency or transports.transport(cfg.transport).efficiency
 
 
 def _delay(latency_ms: float, bandwidth_gbps: float, nbytes: float) -> float:

@@ -286,10 +286,11 @@ class SimWorld(World):
             wire = network.pull_wire_s(size)
             at = self.up.leave(self.clock, wire)
             at += network.cross(self.rank, dst, size, at + wire, wire)
-        else:  # held until it is out of its NIC, then across the topology's links
-            self._pay(network.push_s(size, self._slow_s()))
+        else:  # held until it is out of its NIC, then across the topology's links; a
+            # pipelined message spends its latency on the way, its sender going on
+            self._pay(network.hold_s(size, self._slow_s()))
             self._pay(network.cross(self.rank, dst, size, self.clock, network.push_wire_s(size)))
-            at = self.clock
+            at = self.clock + network.flight_s()
         if self.pending:  # the lazy steps that write this message, and any still unrun
             self.pending = [d for d in self.pending if d.step is not None]
         self.sim.post(self.rank, dst, at, buf, tuple(self.pending))
@@ -419,8 +420,8 @@ class SimWorld(World):
         waited = self._ended(handle)
         return handle.members if live else waited
 
-    def pieces(self, buf, bounds, order, ready, forward=None):
-        return SimPieces(self, buf, bounds, order, ready, forward)
+    def pieces(self, buf, bounds, order, ready, forward=None, spans=None):
+        return SimPieces(self, buf, bounds, order, ready, forward, spans)
 
     def complete(self, handle: Collective) -> Op[float]:
         if handle.done is None:
@@ -445,31 +446,28 @@ class SimWorld(World):
             )
 
 
-def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0):
+def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0, spans=None):
     """When each piece of a buffer (`bounds`), made at `ready` (fractions of a step of
-    `step_s` seconds) and ring all-reduced one after another in `order`, each once made and
-    the one before it is through, is summed (seconds from the step's start)."""
-    end, ends = 0.0, [0.0] * len(bounds)
-    for k in order:
-        lo, hi = bounds[k]
-        end = max(end, ready[k] * step_s) + network.allreduce_s(4 * (hi - lo), slow_s)
-        ends[k] = end
-    return ends
+    `step_s` seconds) and all-reduced in `order` (`Network.piece_ends`: one after another,
+    each once made and the one before it is through), is summed (seconds from the step's
+    start); `spans`: the tensors each piece holds (`Layout.spans`)."""
+    sizes = [4 * (hi - lo) for lo, hi in bounds]
+    return network.piece_ends(sizes, order, [r * step_s for r in ready], slow_s, spans)
 
 
-def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0) -> float:
+def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0, spans=None):
     """How long the pieces take past the step (`piece_ends`): the round's communication
     when the update waits for all of them (DDP's buckets)."""
-    return max(piece_ends(network, bounds, order, ready, step_s, slow_s)) - step_s
+    return max(piece_ends(network, bounds, order, ready, step_s, slow_s, spans)) - step_s
 
 
-def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s: float = 0.0):
+def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s=0.0, spans=None):
     """P3: how long the next forward pass waits for the pieces (`piece_ends`), which it
     applies module by module as it reaches them. It begins once the piece holding the
     round's statistics (made last, sent first) is in, then each module's forward, its
     share of a step of `step_s` (`forward`: (share, the pieces holding its tensors) in
     forward order), once its pieces are; returns the seconds it waited in all."""
-    ends = piece_ends(network, bounds, order, ready, step_s, slow_s)
+    ends = piece_ends(network, bounds, order, ready, step_s, slow_s, spans)
     t, waited = step_s, 0.0
     for share, holding in [(0.0, [0]), *forward]:
         need = max(ends[k] for k in holding)
@@ -489,9 +487,10 @@ class SimPieces:
     hooked = False  # a step takes no time: nothing is posted
     waited = 0.0
 
-    def __init__(self, world: SimWorld, buf, bounds, order, ready, forward=None):
-        self.world, self.bounds = world, list(bounds)  # `buf` is all-reduced whole
+    def __init__(self, world: SimWorld, buf, bounds, order, ready, forward=None, spans=None):
+        self.world, self.bounds, self.spans = world, list(bounds), spans  # `buf`: whole
         self.order, self.ready, self.forward = list(order), list(ready), forward
+        self.memo: dict[tuple[float, float], float] = {}
 
     def post(self, piece: int, round_: int) -> None:
         pass
@@ -504,10 +503,14 @@ class SimPieces:
         under P3 (`forward` given) how long the next forward pass waits for it, a step of
         the same length (the round's update is applied whole at its end: for the
         element-wise rules P3 takes, the θ its forward reaches layer by layer)."""
-        net, args = self.world.network, (self.bounds, self.order, self.ready)
-        if self.forward is not None:
-            return p3_stall_s(net, *args, self.forward, step_s, slow_s)
-        return pieces_s(net, *args, step_s, slow_s)
+        key = (step_s, slow_s)  # the same for every round of a constant step: once
+        if key not in self.memo:
+            net, args = self.world.network, (self.bounds, self.order, self.ready)
+            if self.forward is not None:
+                self.memo[key] = p3_stall_s(net, *args, self.forward, step_s, slow_s, self.spans)
+            else:
+                self.memo[key] = pieces_s(net, *args, step_s, slow_s, self.spans)
+        return self.memo[key]
 
     def close(self) -> None:
         pass

@@ -363,6 +363,7 @@ class World:
     def pieces(
         self, buf: torch.Tensor, bounds: list[tuple[int, int]], order: list[int],
         ready: list[float], forward: list[tuple[float, list[int]]] | None = None,
+        spans: list[list[tuple[int, int, int, int]]] | None = None,
     ) -> Any:  # fmt: skip
         """A round's all-reduce of `buf` in pieces (`bounds`: their ranges), each issued once
         it is written and the pieces before it in `order` (the same on every rank) are.
@@ -375,7 +376,9 @@ class World:
         what the pieces, made at `ready` (fractions of the step) and all-reduced one after
         another in `order`, would take — or, given `forward` (P3: each module's share of a
         step in the forward pass, in its order, and the pieces holding its tensors), what
-        the next forward pass waits for them; `wait` is refused."""
+        the next forward pass waits for them; `wait` is refused. `spans`: each piece's
+        (tensor, first element, end, the tensor's elements), where a sharded parameter
+        server places its keys by tensor (`Network.piece_ends`)."""
         raise NotImplementedError
 
     def pace(self, net: torch.nn.Module, params: list[torch.Tensor], work=None) -> Any:
