@@ -134,6 +134,10 @@ class ClusterConfig(ComponentConfig):
     device: str = ""
     precision: str = "fp32"
     utilization: float = 0.4
+    # or a measured curve: a CSV with columns batch,relative (a device's throughput at a
+    # minibatch over its best, `benchmarks/utilisation.py` measures one), by which a step
+    # of the run's minibatch is slower (linear in log2 of the batch, flat past its ends)
+    utilization_curve: str = ""
     gamma_shape: float = 100.0  # k of Gamma(k, compute_ms / k): coefficient of variation 1/√k
     lognormal_sigma: float = 0.5  # σ of the log; the mean stays compute_ms
     trace_file: str = ""  # CSV with columns worker,ms: each worker's step times, replayed
@@ -222,6 +226,10 @@ class ClusterConfig(ComponentConfig):
         if not 0 <= self.min_replicas <= self.num_workers:
             raise bad("min_replicas", self.min_replicas, f"in [0, num_workers={self.num_workers}]")
         check_device(self.device, self.precision, self.utilization)
+        if self.utilization_curve and not self.device:
+            raise bad(
+                "utilization_curve", self.utilization_curve, "'' unless cluster.device is set"
+            )
         _check_topology(self, bad)
         _check_transport(self, bad)
         if self.compute not in COMPUTE_MODELS:
@@ -409,6 +417,34 @@ def _check_slow_compute(f: FaultConfig, i: int, bad) -> None:
         raise bad(f"faults[{i}].factor", f.factor, "> 1 with action slow_compute")
     if f.duration_steps < 0:
         raise bad(f"faults[{i}].duration_steps", f.duration_steps, ">= 0 (0 = to the end)")
+
+
+def relative_utilization(path: str, batch: int) -> float:
+    """A minibatch of `batch` examples' share of the device's best throughput, from the
+    measured curve at `path` (CSV: batch,relative): linear in log2(batch) between the
+    measured batches, the nearest one's outside them."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(
+            f"cluster.utilization_curve: {str(p)!r} does not exist (CSV: batch,relative)"
+        )
+    with open(p, newline="") as f:
+        rows = csv.DictReader(f)
+        if not rows.fieldnames or not {"batch", "relative"} <= set(rows.fieldnames):
+            raise ConfigError(
+                f"cluster.utilization_curve: {str(p)!r} needs the columns batch,relative"
+            )
+        try:
+            points = sorted((math.log2(int(r["batch"])), float(r["relative"])) for r in rows)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"cluster.utilization_curve: {str(p)!r}: batch must be an integer >= 1 and "
+                "relative a number in (0, 1]"
+            ) from None
+    if not points or any(not 0 < r <= 1 for _, r in points):
+        raise ConfigError(f"cluster.utilization_curve: {str(p)!r}: relative must be in (0, 1]")
+    xs, ys = zip(*points, strict=True)
+    return float(np.interp(math.log2(batch), xs, ys))
 
 
 def read_trace(path: str) -> list[np.ndarray]:

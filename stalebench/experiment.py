@@ -134,6 +134,15 @@ def derive_compute(cfg: RunConfig, splits) -> None:
     model = build_model(cfg, splits)
     flops = compute.step_flops(model, x, y)
     ms = compute.step_ms(flops, c.device, c.precision, c.utilization)
+    if c.utilization_curve:  # a measured curve: a small minibatch runs below the peak's share
+        from stalebench.cluster import relative_utilization
+
+        share = relative_utilization(c.utilization_curve, len(y))
+        log.info(
+            "cluster.utilization_curve=%s: a minibatch of %d at %.3g of the best throughput",
+            c.utilization_curve, len(y), share,
+        )  # fmt: skip
+        ms /= share
     log.info(
         "cluster.device=%s: %.4g GFLOPs a step (model=%s, batch %d) at %g %% of %g TFLOP/s "
         "(%s): cluster.compute_ms=%.4g (was %g)", c.device, flops / 1e9, cfg.model.name, len(y),

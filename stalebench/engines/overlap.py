@@ -110,6 +110,16 @@ class Layout:
                 spans[k].append((i, max(a, o) - o, min(b, o + s) - o, s))
         return spans
 
+    def travel(self, kept: frozenset[int]) -> list[int]:
+        """The bytes each piece carries when the tensors `kept` stay on their rank."""
+        left = [4 * (b - a) for a, b in self.pieces]
+        for i, t, lo, hi, _ in (
+            (i, *span) for i, spans in enumerate(self.spans()) for span in spans
+        ):
+            if t in kept:
+                left[i] -= 4 * (hi - lo)
+        return left
+
     def span(self, k: int) -> tuple[int, int]:
         """Piece k's range of θ (its tail slots left out)."""
         lo, hi = self.pieces[k]
@@ -157,7 +167,8 @@ class Rounds:
     fires them, and the update once a round's pieces are in."""
 
     def __init__(self, job: Job, world, gradient_step, params, rule, nominal: float, msg,
-                 grad_in: torch.Tensor | None = None):  # fmt: skip
+                 grad_in: torch.Tensor | None = None,
+                 kept: frozenset[int] = frozenset()):  # fmt: skip
         eng, n, net = job.cfg.engine, job.num_workers, gradient_step.net.model
         self.p3, self.n = eng.schedule == "p3", n
         self.net_params = net_params = list(net.parameters())
@@ -188,8 +199,10 @@ class Rounds:
         owners = [(m, [index[id(p)] for p in m.parameters(recurse=False)]) for m in net.modules()]
         owners = [(m, own) for m, own in owners if own]  # each waits for its tensors, then runs
         forward = layout.forward([own for _, own in owners]) if self.p3 else None  # virtual P3
+        sizes = layout.travel(kept) if kept else None  # model-parallel tensors stay
+        spans = [[span for span in piece if span[0] not in kept] for piece in layout.spans()]
         self.pieces = world.pieces(
-            self.buf, list(layout.pieces), order, layout.ready_at(), forward, layout.spans()
+            self.buf, list(layout.pieces), order, layout.ready_at(), forward, spans, sizes
         )
         if not self.pieces.hooked:
             return

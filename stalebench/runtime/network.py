@@ -382,6 +382,9 @@ class Network:
             return collectives.sharded_ends(self, sizes, order, ready, slow_s, spans)
         end, ends = 0.0, [0.0] * len(sizes)
         for k in order:
+            if not sizes[k]:  # nothing of it travels (model-parallel tensors): summed once made
+                ends[k] = ready[k]
+                continue
             end = max(end, ready[k]) + self.allreduce_s(sizes[k], slow_s)
             ends[k] = end
         return ends

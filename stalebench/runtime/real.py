@@ -390,7 +390,7 @@ class RealWorld(World):
     def complete(self, handle: Any) -> float:
         return self._settle(handle) if isinstance(handle, Live) else self._complete(handle)
 
-    def pieces(self, buf, bounds, order, ready, forward=None, spans=None):
+    def pieces(self, buf, bounds, order, ready, forward=None, spans=None, sizes=None):
         from stalebench.runtime.link import Pieces
 
         return Pieces(self.net, buf, bounds, order)

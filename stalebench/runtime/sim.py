@@ -420,8 +420,8 @@ class SimWorld(World):
         waited = self._ended(handle)
         return handle.members if live else waited
 
-    def pieces(self, buf, bounds, order, ready, forward=None, spans=None):
-        return SimPieces(self, buf, bounds, order, ready, forward, spans)
+    def pieces(self, buf, bounds, order, ready, forward=None, spans=None, sizes=None):
+        return SimPieces(self, buf, bounds, order, ready, forward, spans, sizes)
 
     def complete(self, handle: Collective) -> Op[float]:
         if handle.done is None:
@@ -446,19 +446,22 @@ class SimWorld(World):
             )
 
 
-def piece_ends(network, bounds, order, ready, step_s: float, slow_s: float = 0.0, spans=None):
+def piece_ends(
+    network, bounds, order, ready, step_s: float, slow_s: float = 0.0, spans=None, sizes=None
+) -> list[float]:
     """When each piece of a buffer (`bounds`), made at `ready` (fractions of a step of
     `step_s` seconds) and all-reduced in `order` (`Network.piece_ends`: one after another,
     each once made and the one before it is through), is summed (seconds from the step's
-    start); `spans`: the tensors each piece holds (`Layout.spans`)."""
-    sizes = [4 * (hi - lo) for lo, hi in bounds]
+    start); `spans`: the tensors each piece holds (`Layout.spans`), `sizes` the bytes each
+    carries (default: all of its range)."""
+    sizes = sizes if sizes is not None else [4 * (hi - lo) for lo, hi in bounds]
     return network.piece_ends(sizes, order, [r * step_s for r in ready], slow_s, spans)
 
 
-def pieces_s(network, bounds, order, ready, step_s: float, slow_s: float = 0.0, spans=None):
+def pieces_s(network, bounds, order, ready, step_s: float, slow_s=0.0, spans=None, sizes=None):
     """How long the pieces take past the step (`piece_ends`): the round's communication
     when the update waits for all of them (DDP's buckets)."""
-    return max(piece_ends(network, bounds, order, ready, step_s, slow_s, spans)) - step_s
+    return max(piece_ends(network, bounds, order, ready, step_s, slow_s, spans, sizes)) - step_s
 
 
 def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s=0.0, spans=None):
@@ -487,8 +490,10 @@ class SimPieces:
     hooked = False  # a step takes no time: nothing is posted
     waited = 0.0
 
-    def __init__(self, world: SimWorld, buf, bounds, order, ready, forward=None, spans=None):
+    def __init__(self, world: SimWorld, buf, bounds, order, ready, forward=None, spans=None,
+                 sizes=None):  # fmt: skip
         self.world, self.bounds, self.spans = world, list(bounds), spans  # `buf`: whole
+        self.sizes = sizes
         self.order, self.ready, self.forward = list(order), list(ready), forward
         self.memo: dict[tuple[float, float], float] = {}
 
@@ -509,7 +514,7 @@ class SimPieces:
             if self.forward is not None:
                 self.memo[key] = p3_stall_s(net, *args, self.forward, step_s, slow_s, self.spans)
             else:
-                self.memo[key] = pieces_s(net, *args, step_s, slow_s, self.spans)
+                self.memo[key] = pieces_s(net, *args, step_s, slow_s, self.spans, self.sizes)
         return self.memo[key]
 
     def close(self) -> None:

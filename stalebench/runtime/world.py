@@ -364,6 +364,7 @@ class World:
         self, buf: torch.Tensor, bounds: list[tuple[int, int]], order: list[int],
         ready: list[float], forward: list[tuple[float, list[int]]] | None = None,
         spans: list[list[tuple[int, int, int, int]]] | None = None,
+        sizes: list[int] | None = None,
     ) -> Any:  # fmt: skip
         """A round's all-reduce of `buf` in pieces (`bounds`: their ranges), each issued once
         it is written and the pieces before it in `order` (the same on every rank) are.
@@ -378,7 +379,9 @@ class World:
         step in the forward pass, in its order, and the pieces holding its tensors), what
         the next forward pass waits for them; `wait` is refused. `spans`: each piece's
         (tensor, first element, end, the tensor's elements), where a sharded parameter
-        server places its keys by tensor (`Network.piece_ends`)."""
+        server places its keys by tensor (`Network.piece_ends`); `sizes`: the bytes each
+        piece carries on the network, where not all of its range (tensors that stay where
+        they are, such as model-parallel layers' gradients)."""
         raise NotImplementedError
 
     def pace(self, net: torch.nn.Module, params: list[torch.Tensor], work=None) -> Any:

@@ -42,6 +42,10 @@ class AllReduceConfig(EngineConfig):
     # piece nearest the input goes first, and each layer's pieces are applied just before
     # the next forward pass reaches it (needs an element-wise algorithm.update)
     schedule: str = "fifo"
+    # hybrid parallelism (`hybrid.Hybrid`): these linear layers (a module's name or its
+    # class, e.g. Linear) split over the ranks, their activations exchanged instead of
+    # their gradients all-reduced; the simulator prices it (runtime=sim)
+    model_parallel: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.bucket_mb < 0:
@@ -82,6 +86,26 @@ class AllReduceEngine(DataParallel):
         return (f"engine.bucket_mb={self.cfg.bucket_mb:g}: a piece is all-reduced as backward "
                 "makes it, before an overflow anywhere in the gradient is known")  # fmt: skip
 
+    def check_model_parallel(self, splits) -> None:
+        """engine.model_parallel: the simulator prices it, P3's layer-by-layer rounds do
+        not take it, and it names linear layers of the model (built on the meta device)."""
+        import torch
+
+        from stalebench.engines.allreduce.hybrid import Hybrid
+        from stalebench.job import build_model
+
+        layers = list(self.cfg.model_parallel)
+        if self.run.runtime != "sim":
+            raise ConfigError(
+                f"engine.model_parallel={layers}: model-parallel layers are priced by the "
+                "simulator (runtime=sim); real processes would exchange the activations, "
+                "which engine=allreduce does not do"
+            )
+        if self.cfg.schedule == "p3":
+            raise ConfigError(f"engine.model_parallel={layers}: not with engine.schedule=p3")
+        with torch.device("meta"):
+            Hybrid.of(build_model(self.run, splits), layers, self.run.dataset.batch_size)
+
     def survives_loss_of(self, rank: int) -> bool:
         """A replica, with cluster.min_replicas set: the rounds go on over the others (rank
         0 writes the run directory: losing it ends the run)."""
@@ -98,6 +122,8 @@ class AllReduceEngine(DataParallel):
                     f"element-wise rule: algorithm.update={update} is not (use one of "
                     f"{', '.join(elementwise)})"
                 )
+        if self.cfg.model_parallel:
+            self.check_model_parallel(splits)
         barrier = self.run.algorithm.barrier.name
         if not BARRIERS.get(barrier)[0].synchronous:
             sync = BARRIERS.names_with("synchronous")

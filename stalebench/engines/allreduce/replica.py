@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from stalebench import precision
+from stalebench.engines.allreduce.hybrid import Hybrid
 from stalebench.engines.common import GradientStep, Net, catch_up, compiled
 from stalebench.engines.overlap import Rounds, build_replica, measure_step
 from stalebench.engines.rounds import close_round, ring_volume, round_slots
@@ -131,12 +132,16 @@ class Replica(Role):
         self.step = worker_of(job, world, self.net, params, self.worker, progress["version"],
                               self.msg.payload)  # fmt: skip
         eng = job.cfg.engine
+        self.hybrid = None  # engine.model_parallel: layers split over the ranks
+        if eng.model_parallel:
+            self.hybrid = Hybrid.of(self.net, list(eng.model_parallel), job.cfg.dataset.batch_size)
+        kept = self.hybrid.tensors if self.hybrid is not None else frozenset()
         self.p3, self.overlap, nominal = eng.schedule == "p3", None, 1.0
         if eng.bucket_mb:
             if self.p3:
                 nominal = yield from measure_step(job, world, self.net, self.net_params)
             self.overlap = Rounds(job, world, self.step, params, rule, nominal, self.msg,
-                                  self.grad_in)  # fmt: skip
+                                  self.grad_in, kept)  # fmt: skip
             self.step = self.overlap.step if self.overlap.pieces.hooked else self.step
         self.hooked = self.overlap is not None and self.overlap.pieces.hooked
         # the slots the protocol reads, as numpy: no tensor op a scalar
@@ -150,6 +155,8 @@ class Replica(Role):
         world, overlap = self.world, self.overlap
         paused = world.strike()  # a pause stalls the round
         step_s = self.job.profile.step_s(self.worker)  # the round's draw from its stream
+        if self.hybrid is not None:  # the model-parallel layers' exchanges stand in its way
+            step_s += self.hybrid.seconds(world.network, world.faults.slow_s)
         closing = overlap.next_round(step_s) if overlap is not None else None
         if closing is not None and self.order[0] == STOP:  # P3: read from the round before
             return False
@@ -185,7 +192,11 @@ class Replica(Role):
             yield from overlap.pieces.settle()
             return
         lasts = overlap.pieces.comm_s(compute, world.faults.slow_s) if overlap else None
-        live = yield from self.members.summing(msg.buf, lasts, nbytes=msg.nbytes)
+        nbytes = msg.nbytes
+        if self.hybrid is not None:  # the model-parallel layers' gradients stay
+            whole = nbytes if nbytes is not None else msg.buf.numel() * msg.buf.element_size()
+            nbytes = whole - 4 * self.hybrid.elements
+        live = yield from self.members.summing(msg.buf, lasts, nbytes=nbytes)
         self.members.left(self.version + 1, live)
 
     def mean_gradient(self) -> Any:
