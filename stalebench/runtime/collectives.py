@@ -122,9 +122,12 @@ class Busy:
 
 
 def sharded_ends(net, sizes, order, ready, slow_s: float = 0.0, spans=None) -> list[float]:
-    """When each piece (`sizes[k]` bytes, made at `ready[k]` seconds, pushed in `order`, each
-    no sooner than the one before it) is summed on every worker, under a parameter server
-    sharded over the N workers' hosts (MXNet's `dist_device_sync`).
+    """When each piece (`sizes[k]` bytes, made at `ready[k]` seconds) is summed on every
+    worker, under a parameter server sharded over the N workers' hosts (MXNet's
+    `dist_device_sync`). The pieces take the links in `order`, each from when it is made:
+    a piece earlier in the order is never held back by a later one, and one made later
+    waits for no piece after it (the sender's queue sends by priority what is made: P3's
+    ps-lite carries each message's priority; a FIFO order is the order they are made in).
 
     The piece's elements go to the servers that hold them (`cluster.ps_placement` places
     each tensor's by the tensors the piece holds, `spans`: default a tensor a piece, the
@@ -142,9 +145,9 @@ def sharded_ends(net, sizes, order, ready, slow_s: float = 0.0, spans=None) -> l
     up, down = [Busy() for _ in range(n)], [Busy() for _ in range(n)]
     push_latency, pull_latency = c.push_latency_ms / 1000, c.pull_latency_ms / 1000
     cost = net.message_ms / 1000
-    ends, issue = [0.0] * len(sizes), 0.0
+    ends = [0.0] * len(sizes)
     for k in order:
-        issue = max(issue, ready[k])
+        issue = ready[k]
         end = issue
         held = spans[k] if spans is not None else [(k, 0, sizes[k] // 4, sizes[k] // 4)]
         for server, elements in net.placement.parts(held, n).items():

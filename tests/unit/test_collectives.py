@@ -171,3 +171,15 @@ def test_no_new_key_prices_as_before():
     n = net(32)
     assert n.allreduce_s(102 * MB) == 2 * 31 * (ALPHA + (102 * MB / 32) * 8 / 1e9)
     assert n.push_s(MB) == ALPHA + WIRE and n.flight_s() == 0.0
+
+
+def test_a_sharded_servers_queue_sends_by_priority_what_is_made():
+    ps = net(2, collective="sharded_ps", pipelined=True)
+    # piece 1 first in the order but made 20 ms late: piece 0, made at once, does not
+    # wait for it (P3's sender queue holds what is made, by priority)
+    ends = ps.piece_ends([MB, MB], [1, 0], [0.0, 0.020])
+    assert ends[0] == pytest.approx(2 * (ALPHA + WIRE))
+    assert ends[1] == pytest.approx(0.020 + 2 * (ALPHA + WIRE))
+    # keys 0 and 2 on server 0, both made at once: the one first in the order goes first
+    first, _, second = ps.piece_ends([MB, 0, MB], [2, 0, 1], [0.0, 0.0, 0.0])
+    assert second == pytest.approx(2 * (ALPHA + WIRE)) and first > second
