@@ -8,7 +8,7 @@ the step at hundreds scaled down: small matrix products keep the cores less busy
 
 For each of das_throughput's models (VGG-A, OverFeat-FAST, the 7-layer DNN, at their input
 shapes) a training step's forward and backward is timed on this machine at minibatches of
-1, 2, 4, … (the fastest of `repeats` after one to warm up, torch's threads as they are),
+1, 2, 4, … (the fastest of `--repeats` after one to warm up, on `--threads` of torch's),
 and `relative` is its examples a second over the best measured. The largest minibatch
 measured stands for every larger one (the curve is flat past its end). This machine is not
 the papers' (a two-socket Haswell Xeon of 28 cores): its curve is a measurement of the
@@ -78,8 +78,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/utilisation.py")
     parser.add_argument("--quick", action="store_true", help="1 repeat, batches up to 8")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--threads", type=int, default=0, help="torch's threads (0: as set)")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    repeats = 1 if args.quick else 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = 1 if args.quick else args.repeats
     out = {"machine": {"cpu": cpu(), "torch_threads": torch.get_num_threads(),
                        "torch": torch.__version__}, "repeats": repeats, "models": {}}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
