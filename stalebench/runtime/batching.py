@@ -85,7 +85,12 @@ class Batcher:
         steps = [d.step for d in chosen]
         for d in chosen:
             d.step = None
-        self.queues[needed.key] = [d for d in queue if d.step is not None]
+        # the steps run leave the queue: those at its head now, the others as they reach it
+        # (every pass over it skips a step already run)
+        first = 0
+        while first < len(queue) and queue[first].step is None:
+            first += 1
+        del queue[:first]
         self.batches, self.steps = self.batches + 1, self.steps + len(steps)
         self.largest = max(self.largest, len(steps))
         with shielded():  # torch.func inside: a signal waits for the batch's end
