@@ -42,6 +42,11 @@ VALUE_FIELDS = {
 }
 
 
+# the types of an event's values that JSON gives back as they were (a float only finite:
+# json.dumps refuses the others); an event of these alone is kept as it is (`EventLog.kept`)
+_EXACT = frozenset((str, int, float, bool, type(None)))
+
+
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf: a diverged loss is written as null, never as invalid JSON.
     if isinstance(value, float) and not math.isfinite(value):
@@ -52,17 +57,22 @@ def _clean(value: Any) -> Any:
 class EventLog:
     """Appends events to the file; each reaches the disk within `flush_s` seconds (0: at
     once, one write per event). A process that dies loses at most that window. Without
-    `values` (a cost-only run) it leaves out the fields that need them (`VALUE_FIELDS`)."""
+    `values` (a cost-only run) it leaves out the fields that need them (`VALUE_FIELDS`).
+
+    With `keep` (a log that is its file's only writer: the simulator's), a log that starts
+    the file also keeps what it writes, as `read_events` would read it back (`kept`: None
+    once the file holds anything else), so that the run's end need not parse it again."""
 
     _open: weakref.WeakSet[EventLog] = weakref.WeakSet()
 
-    def __init__(self, path: Path, flush_s: float = 0.0, values: bool = True):
+    def __init__(self, path: Path, flush_s: float = 0.0, values: bool = True, keep: bool = False):
         self.path = Path(path)
         self.without = {} if values else VALUE_FIELDS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1 if flush_s == 0 else 1 << 16)
         self.flush_s = flush_s
         self._flushed = time.monotonic()
+        self.kept: list[dict[str, Any]] | None = [] if keep and self._file.tell() == 0 else None
         EventLog._open.add(self)
 
     @classmethod
@@ -81,10 +91,15 @@ class EventLog:
             line = json.dumps(event, allow_nan=False)
         except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
             line = json.dumps({k: _clean(v) for k, v in event.items()})
+            event = None  # kept as read back
         try:
             self._file.write(line + "\n")
         except OSError as exc:
             raise self._failed(exc) from None
+        if self.kept is not None:  # as `read_events` reads the line: the event itself when
+            # JSON gives it back as it is, else the line parsed
+            exact = event is not None and _EXACT.issuperset(map(type, event.values()))
+            self.kept.append(event if exact else json.loads(line))
         if self.flush_s and time.monotonic() - self._flushed > self.flush_s:
             self.flush()
 
@@ -105,6 +120,7 @@ class EventLog:
         """A write that failed (a full disk): the log is closed — what it still buffered is
         lost, not retried at every flush to come — and every later write raises the same
         error, naming the file."""
+        self.kept = None  # what the file holds is no longer what was written
         with contextlib.suppress(OSError):
             self._file.close()  # closes the file even when its last flush fails
         self._file = _Failed(write_error(exc, self.path))

@@ -245,10 +245,13 @@ def finalize(
     error: str | None,
     target_accuracy: float,
     extra: dict[str, Any] | None = None,
+    events: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Write metrics.parquet and summary.json of a run directory from its events.jsonl."""
+    """Write metrics.parquet and summary.json of a run directory from its events.jsonl
+    (`events`: its events as `read_events` reads them, from the log that wrote them all)."""
     run_dir = Path(run_dir)
-    events = read_events(run_dir / "events.jsonl")
+    if events is None:
+        events = read_events(run_dir / "events.jsonl")
     table = run_dir / "metrics.parquet"
     try:
         metrics_table(events).to_parquet(table, index=False)
@@ -300,10 +303,10 @@ def start_event(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _all_of(events: list[dict[str, Any]], key: str, kind: type) -> bool:
     """Whether every value of `key` that is set is of type `kind` (exactly: a bool is not
-    an int here); stops at the first that is not, and False where none is set."""
-    values = (e[key] for e in events if e.get(key) is not None)
-    first = next(values, None)
-    return type(first) is kind and all(type(v) is kind for v in values)
+    an int here); False where none is set."""
+    kinds = set(map(type, [e.get(key) for e in events]))
+    kinds.discard(type(None))
+    return kinds == {kind}
 
 
 def load_writers() -> None:

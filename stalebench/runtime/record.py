@@ -28,8 +28,11 @@ class RunRecord:
     """The run directory being written: events, θ snapshots, and the final files."""
 
     def __init__(
-        self, job: Job, run_dir: Path, flush_s: float = 0.0, resume: dict[str, Any] | None = None
-    ):
+        self, job: Job, run_dir: Path, flush_s: float = 0.0, resume: dict[str, Any] | None = None,
+        keep_events: bool = False,
+    ):  # fmt: skip
+        """`keep_events`: this record's log is its events.jsonl's only writer (the
+        simulator's), whose events the run's end takes as written, not read back."""
         self.job, self.run_dir = job, Path(run_dir)
         self.resumed = resume  # the checkpoint this run goes on from, if any
         # set by the simulator: `t` is virtual (the end event says so), and its own real
@@ -40,7 +43,8 @@ class RunRecord:
         hold_room(self.run_dir)  # for summary.json, should the disk fill up
         load_writers()  # a signal while the run ends must not land in their first import
         # a cost-only run's events without what needs values (the losses), whatever emits them
-        self.events = EventLog(self.run_dir / "events.jsonl", flush_s, values=job.numerics)
+        self.events = EventLog(self.run_dir / "events.jsonl", flush_s, values=job.numerics,
+                               keep=keep_events and not resume)  # fmt: skip
         self.snapshots = Snapshots(job.cfg.eval, on_grid=job.cfg.runtime == "sim",
                                    spill=Spill(self.run_dir / SPILL))  # fmt: skip
         self.checkpoints = Checkpoints(
@@ -125,8 +129,9 @@ class RunRecord:
         if self.ranks is not None:  # each rank's host and device (`World.placed`)
             extra["ranks"] = self.ranks
         return finalize(
-            self.run_dir, self.job.meta, status, error, cfg.budget.target_accuracy, extra
-        )
+            self.run_dir, self.job.meta, status, error, cfg.budget.target_accuracy, extra,
+            events=self.events.kept,
+        )  # fmt: skip
 
 
 def spent(budget: BudgetConfig, version: int, t: float) -> bool:

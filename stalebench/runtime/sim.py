@@ -620,7 +620,7 @@ class Simulator:
     def __init__(self, job: Job, run_dir: Path, size: int):
         self.job, self.size = job, size
         resume = checkpoint.load(run_dir, job.meta["config_sha"]) if job.cfg.resume else None
-        self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume)
+        self.record = RunRecord(job, run_dir, flush_s=0.2, resume=resume, keep_events=True)
         self.record.virtual_time = True
         self.device = job.device(0)  # this process's, where the ranks' shared model is
         self.topology = Topology(job.profile.cfg, size)  # its links' bookings: the run's own
