@@ -69,3 +69,20 @@ def test_progress_line_on_a_terminal_and_silence_elsewhere():
     q.on_event({"kind": "update", "t": 1.0, "version": 1, "loss": 2.0, "lag": 0})
     q.close(None)
     assert quiet.getvalue() == ""
+
+
+def test_a_log_that_keeps_its_events_keeps_them_as_they_are_read_back(tmp_path):
+    # what the simulator's run end takes instead of parsing events.jsonl again: every event
+    # as `read_events` gives it, a NaN as null, a tuple as a list, a nested dict as written
+    from stalebench.metrics.events import EventLog, read_events
+
+    log = EventLog(tmp_path / "events.jsonl", keep=True)
+    log.emit("update", 0.1234567, loss=1.5, worker=2, ok=True, note=None)
+    log.emit("update", 0.2, loss=float("nan"), shape=(1, 2), extra={"a": [1.0, 2]})
+    log.close()
+    assert log.kept == read_events(tmp_path / "events.jsonl")
+    assert log.kept[1]["loss"] is None and log.kept[1]["shape"] == [1, 2]
+    # a file that holds something already: nothing is kept (it is not all this log's)
+    again = EventLog(tmp_path / "events.jsonl", keep=True)
+    assert again.kept is None
+    again.close()
