@@ -248,6 +248,7 @@ class Network:
         staged = preset.staging and cfg.device and DEVICES[cfg.device].gpu
         self.stage_s = 8 / (transports.host_link(cfg.staging_link).gbps * 1e9) if staged else 0.0
         self.placement = transports.placement(cfg.ps_placement)
+        self.priced: dict[tuple[str, float, float], float] = {}  # collectives' prices, by size
 
     def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
         """What the topology's shared links add to a message (`Topology.cross`); 0 without."""
@@ -316,6 +317,12 @@ class Network:
         all of a group's at once through the group's one link (nbytes/m a step): a step
         lasts the level's latency plus the slower of the NIC's and the link's time.
         """
+        key = ("all_reduce", nbytes, slow_s)  # a price depends on these alone: once each
+        if key not in self.priced:
+            self.priced[key] = self._allreduce_s(nbytes, slow_s)
+        return self.priced[key]
+
+    def _allreduce_s(self, nbytes: float, slow_s: float) -> float:
         from stalebench.runtime import collectives
 
         n = self.cfg.num_workers
@@ -339,6 +346,12 @@ class Network:
         level down: each host swaps what it holds with its counterparts in the other
         groups of a level (the group's link carries its hosts' share at once), then each
         rack's ring forwards the blocks gathered above."""
+        key = ("all_gather", nbytes, slow_s)
+        if key not in self.priced:
+            self.priced[key] = self._allgather_s(nbytes, slow_s)
+        return self.priced[key]
+
+    def _allgather_s(self, nbytes: float, slow_s: float) -> float:
         from stalebench.runtime import collectives
 
         n = self.cfg.num_workers
