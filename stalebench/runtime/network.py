@@ -271,7 +271,10 @@ class Network:
         """How long a worker's send holds it (`push_s`): all of it, or, where the transport
         pipelines messages, all but the latency, which the message spends on its way
         (`flight_s`) while the sender goes on."""
-        return self.push_s(nbytes, slow_s) - self.flight_s()
+        key = ("hold", nbytes, slow_s)  # a price depends on these alone: once each
+        if key not in self.priced:
+            self.priced[key] = self.push_s(nbytes, slow_s) - self.flight_s()
+        return self.priced[key]
 
     def flight_s(self) -> float:
         """The part of a message's time after its sender let go: its latency where messages
