@@ -47,6 +47,11 @@ VALUE_FIELDS = {
 _EXACT = frozenset((str, int, float, bool, type(None)))
 
 
+# json.dumps(event, allow_nan=False) makes a JSONEncoder a call; one, made once, writes the
+# same text (an event a second of a long run's rank 0 is most of its time)
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
+
+
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf: a diverged loss is written as null, never as invalid JSON.
     if isinstance(value, float) and not math.isfinite(value):
@@ -88,7 +93,7 @@ class EventLog:
             fields.pop(key, None)
         event = {"kind": kind, "t": round(t, 6), **fields}
         try:
-            line = json.dumps(event, allow_nan=False)
+            line = _ENCODE(event)
         except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
             line = json.dumps({k: _clean(v) for k, v in event.items()})
             event = None  # kept as read back
