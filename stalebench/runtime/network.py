@@ -330,16 +330,16 @@ class Network:
 
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
-        if levels or self.algorithm == "ring" and self.gpus == 1:
-            k = self.cfg.rack_size if levels else n
+        if not levels:
+            seconds = collectives.allreduce_s(self, nbytes, n, slow_s)
+        else:
+            k = self.cfg.rack_size
             seconds = 2 * (k - 1) * (self._nic_s(nbytes / k) + slow_s)
             hosts = k  # under one group of the level
             for m, latency, gbps in levels:
                 step = max(self._nic_s(nbytes / (m * hosts)), _delay(0.0, gbps, nbytes / m))
                 seconds += 2 * (m - 1) * (latency + step + slow_s)
                 hosts *= m
-        else:
-            seconds = collectives.allreduce_s(self, nbytes, n, slow_s)
         return seconds + self.collective_s + 2 * nbytes * self.stage_s
 
     def allgather_s(self, nbytes: float, slow_s: float = 0.0) -> float:
@@ -359,19 +359,19 @@ class Network:
 
         n = self.cfg.num_workers
         levels = self.topology.ring(n) if self.topology is not None else []
-        if not levels and (self.algorithm != "ring" or self.gpus > 1):
+        if not levels:
             seconds = collectives.allgather_s(self, nbytes, n, slow_s)
-            return seconds + self.collective_s + 2 * n * nbytes * self.stage_s
-        k = self.cfg.rack_size if levels else n
-        hosts = [k]  # under one group of each level
-        for m, _, _ in levels:
-            hosts.append(hosts[-1] * m)
-        seconds, held = 0.0, nbytes  # what each host holds, from the top level down
-        for (m, latency, gbps), h in reversed(list(zip(levels, hosts, strict=False))):
-            step = max(self._nic_s(held), _delay(0.0, gbps, h * held))
-            seconds += (m - 1) * (latency + step + slow_s)
-            held *= m
-        seconds += (k - 1) * (self._nic_s(held) + slow_s)
+        else:
+            k = self.cfg.rack_size
+            hosts = [k]  # under one group of each level
+            for m, _, _ in levels:
+                hosts.append(hosts[-1] * m)
+            seconds, held = 0.0, nbytes  # what each host holds, from the top level down
+            for (m, latency, gbps), h in reversed(list(zip(levels, hosts, strict=False))):
+                step = max(self._nic_s(held), _delay(0.0, gbps, h * held))
+                seconds += (m - 1) * (latency + step + slow_s)
+                held *= m
+            seconds += (k - 1) * (self._nic_s(held) + slow_s)
         return seconds + self.collective_s + 2 * n * nbytes * self.stage_s
 
     def _nic_s(self, nbytes: float) -> float:
