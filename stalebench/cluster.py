@@ -423,50 +423,48 @@ def relative_utilization(path: str, batch: int) -> float:
     """A minibatch of `batch` examples' share of the device's best throughput, from the
     measured curve at `path` (CSV: batch,relative): linear in log2(batch) between the
     measured batches, the nearest one's outside them."""
-    p = Path(path).expanduser()
-    if not p.is_file():
+    rows, where = _csv_rows("utilization_curve", path, ("batch", "relative"))
+    try:
+        points = sorted((math.log2(int(r["batch"])), float(r["relative"])) for _, r in rows)
+    except (TypeError, ValueError):
         raise ConfigError(
-            f"cluster.utilization_curve: {str(p)!r} does not exist (CSV: batch,relative)"
-        )
-    with open(p, newline="") as f:
-        rows = csv.DictReader(f)
-        if not rows.fieldnames or not {"batch", "relative"} <= set(rows.fieldnames):
-            raise ConfigError(
-                f"cluster.utilization_curve: {str(p)!r} needs the columns batch,relative"
-            )
-        try:
-            points = sorted((math.log2(int(r["batch"])), float(r["relative"])) for r in rows)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"cluster.utilization_curve: {str(p)!r}: batch must be an integer >= 1 and "
-                "relative a number in (0, 1]"
-            ) from None
+            f"cluster.utilization_curve: {where}: batch must be an integer >= 1 and relative "
+            "a number in (0, 1]"
+        ) from None
     if not points or any(not 0 < r <= 1 for _, r in points):
-        raise ConfigError(f"cluster.utilization_curve: {str(p)!r}: relative must be in (0, 1]")
+        raise ConfigError(f"cluster.utilization_curve: {where}: relative must be in (0, 1]")
     xs, ys = zip(*points, strict=True)
     return float(np.interp(math.log2(batch), xs, ys))
 
 
-def read_trace(path: str) -> list[np.ndarray]:
-    """Per-worker step times (ms) from a CSV with columns worker,ms, in row order."""
+def _csv_rows(key: str, path: str, columns: tuple[str, ...]):
+    """The rows of the CSV that `cluster.<key>` names, each with its line number, and the
+    path as errors name it; refused (by key) where the file or a column is missing."""
     p = Path(path).expanduser()
+    where, wanted = repr(str(p)), ",".join(columns)
     if not p.is_file():
-        raise ConfigError(f"cluster.trace_file: {str(p)!r} does not exist (CSV: worker,ms)")
-    times: dict[int, list[float]] = {}
+        raise ConfigError(f"cluster.{key}: {where} does not exist (CSV: {wanted})")
     with open(p, newline="") as f:
         rows = csv.DictReader(f)
-        if not rows.fieldnames or not {"worker", "ms"} <= set(rows.fieldnames):
-            raise ConfigError(f"cluster.trace_file: {str(p)!r} needs the columns worker,ms")
-        for line, row in enumerate(rows, 2):
-            try:
-                times.setdefault(int(row["worker"]), []).append(float(row["ms"]))
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"cluster.trace_file: {str(p)!r} line {line}: worker,ms must be an integer "
-                    f"and a number, got {row['worker']!r},{row['ms']!r}"
-                ) from None
+        if not rows.fieldnames or not set(columns) <= set(rows.fieldnames):
+            raise ConfigError(f"cluster.{key}: {where} needs the columns {wanted}")
+        return list(enumerate(rows, 2)), where
+
+
+def read_trace(path: str) -> list[np.ndarray]:
+    """Per-worker step times (ms) from a CSV with columns worker,ms, in row order."""
+    rows, where = _csv_rows("trace_file", path, ("worker", "ms"))
+    times: dict[int, list[float]] = {}
+    for line, row in rows:
+        try:
+            times.setdefault(int(row["worker"]), []).append(float(row["ms"]))
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"cluster.trace_file: {where} line {line}: worker,ms must be an integer "
+                f"and a number, got {row['worker']!r},{row['ms']!r}"
+            ) from None
     if not times or any(t < 0 for ts in times.values() for t in ts):
-        raise ConfigError(f"cluster.trace_file: {str(p)!r} has no rows or negative times")
+        raise ConfigError(f"cluster.trace_file: {where} has no rows or negative times")
     return [np.asarray(times[w]) for w in sorted(times)]
 
 
