@@ -101,6 +101,7 @@ class Layout:
             [k for k, (a, b) in enumerate(self.pieces) if a < hi and b > lo] for lo, hi in spans
         ]
 
+    @functools.cached_property
     def spans(self) -> list[list[tuple[int, int, int, int]]]:
         """The tensors each piece holds: (tensor, first element, end, its elements)."""
         spans: list[list[tuple[int, int, int, int]]] = [[] for _ in self.pieces]
@@ -113,9 +114,7 @@ class Layout:
     def travel(self, kept: frozenset[int]) -> list[int]:
         """The bytes each piece carries when the tensors `kept` stay on their rank."""
         left = [4 * (b - a) for a, b in self.pieces]
-        for i, t, lo, hi, _ in (
-            (i, *span) for i, spans in enumerate(self.spans()) for span in spans
-        ):
+        for i, t, lo, hi, _ in ((i, *span) for i, spans in enumerate(self.spans) for span in spans):
             if t in kept:
                 left[i] -= 4 * (hi - lo)
         return left
@@ -200,7 +199,7 @@ class Rounds:
         owners = [(m, own) for m, own in owners if own]  # each waits for its tensors, then runs
         forward = layout.forward([own for _, own in owners]) if self.p3 else None  # virtual P3
         sizes = layout.travel(kept) if kept else None  # model-parallel tensors stay
-        spans = [[span for span in piece if span[0] not in kept] for piece in layout.spans()]
+        spans = [[span for span in piece if span[0] not in kept] for piece in layout.spans]
         self.pieces = world.pieces(
             self.buf, list(layout.pieces), order, layout.ready_at(), forward, spans, sizes
         )

@@ -464,13 +464,15 @@ def pieces_s(network, bounds, order, ready, step_s: float, slow_s=0.0, spans=Non
     return max(piece_ends(network, bounds, order, ready, step_s, slow_s, spans, sizes)) - step_s
 
 
-def p3_stall_s(network, bounds, order, ready, forward, step_s: float, slow_s=0.0, spans=None):
+def p3_stall_s(
+    network, bounds, order, ready, forward, step_s: float, slow_s=0.0, spans=None, sizes=None
+) -> float:
     """P3: how long the next forward pass waits for the pieces (`piece_ends`), which it
     applies module by module as it reaches them. It begins once the piece holding the
     round's statistics (made last, sent first) is in, then each module's forward, its
     share of a step of `step_s` (`forward`: (share, the pieces holding its tensors) in
     forward order), once its pieces are; returns the seconds it waited in all."""
-    ends = piece_ends(network, bounds, order, ready, step_s, slow_s, spans)
+    ends = piece_ends(network, bounds, order, ready, step_s, slow_s, spans, sizes)
     t, waited = step_s, 0.0
     for share, holding in [(0.0, [0]), *forward]:
         need = max(ends[k] for k in holding)
@@ -511,10 +513,12 @@ class SimPieces:
         key = (step_s, slow_s)  # the same for every round of a constant step: once
         if key not in self.memo:
             net, args = self.world.network, (self.bounds, self.order, self.ready)
+            keys = (self.spans, self.sizes)  # the tensors each piece holds, its bytes
             if self.forward is not None:
-                self.memo[key] = p3_stall_s(net, *args, self.forward, step_s, slow_s, self.spans)
+                stall = p3_stall_s(net, *args, self.forward, step_s, slow_s, *keys)
+                self.memo[key] = stall
             else:
-                self.memo[key] = pieces_s(net, *args, step_s, slow_s, self.spans, self.sizes)
+                self.memo[key] = pieces_s(net, *args, step_s, slow_s, *keys)
         return self.memo[key]
 
     def close(self) -> None:
