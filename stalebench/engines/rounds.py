@@ -4,14 +4,10 @@ events rank 0 writes for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
+from stalebench.metrics.events import EventLog
 from stalebench.runtime.record import RunRecord, diverged, spent
-
-Emit = Callable[..., Any]  # emit(kind, t, **fields)
 
 
 def round_slots(num_params: int, num_workers: int) -> int:
@@ -26,7 +22,7 @@ def round_bytes(num_params: int, num_workers: int) -> int:
 
 
 def report_round(
-    emit: Emit,
+    log: EventLog,
     t: float,
     version: int,
     stats: torch.Tensor,
@@ -43,22 +39,15 @@ def report_round(
     slowest = max(rows[w][0] for w in workers)
     for w in workers:
         if rows[w][2] > 0:
-            emit("worker", t, worker=w, event="pause", duration_s=rows[w][2])
-    for w in workers:
-        compute, loss, _ = rows[w]
-        emit(
-            "update",
-            t,
-            worker=w,
-            clock=version - 1,
-            version=version,
-            lag=0,
-            loss=loss,
-            compute_s=compute,
-            wait_s=slowest - compute,
-            comm_s=max(reduce_s - (slowest - own_s), 0.0),
-            clock_gap=0,
-        )
+            log.emit("worker", t, worker=w, event="pause", duration_s=rows[w][2])
+    comm_s = max(reduce_s - (slowest - own_s), 0.0)
+    updates = [
+        {"worker": w, "clock": version - 1, "version": version, "lag": 0, "loss": rows[w][1],
+         "compute_s": rows[w][0], "wait_s": slowest - rows[w][0], "comm_s": comm_s,
+         "clock_gap": 0}
+        for w in workers
+    ]  # fmt: skip
+    log.emit_all("update", t, updates)
 
 
 def ring_volume(nbytes: int, num_workers: int) -> int:
@@ -81,7 +70,7 @@ def close_round(
     non-finite values only when it is snapshotted, the summed loss every round. `live`:
     the ranks in the round (default: all). A cost-only run's has no loss and no θ to check,
     and takes no snapshot."""
-    report_round(record.events.emit, t, version, stats, reduce_s, own_s, live)
+    report_round(record.events, t, version, stats, reduce_s, own_s, live)
     if not record.job.numerics:
         return False, spent(record.job.cfg.budget, version, t)
     snapped = record.snapshots.maybe(t, version, params)

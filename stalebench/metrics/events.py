@@ -89,22 +89,31 @@ class EventLog:
                 log.flush()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
-        for key in self.without.get(kind, ()):
-            fields.pop(key, None)
-        event = {"kind": kind, "t": round(t, 6), **fields}
+        self.emit_all(kind, t, [fields])
+
+    def emit_all(self, kind: str, t: float, rows: list[dict[str, Any]]) -> None:
+        """An event of `kind` at `t` for each of `rows` (its fields), in one write: a round's
+        updates, one a worker."""
+        without, t = self.without.get(kind, ()), round(t, 6)
+        lines = []
+        for fields in rows:
+            event = {"kind": kind, "t": t, **fields}
+            for key in without:
+                event.pop(key, None)
+            try:
+                line = _ENCODE(event)
+            except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
+                line = json.dumps({k: _clean(v) for k, v in event.items()})
+                event = None  # kept as read back
+            lines.append(line)
+            if self.kept is not None:  # as `read_events` reads the line: the event itself
+                # when JSON gives it back as it is, else the line parsed
+                exact = event is not None and _EXACT.issuperset(map(type, event.values()))
+                self.kept.append(event if exact else json.loads(line))
         try:
-            line = _ENCODE(event)
-        except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
-            line = json.dumps({k: _clean(v) for k, v in event.items()})
-            event = None  # kept as read back
-        try:
-            self._file.write(line + "\n")
+            self._file.write("\n".join(lines) + "\n")
         except OSError as exc:
             raise self._failed(exc) from None
-        if self.kept is not None:  # as `read_events` reads the line: the event itself when
-            # JSON gives it back as it is, else the line parsed
-            exact = event is not None and _EXACT.issuperset(map(type, event.values()))
-            self.kept.append(event if exact else json.loads(line))
         if self.flush_s and time.monotonic() - self._flushed > self.flush_s:
             self.flush()
 

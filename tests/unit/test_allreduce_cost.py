@@ -65,17 +65,22 @@ def test_the_engines_message_and_ring_volume():
     assert ring_volume(round_bytes(100, 3), 3) == 2 * 2 * 440  # all ranks together
 
 
-def test_rank_zero_reports_each_pause_and_update_of_a_round():
+def test_rank_zero_reports_each_pause_and_update_of_a_round(tmp_path):
     import torch
 
     from stalebench.engines.rounds import report_round
+    from stalebench.metrics.events import EventLog, read_events
 
-    events = []
+    log = EventLog(tmp_path / "events.jsonl")
     # (compute_s, loss, paused_s) per rank; rank 1 was slowest and paused 0.5 s first
     stats = torch.tensor([[0.125, 2.0, 0.0], [0.375, 1.0, 0.5]])
-    report_round(lambda kind, t, **f: events.append((kind, t, f)), 3.0, 7, stats, 0.5, 0.125)
-    assert events[0] == ("worker", 3.0, {"worker": 1, "event": "pause", "duration_s": 0.5})
-    updates = [f for kind, _, f in events if kind == "update"]
+    report_round(log, 3.0, 7, stats, 0.5, 0.125)
+    log.close()
+    events = read_events(tmp_path / "events.jsonl")
+    assert events[0] == {"kind": "worker", "t": 3.0, "worker": 1, "event": "pause",
+                         "duration_s": 0.5}  # fmt: skip
+    updates = [e for e in events if e["kind"] == "update"]
+    assert all(e["t"] == 3.0 for e in updates)
     assert [(u["worker"], u["version"], u["clock"], u["lag"]) for u in updates] == [
         (0, 7, 6, 0),
         (1, 7, 6, 0),

@@ -1,6 +1,7 @@
 """The event tail and the progress line, on a real events.jsonl written as a run would."""
 
 import io
+import math
 
 from stalebench.metrics.events import EventLog
 from stalebench.metrics.sinks import EventTail, Progress, Sink
@@ -79,9 +80,13 @@ def test_a_log_that_keeps_its_events_keeps_them_as_they_are_read_back(tmp_path):
     log = EventLog(tmp_path / "events.jsonl", keep=True)
     log.emit("update", 0.1234567, loss=1.5, worker=2, ok=True, note=None)
     log.emit("update", 0.2, loss=float("nan"), shape=(1, 2), extra={"a": [1.0, 2]})
+    # a round's events in one write: each row an event, a NaN among them as null
+    log.emit_all("update", 0.3, [{"worker": 0, "loss": 1.0}, {"worker": 1, "loss": math.inf}])
     log.close()
     assert log.kept == read_events(tmp_path / "events.jsonl")
     assert log.kept[1]["loss"] is None and log.kept[1]["shape"] == [1, 2]
+    rows = [(e["t"], e["worker"], e["loss"]) for e in log.kept[2:]]
+    assert rows == [(0.3, 0, 1.0), (0.3, 1, None)]
     # a file that holds something already: nothing is kept (it is not all this log's)
     again = EventLog(tmp_path / "events.jsonl", keep=True)
     assert again.kept is None
