@@ -281,7 +281,7 @@ def _record_invalid(job_dir: Path, exc: ConfigError, cfg: RunConfig | None) -> N
 
 def _follow(cfg: RunConfig, dcfg: DictConfig, hc, progress: Progress | None) -> EventTail:
     """The sinks that follow this run's events: progress line, W&B (never in a worker)."""
-    sinks: list[Sink] = [progress] if progress is not None else []
+    sinks: list[Sink] = [progress] if progress is not None and progress.enabled else []
     if cfg.logger.name == "wandb":
         multirun = hc.mode == RunMode.MULTIRUN
         mode = _wandb_mode(cfg, hc, multirun)

@@ -30,7 +30,8 @@ class Sink:
 
 
 class EventTail(threading.Thread):
-    """Hands every complete line appended to `path` to the sinks, every `poll_s` seconds."""
+    """Hands every complete line appended to `path` to the sinks, every `poll_s` seconds;
+    with no sink (none asked, or each switched off) it reads nothing."""
 
     def __init__(self, path: Path, sinks: list[Sink], poll_s: float = 0.5):
         super().__init__(daemon=True, name="event-tail")
@@ -43,7 +44,7 @@ class EventTail(threading.Thread):
             self._drain()
 
     def _drain(self) -> None:
-        if not self.path.exists():
+        if not self.sinks or not self.path.exists():
             return
         with open(self.path, "rb") as f:
             f.seek(self._offset)
