@@ -278,16 +278,23 @@ def metrics_table(events: list[dict[str, Any]]):
     """The events as one table, a column per field (first seen first) and a row per event:
     a field that is an integer wherever it is set is an integer column (pandas `Int64`,
     nulls where an event lacks it), a boolean one `boolean`, and the run's labels (`LABELS`,
-    from its start event) are on every row, so that tables of many runs concatenate."""
+    from its start event) are on every row, so that tables of many runs concatenate.
+
+    Built a column at a time from the events grouped by their fields (a long run's are
+    mostly of one shape, its updates'); a column of one Python type is typed here, any
+    other left to pandas to infer, as it would from the events as rows."""
+    import numpy as np
     import pandas as pd
 
-    df = pd.DataFrame(events)
-    for col in df.columns:
-        kind = df[col].dtype.kind  # pandas has read ints with gaps as floats, bools as objects
-        if kind in "iu" or kind == "f" and _all_of(events, col, int):
-            df[col] = df[col].astype("Int64")
-        elif kind == "b" or kind == "O" and _all_of(events, col, bool):
-            df[col] = df[col].astype("boolean")
+    n, shapes = len(events), {}
+    for i, event in enumerate(events):
+        shapes.setdefault(tuple(event), []).append(i)
+    parts: dict[str, list[tuple[np.ndarray, list[Any]]]] = {}  # (rows, values) per shape
+    for keys, rows in shapes.items():
+        these = [events[i] for i in rows]
+        for key in keys:
+            parts.setdefault(key, []).append((np.asarray(rows), [e[key] for e in these]))
+    df = pd.DataFrame({key: _column(got, n) for key, got in parts.items()})
     start = start_event(events)
     for key in LABELS if start else ():
         if key in df and df[key].notna().sum() <= 1:  # the start event's only
@@ -295,18 +302,40 @@ def metrics_table(events: list[dict[str, Any]]):
     return df
 
 
+def _column(parts: list[tuple[Any, list[Any]]], n: int):
+    """One field's column of `n` rows from its values at their rows: float64 (NaN where
+    unset), `Int64` or `boolean` (nulls where unset) where one type is set; any other mix
+    as pandas infers it from the events as rows (NaN where a row lacks the field)."""
+    import numpy as np
+    import pandas as pd
+
+    kinds = set().union(*(map(type, values) for _, values in parts)) - {type(None)}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind in (float, int, bool):
+        data = np.zeros(n, dtype={float: np.float64, int: np.int64, bool: np.bool_}[kind])
+        mask = np.ones(n, dtype=bool)
+        try:
+            for rows, values in parts:
+                mask[rows] = [v is None for v in values]
+                data[rows] = [kind() if v is None else v for v in values]
+        except OverflowError:  # an int past int64: pandas decides
+            kind = None
+    if kind is float:
+        return np.where(mask, np.nan, data)
+    if kind is int:
+        return pd.arrays.IntegerArray(data, mask)
+    if kind is bool:
+        return pd.arrays.BooleanArray(data, mask)
+    column = np.full(n, np.nan, dtype=object)
+    for rows, values in parts:
+        column[rows] = values
+    return pd.Series(column.tolist())
+
+
 def start_event(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The run's start event (its labels), if it has one."""
     starts = (e for e in events if e.get("kind") == "system" and e.get("event") == "start")
     return next(starts, None)
-
-
-def _all_of(events: list[dict[str, Any]], key: str, kind: type) -> bool:
-    """Whether every value of `key` that is set is of type `kind` (exactly: a bool is not
-    an int here); False where none is set."""
-    kinds = set(map(type, [e.get(key) for e in events]))
-    kinds.discard(type(None))
-    return kinds == {kind}
 
 
 def load_writers() -> None:
