@@ -299,7 +299,8 @@ def build_replica(job: Job, device: torch.device):
     params = parameters_to_vector(model.parameters()).detach().clone().to(device)
     rule = UPDATES.build(job.cfg.algorithm.update, params, job.num_workers)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: DDP's tensors
+    if not job.numerics:  # a cost-only run's θ has no values: θ₀'s meta model serves as
+        return model, params, rule, model, list(model.parameters())  # the net, uncopied
     net = job.model().to(device)
-    if job.numerics:  # a cost-only run's θ has no values
-        flatten_parameters(net, params)
+    flatten_parameters(net, params)
     return model, params, rule, net, list(net.parameters())
