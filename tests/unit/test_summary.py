@@ -562,3 +562,23 @@ def test_the_table_types_a_field_by_what_every_event_set_it_to(tmp_path):
     assert dtypes["t"] == dtypes["mixed"] == "float64"
     assert df["worker"].isna().tolist() == [True, False, False]
     assert df["worker"].tolist()[1:] == [1, 0] and df["flag"].tolist()[0] is True
+
+
+def test_the_table_is_pandas_own_from_the_events_as_rows():
+    # built a column at a time, the table is the one pandas makes from the events as rows,
+    # with the integer and boolean rules: column order first seen first, NaN where a row
+    # lacks a field, a string, a dict, a never-set and a None-only field as pandas types them
+    from stalebench.metrics.summary import metrics_table
+
+    events = [
+        {"kind": "system", "t": 0.0, "event": "start", "parts": {"a": "b"}, "none": None},
+        {"kind": "update", "t": 0.5, "worker": 1, "note": "x", "never": None, "none": None},
+        {"kind": "update", "t": 1.0, "worker": 0, "parts": {"c": "d"}, "flag": True, "none": None},
+        {"kind": "system", "t": 1.5, "event": "end", "big": 2**62, "flag": False, "none": None},
+    ]
+    want = pd.DataFrame(events)
+    for col, dtype in (("worker", "Int64"), ("big", "Int64"), ("flag", "boolean")):
+        want[col] = want[col].astype(dtype)
+    got = metrics_table(events)
+    pd.testing.assert_frame_equal(got, want)
+    assert str(got["never"].dtype) == "float64" and str(got["none"].dtype) == "object"
