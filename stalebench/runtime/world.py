@@ -287,6 +287,12 @@ class World:
         network model has them (not waiting for the other ranks)."""
         raise NotImplementedError
 
+    def exchange_s(self, nbytes: int) -> float:
+        """The price of an exchange a step makes inside itself (a model-parallel layer's
+        activations: `engines.allreduce.hybrid`): the network model's all-gather of `nbytes`
+        from each rank, as slowed by this rank's faults; the step waits it out."""
+        return self.network.allgather_s(nbytes, self._slow_s())
+
     def _slow_s(self) -> float:
         """What the `slow` faults in force add to each message this rank sends."""
         return self.faults.slow_s if self.faults is not None else 0.0

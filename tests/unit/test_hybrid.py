@@ -30,7 +30,7 @@ def test_a_model_parallel_layer_exchanges_its_inputs_and_keeps_its_gradient():
     cfg = ClusterConfig(num_workers=4, push_latency_ms=1, pull_latency_ms=1,
                         push_bandwidth_gbps=1, pull_bandwidth_gbps=1)  # fmt: skip
     hand = sum(2 * 3 * (0.001 + b * 8 / 1e9) for b in hybrid.exchanges)
-    assert hybrid.seconds(Network(cfg)) == pytest.approx(hand)
+    assert hybrid.seconds(Network(cfg).allgather_s) == pytest.approx(hand)
     # only the first: no way back to the ranks (the next layer is split too, or not)
     assert Hybrid.of(net, ["2"], batch=8).exchanges == (4 * 8 * 12,)
 
@@ -74,7 +74,9 @@ def test_sim_a_round_pays_the_exchanges_instead_of_the_layers_gradients(tmp_path
                                 push_bandwidth_gbps=0.01, pull_bandwidth_gbps=0.01))  # fmt: skip
     mlp = torch.nn.Sequential(torch.nn.Linear(40, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 2))
     hybrid = Hybrid.of(mlp, ["Linear"], batch=2)
-    hand = 0.010 + hybrid.seconds(net) + net.allreduce_s(4 * 16)  # 13 slots, padded to 16
+    hand = (
+        0.010 + hybrid.seconds(net.allgather_s) + net.allreduce_s(4 * 16)
+    )  # 13 slots, padded to 16
     per_round = run.summary["run_time_s"] / run.summary["updates"]
     assert per_round == pytest.approx(hand, rel=0.01)
     # data-parallel: the gradient's ring instead (43,010 floats against a few KB of

@@ -20,6 +20,7 @@ to exchange the activations themselves, which engine=allreduce does not do: refu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -61,7 +62,8 @@ class Hybrid:
             exchanges.append(4 * batch * last.out_features)
         return cls(tensors, elements, tuple(exchanges))
 
-    def seconds(self, network, slow_s: float = 0.0) -> float:
-        """A step's exchanges: each all-gathered forward and reduce-scattered backward (a
-        ring's reduce-scatter moves what its all-gather does: priced as one)."""
-        return sum(2 * network.allgather_s(nbytes, slow_s) for nbytes in self.exchanges)
+    def seconds(self, price: Callable[[int], float]) -> float:
+        """A step's exchanges, each priced by the runtime (`World.exchange_s`) and paid
+        twice: all-gathered forward and reduce-scattered backward (a ring's reduce-scatter
+        moves what its all-gather does)."""
+        return sum(2 * price(nbytes) for nbytes in self.exchanges)

@@ -156,7 +156,7 @@ class Replica(Role):
         paused = world.strike()  # a pause stalls the round
         step_s = self.job.profile.step_s(self.worker)  # the round's draw from its stream
         if self.hybrid is not None:  # the model-parallel layers' exchanges stand in its way
-            step_s += self.hybrid.seconds(world.network, world.faults.slow_s)
+            step_s += self.hybrid.seconds(world.exchange_s)
         closing = overlap.next_round(step_s) if overlap is not None else None
         if closing is not None and self.order[0] == STOP:  # P3: read from the round before
             return False
