@@ -61,8 +61,9 @@ def _clean(value: Any) -> Any:
 
 class EventLog:
     """Appends events to the file; each reaches the disk within `flush_s` seconds (0: at
-    once, one write per event). A process that dies loses at most that window. Without
-    `values` (a cost-only run) it leaves out the fields that need them (`VALUE_FIELDS`).
+    once, one write per `emit` or `emit_all`). A process that dies loses at most that
+    window. Without `values` (a cost-only run) it leaves out the fields that need them
+    (`VALUE_FIELDS`).
 
     With `keep` (a log that is its file's only writer: the simulator's), a log that starts
     the file also keeps what it writes, as `read_events` would read it back (`kept`: None
