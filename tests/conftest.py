@@ -91,6 +91,7 @@ TINY_DSSP_SWEEP = [
     "dataset=synthetic",
     "model=mlp",
     "model.hidden=[16]",
+    "sim.batch=off",  # one gradient at a time: at 2 workers, batches cost more than they save
     "hydra.sweep.dir=sweep",
 ]
 

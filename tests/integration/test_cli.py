@@ -28,6 +28,7 @@ FAST = [
     "eval.every_s=0",
     "eval.every_updates=20",
     "oversubscribe=true",  # as tests/conftest.py's FAST: the pace is not what these test
+    "sim.batch=off",  # one gradient at a time: at 4 workers, batches cost more than they save
     "budget.max_wall_s=0",  # last: FAST[:-1] runs by wall time
 ]
 

@@ -61,7 +61,7 @@ def test_a_submitit_job_signalled_as_at_its_time_limit_is_requeued_and_resumes(t
     the job, and the requeued job resumes the run from its last checkpoint: `completed`,
     with the θ of the same run never interrupted (the simulator: bit for bit)."""
     args = ["runtime=sim", "engine=allreduce", "algorithm=bsp", "cluster.num_workers=2",
-            "budget.max_updates=3000", "checkpoint_every_s=1", "eval.every_updates=500",
+            "budget.max_updates=1200", "checkpoint_every_s=1", "eval.every_updates=300",
             *[a for a in FAST if not a.startswith("eval.every_updates")],
             "logger=none"]  # fmt: skip
     top = subprocess.Popen(
@@ -84,7 +84,7 @@ def test_a_submitit_job_signalled_as_at_its_time_limit_is_requeued_and_resumes(t
         if top.poll() is None:
             top.kill()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["status"], summary["updates"]) == ("completed", 3000), err[-3000:]
+    assert (summary["status"], summary["updates"]) == ("completed", 1200), err[-3000:]
     events = read_events(run_dir / "events.jsonl")
     assert [e["event"] for e in events if e["kind"] == "system" and e["event"] == "resume"] == [
         "resume"

@@ -37,6 +37,7 @@ FAST = [
     "budget.max_updates=120",
     "eval.every_s=0",
     "eval.every_updates=30",
+    "sim.batch=off",  # one gradient at a time: at 4 workers, batches cost more than they save
 ]
 
 
