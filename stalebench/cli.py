@@ -520,5 +520,35 @@ def main() -> None:
         sys.exit(EXIT_CODES["failed"])  # a sweep with a job that measured nothing
 
 
+def script() -> None:
+    """The `stalebench` command (and `python -m stalebench.cli`): `main`, then the end of
+    the process as the interpreter ends it (its threads joined, its exit handlers run:
+    logging's, W&B's, multiprocessing's; what the event logs and the standard streams still
+    hold written out) without the interpreter's teardown of every module, one by one: about
+    a second once torch is loaded, in which nothing is written. An exception other than
+    SystemExit (a traceback, an interrupt) ends the process the interpreter's own way."""
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is not None and not isinstance(code, int):  # sys.exit("...") prints it: exit 1
+        print(code, file=sys.stderr)
+        code = 1
+    import threading
+
+    from stalebench.metrics.events import EventLog
+
+    threading._shutdown()  # what the interpreter does first at its exit: the atexit hooks
+    # of threading (concurrent.futures' workers told to stop), then every thread joined
+    atexit._run_exitfuncs()
+    with contextlib.suppress(OSError):
+        EventLog.flush_all()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
+            stream.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    main()
+    script()

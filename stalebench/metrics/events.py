@@ -82,11 +82,12 @@ class EventLog:
         EventLog._open.add(self)
 
     @classmethod
-    def flush_all(cls, path: Path) -> None:
-        """Write out what this process's open logs of `path` still hold (a run stopped by
-        an exception in the middle of its loop, e.g. the simulator interrupted)."""
+    def flush_all(cls, path: Path | None = None) -> None:
+        """Write out what this process's open logs of `path` (None: every one) still hold (a
+        run stopped by an exception in the middle of its loop, e.g. the simulator
+        interrupted; the process at its end)."""
         for log in list(cls._open):
-            if log.path == Path(path) and not log._file.closed:
+            if (path is None or log.path == Path(path)) and not log._file.closed:
                 log.flush()
 
     def emit(self, kind: str, t: float, **fields: Any) -> None:
