@@ -43,7 +43,7 @@ ARMS = {
 def run_once(arm: str, workdir: Path) -> dict:
     """One whole command, in its own process: its wall seconds and its summary's."""
     run_dir = workdir / f"{arm}-{time.monotonic_ns()}"
-    cmd = [sys.executable, "-c", "import sys; from stalebench.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "from stalebench.cli import script; script()",
            *COMMON, *ARMS[arm], f"hydra.run.dir={run_dir}"]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
