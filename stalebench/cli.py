@@ -131,6 +131,7 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
             if rank > 0:  # its directory is rank 0's, which decides about it
                 if multirun:
                     return None
+                nodes.ending_on_refusal()
                 sys.exit(EXIT_CODES["invalid"])
         if multirun and rank == 0 and isinstance(exc, BadCheckpoint):
             # the sweep goes on, and its end names this job, whose directory is left as it is
@@ -144,6 +145,8 @@ def _hydra_main(dcfg: DictConfig) -> float | None:
             _record_invalid(Path(hc.runtime.output_dir), exc, cfg)
             return None
         _remove_if_unused(Path(hc.runtime.output_dir))
+        if torchrun:
+            nodes.ending_on_refusal()
         sys.exit(EXIT_CODES["invalid"])
     if kept:  # resume=true: this job completed with this config before
         if progress is not None:
@@ -481,7 +484,12 @@ def main() -> None:
             print(f"stalebench: error: {exc}", file=sys.stderr)
             sys.exit(2)
         return
-    from stalebench.runtime.nodes import owns_run_dir, tell_refusal, under_torchrun
+    from stalebench.runtime.nodes import (
+        ending_on_refusal,
+        owns_run_dir,
+        tell_refusal,
+        under_torchrun,
+    )
 
     try:
         check_choices(sys.argv[1:])
@@ -492,6 +500,7 @@ def main() -> None:
         print(f"stalebench: error: {exc}", file=sys.stderr)
         if under_torchrun():  # every other process ends with this line too
             tell_refusal(str(exc))
+            ending_on_refusal()
         sys.exit(2)
     if not owns_run_dir():
         # torchrun rank > 0: rank 0 owns the run directory (it sends its path to the others);

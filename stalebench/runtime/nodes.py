@@ -15,7 +15,8 @@ lost; the summary is then the survivors' to write) from a live one still writing
 
 Every process checks the input itself (its node's files and devices may differ), then
 waits for the others' checks (`agree`): a refusal on any of them is posted to the store
-(`tell_refusal`) and every other process ends with the same line. Each job of a sweep
+(`tell_refusal`) and every other process ends with the same line, none before every
+process has said it (`ending_on_refusal`). Each job of a sweep
 (`-m`) meets under its own prefix of the store (`JOB`), and forms its own process group.
 """
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 OWNER_ENV = "STALEBENCH_RUN_DIR_NODE"
 FORMING = timedelta(minutes=5)  # the longest wait for the other processes to arrive
 REFUSED = "refused"  # the store's key for the first refusal of the input, on any process
+HEARD = "heard/"  # + rank: that process said the refusal's line (`ending_on_refusal`)
+HEARD_S = 10.0  # the longest a process that said it waits for the others to have said it
 JOB = "0"  # this process's job of a sweep (its number under -m): the store's prefix for it
 POLL_S = 0.1
 BEAT_S = 0.5  # rank 0's beat in the store
@@ -200,12 +203,29 @@ def same_node(rank: int) -> list[int]:
 
 
 def tell_refusal(message: str) -> None:
-    """This process refused the input: the others hear it (`wait_all`) and end with the
-    same line. The first refusal stands; a store already gone tells nothing (the others
-    find that out themselves)."""
+    """This process refused the input, or heard another's refusal, and said its line: the
+    others hear it (`wait_all`) and end with the same line. The first refusal stands; a
+    store already gone tells nothing (the others find that out themselves)."""
     try:
         store(timedelta(seconds=5)).compare_set(REFUSED, "", message)
     except Exception:  # noqa: S110  (the store's own errors: nothing more to tell)
+        pass
+
+
+def ending_on_refusal() -> None:
+    """This process said the refusal's line and is about to end (rank 0: its directory
+    removed): it marks that in the store, then waits, at most HEARD_S, until every process
+    has. A process that ended at once could cut another's line short: torchrun's agents stop
+    a node's processes as soon as a process elsewhere has ended, and rank 0 may host the
+    store."""
+    try:
+        shared = store(timedelta(seconds=5))
+        shared.set(f"{HEARD}{os.environ['RANK']}", "1")
+        everyone = [f"{HEARD}{r}" for r in range(int(os.environ["WORLD_SIZE"]))]
+        deadline = time.monotonic() + HEARD_S
+        while not shared.check(everyone) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    except Exception:  # noqa: S110  (the store gone: nobody left to wait for)
         pass
 
 

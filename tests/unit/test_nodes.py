@@ -74,6 +74,27 @@ def test_a_refusal_posted_by_one_process_is_raised_in_the_others_wait(store_env)
         nodes.wait_all(shared, ["checked/0", "checked/1"], "checking the input")
 
 
+def test_a_process_ending_on_a_refusal_waits_until_every_process_is(store_env, monkeypatch):
+    """Rank 0 refused and said its line: it returns (to exit) once rank 1 is ending on it
+    too, or after HEARD_S without it (a process that never came), not before."""
+    import threading
+    from datetime import timedelta
+
+    monkeypatch.setattr(nodes, "HEARD_S", 0.5)
+    nodes.tell_refusal("dataset.root: no files here")
+    start = time.monotonic()
+    nodes.ending_on_refusal()
+    assert 0.5 <= time.monotonic() - start < 5  # rank 1 never said it: HEARD_S, no more
+
+    monkeypatch.setattr(nodes, "JOB", "1")  # the next job of a sweep, under its own prefix
+    monkeypatch.setattr(nodes, "HEARD_S", 60.0)
+    rank_1 = nodes._prefixed(nodes._connect(timedelta(seconds=5)))  # its own connection
+    threading.Timer(0.5, rank_1.set, ("heard/1", "1")).start()
+    start = time.monotonic()
+    nodes.ending_on_refusal()
+    assert 0.5 <= time.monotonic() - start < 30  # as soon as rank 1 said it
+
+
 def test_each_job_of_a_sweep_meets_under_its_own_prefix(store_env, monkeypatch):
     nodes.store(nodes.FORMING).set("checked/0", "1")
     monkeypatch.setattr(nodes, "JOB", "1")
