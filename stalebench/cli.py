@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -529,7 +530,7 @@ def main() -> None:
         sys.exit(EXIT_CODES["failed"])  # a sweep with a job that measured nothing
 
 
-def script() -> None:
+def script() -> NoReturn:
     """The `stalebench` command (and `python -m stalebench.cli`): `main`, then the end of
     the process as the interpreter ends it (its threads joined, its exit handlers run:
     logging's, W&B's, multiprocessing's; what the event logs and the standard streams still
@@ -544,6 +545,12 @@ def script() -> None:
     if code is not None and not isinstance(code, int):  # sys.exit("...") prints it: exit 1
         print(code, file=sys.stderr)
         code = 1
+    end(code or 0)
+
+
+def end(code: int) -> NoReturn:
+    """The process's end with `code`, as the interpreter's exit (`script`) less its teardown
+    of every module."""
     import threading
 
     from stalebench.metrics.events import EventLog
@@ -556,7 +563,7 @@ def script() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
             stream.flush()
-    os._exit(code or 0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 DRIVER = r"""
-import atexit, importlib, json, os, select, signal, sys, threading, time
-from stalebench.cli import main
+import importlib, json, os, select, signal, sys, time
+from stalebench.cli import end, script
 
 setup = json.loads(sys.argv[1])
 for name in setup["imports"]:  # what a command imports: once, not once per command
@@ -51,24 +51,14 @@ def child(case):
     for fd, name in ((1, "stdout"), (2, "stderr")):
         os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     sys.argv = ["stalebench", *case["args"]]
-    code = 0
     try:
         if case["before"]:
             exec(case["before"], {"__name__": "__case__"})
-        main()
-    except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else int(done.code is not None)
-    except BaseException:
+        script()  # ends the process, unless an exception other than SystemExit escapes
+    except BaseException:  # as the interpreter ends on one: its traceback, exit 1
         import traceback
         traceback.print_exc()
-        code = 1
-    try:  # what the interpreter runs at its exit, in its order; not its teardown of every
-        threading._shutdown()  # module (seconds with torch loaded, and nothing to see)
-        atexit._run_exitfuncs()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    end(1)
 
 
 def run(cases, at_once):
