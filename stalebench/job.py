@@ -210,14 +210,17 @@ class Job:
             out["one_stream"] = True
         return out
 
-    def model(self) -> nn.Module:
-        """The model with its seeded initial parameters θ₀ (the same in every process)."""
+    def model(self, shared: bool = False) -> nn.Module:
+        """The model with its seeded initial parameters θ₀ (the same in every process). A
+        cost-only run's is on the meta device (sizes, no values), built once: a copy of it,
+        or with `shared` that one model itself, for a caller that changes nothing in it (a
+        copy of a large model costs more than all else a rank sets up)."""
         import torch
 
         if not self.numerics:  # on the meta device: built once (its init is slow there)
             if self._meta_model is None:
                 self._meta_model = build_model(self.cfg, self.splits)
-            return copy.deepcopy(self._meta_model)
+            return self._meta_model if shared else copy.deepcopy(self._meta_model)
         torch.manual_seed(self.cfg.seed)
         return build_model(self.cfg, self.splits)
 

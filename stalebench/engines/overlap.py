@@ -295,12 +295,12 @@ def build_replica(job: Job, device: torch.device):
     """(θ₀'s model, θ, the update rule, the replica's net, its parameter tensors): θ, the
     rule's state and the net on `device`, the net's parameters views of θ, so an update
     needs no copy."""
-    model = job.model()
+    model = job.model(shared=True)  # cost-only: nothing is written into it (`Replica.join`)
     params = parameters_to_vector(model.parameters()).detach().clone().to(device)
     rule = UPDATES.build(job.cfg.algorithm.update, params, job.num_workers)
     rule.set_shapes([p.shape for p in model.parameters()])  # a torch optimizer: DDP's tensors
-    if not job.numerics:  # a cost-only run's θ has no values: θ₀'s meta model serves as
-        return model, params, rule, model, list(model.parameters())  # the net, uncopied
+    if not job.numerics:  # a cost-only run's θ has no values: θ₀'s meta model, one for
+        return model, params, rule, model, list(model.parameters())  # every rank, is the net
     net = job.model().to(device)
     flatten_parameters(net, params)
     return model, params, rule, net, list(net.parameters())

@@ -52,6 +52,34 @@ _EXACT = frozenset((str, int, float, bool, type(None)))
 _ENCODE = json.JSONEncoder(allow_nan=False).encode
 
 
+# the text of an event whose values after its kind are all numbers, by its kind and keys: a
+# format that writes each number as repr does, which is what _ENCODE writes for an int or a
+# finite float (a long run's events are most of them numbers: its updates)
+_NUMBERS: dict[tuple[str, ...], str] = {}
+
+
+def _numbers_line(event: dict[str, Any]) -> str | None:
+    """`event` as _ENCODE writes it, when its kind is a str and every other value an int or
+    a finite float (exactly: no bool, no subclass); else None."""
+    values = tuple(event.values())
+    if type(values[0]) is not str:
+        return None
+    for v in values[1:]:
+        kind = type(v)
+        if kind is not int and (kind is not float or v - v != 0.0):  # inf - inf, nan: nan
+            return None
+    shape = (values[0], *event)
+    form = _NUMBERS.get(shape)
+    if form is None:
+        if not all(type(key) is str for key in event):  # JSON writes other keys as text
+            return None
+        kind, head, *keys = [_ENCODE(text).replace("%", "%%") for text in shape]
+        form = _NUMBERS[shape] = (
+            "{" + ", ".join([f"{head}: {kind}", *(f"{k}: %r" for k in keys)]) + "}"
+        )
+    return form % values[1:]
+
+
 def _clean(value: Any) -> Any:
     # JSON has no NaN/inf: a diverged loss is written as null, never as invalid JSON.
     if isinstance(value, float) and not math.isfinite(value):
@@ -102,15 +130,19 @@ class EventLog:
             event = {"kind": kind, "t": t, **fields}
             for key in without:
                 event.pop(key, None)
-            try:
-                line = _ENCODE(event)
-            except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
-                line = json.dumps({k: _clean(v) for k, v in event.items()})
-                event = None  # kept as read back
+            line = _numbers_line(event)
+            exact = line is not None  # JSON gives its values back as they are
+            if line is None:
+                try:
+                    line = _ENCODE(event)
+                except ValueError:  # NaN or inf somewhere (a diverged loss): written as null
+                    line = json.dumps({k: _clean(v) for k, v in event.items()})
+                    event = None  # kept as read back
             lines.append(line)
             if self.kept is not None:  # as `read_events` reads the line: the event itself
                 # when JSON gives it back as it is, else the line parsed
-                exact = event is not None and _EXACT.issuperset(map(type, event.values()))
+                if not exact:
+                    exact = event is not None and _EXACT.issuperset(map(type, event.values()))
                 self.kept.append(event if exact else json.loads(line))
         try:
             self._file.write("\n".join(lines) + "\n")

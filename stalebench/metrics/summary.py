@@ -294,12 +294,24 @@ def metrics_table(events: list[dict[str, Any]]):
         these = [events[i] for i in rows]
         for key in keys:
             parts.setdefault(key, []).append((np.asarray(rows), [e[key] for e in these]))
-    df = pd.DataFrame({key: _column(got, n) for key, got in parts.items()})
     start = start_event(events)
-    for key in LABELS if start else ():
-        if key in df and df[key].notna().sum() <= 1:  # the start event's only
-            df[key] = pd.Series([start.get(key)] * len(df), dtype=df[key].dtype)
-    return df
+    columns = {}
+    for key, got in parts.items():
+        column = _label(got, n, start.get(key)) if start and key in LABELS else None
+        columns[key] = _column(got, n) if column is None else column
+    return pd.DataFrame(columns)
+
+
+def _label(parts: list[tuple[Any, list[Any]]], n: int, value: Any):
+    """A label's column: where only the start event sets it, its `value` on all `n` rows,
+    typed as the column of that one value is; else None (the column as events set it)."""
+    import pandas as pd
+
+    values = [v for _, vs in parts for v in vs if v is not None and v == v]  # NaN: unset
+    if len(values) > 1:
+        return None
+    dtype = _column([([0], values)], 1).dtype if values else _column(parts, n).dtype
+    return pd.Series([value] * n, dtype=dtype)
 
 
 def _column(parts: list[tuple[Any, list[Any]]], n: int):

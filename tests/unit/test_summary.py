@@ -582,3 +582,52 @@ def test_the_table_is_pandas_own_from_the_events_as_rows():
     got = metrics_table(events)
     pd.testing.assert_frame_equal(got, want)
     assert str(got["never"].dtype) == "float64" and str(got["none"].dtype) == "object"
+
+
+def test_an_event_of_numbers_is_written_as_json_writes_it(tmp_path):
+    # events whose values are all numbers are written by a format of their shape (a long
+    # run's updates): the same text as json.dumps, and kept as read back; any other value
+    # (a bool, a string, None, a non-finite float) takes the encoder
+    rows = [
+        {"worker": 3, "clock": 2**70, "version": -5, "x": 0.1, "y": -0.0, "z": 1e16, "w": 5e-324},
+        {"worker": 3, "clock": 1, "version": 2, "x": 1.0, "y": 2.5e-7, "z": 123456.789, "w": 0},
+        {"100%": 1, 'a "b"': 2.0, "é": 3},
+        {"flag": True, "n": 1},
+        {"note": "x", "n": 1.5},
+        {"gone": None, "n": 2},
+        {"loss": float("nan"), "n": 3},
+    ]
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, keep=True)
+    log.emit_all("update", 1.25, rows[:2])
+    for i, row in enumerate(rows[2:]):
+        log.emit("a%sb" if i == 0 else "update", 0.1 * i, **row)
+    log.close()
+    lines = path.read_text().splitlines()
+    kinds = ["update", "update", "a%sb", *["update"] * 4]
+    times = [1.25, 1.25, *(round(0.1 * i, 6) for i in range(5))]
+    want = [{"kind": k, "t": t, **row} for k, t, row in zip(kinds, times, rows, strict=True)]
+    assert lines[:-1] == [json.dumps(e, allow_nan=False) for e in want[:-1]]
+    assert json.loads(lines[-1])["loss"] is None  # non-finite: null
+    assert log.kept == read_events(path)
+
+
+def test_a_label_only_the_start_event_sets_is_on_every_row_typed_as_its_value():
+    # the run's labels (from the start event) fill their columns; a label other events set
+    # too keeps the column they make
+    from stalebench.metrics.summary import metrics_table
+
+    events = [
+        {"kind": "system", "t": 0.0, "event": "start", "algorithm": "ssp", "seed": 3,
+         "num_workers": 2, "runtime": None, "engine": "ps"},
+        {"kind": "update", "t": 0.5, "worker": 1},
+        {"kind": "system", "t": 1.0, "event": "end", "engine": "allreduce"},
+    ]  # fmt: skip
+    got = metrics_table(events)
+    assert got["algorithm"].tolist() == ["ssp"] * 3 and str(got["algorithm"].dtype) == "str"
+    assert got["seed"].tolist() == [3] * 3 and str(got["seed"].dtype) == "Int64"
+    assert got["num_workers"].tolist() == [2] * 3
+    assert got["runtime"].isna().all()
+    engine = got["engine"]
+    assert engine[0] == "ps" and pd.isna(engine[1]) and engine[2] == "allreduce"
+    assert list(got.columns) == list(pd.DataFrame(events).columns)
