@@ -249,6 +249,15 @@ class Network:
         self.stage_s = 8 / (transports.host_link(cfg.staging_link).gbps * 1e9) if staged else 0.0
         self.placement = transports.placement(cfg.ps_placement)
         self.priced: dict[tuple[str, float, float], float] = {}  # collectives' prices, by size
+        self.inside = HostLink(self) if self.gpus > 1 else None  # two peers of one host
+
+    def between(self, src: int, dst: int, hubs: frozenset[int]) -> Network | HostLink:
+        """The prices of a message from rank `src` to rank `dst`: this network's, or where
+        both sit on one host (`cluster.gpus_per_host`) and neither is one of the `hubs` (a
+        server's messages queue on its NIC: not modelled on the link), the link's."""
+        if self.inside is None or src // self.gpus != dst // self.gpus:
+            return self
+        return self if src in hubs or dst in hubs else self.inside
 
     def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
         """What the topology's shared links add to a message (`Topology.cross`); 0 without."""
@@ -420,6 +429,33 @@ class Network:
             left.remove(order[-1])
             t += self.allreduce_s(sizes[order[-1]])
         return order
+
+
+class HostLink:
+    """A peer's message to another GPU of its host: over `cluster.host_link` (its latency
+    and bandwidth: `Network.link_s`), never through the host's NIC — no share of line
+    rate, no transport cost a message (those are the NIC transport's), no staging copy, no
+    shared link, no queue on the NIC's downlink; it holds its sender for all of it (a
+    `slow` fault adding to it as to any message). The prices `Network` gives a peer's
+    message, under the same names."""
+
+    def __init__(self, network: Network):
+        self.network = network
+
+    def hold_s(self, nbytes: float, slow_s: float = 0.0) -> float:
+        return self.network.link_s(nbytes) + slow_s
+
+    def flight_s(self) -> float:
+        return 0.0
+
+    def push_wire_s(self, nbytes: float) -> float:
+        return _delay(0.0, self.network.link_gbps, nbytes)
+
+    def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
+        return 0.0
+
+    def peer_through(self, down: Link, arrival: float, nbytes: float) -> float:
+        return arrival
 
 
 def efficiency(cfg: ClusterConfig) -> float:

@@ -207,6 +207,7 @@ class RealWorld(World):
         at, version, due = start[:3].tolist()
         ranks = [r for r in range(self.size) if start[3 + r] > 0]
         self.hubs = frozenset(r for r in range(self.size) if start[3 + self.size + r] > 0)
+        self.net.hubs = self.hubs
         self._resume_from(int(version), due, ranks)
         if version >= 0 and self.quorum is not None:
             self.quorum.resume(ranks)  # those that wrote no part stand by
@@ -299,7 +300,8 @@ class RealWorld(World):
             self.net.recv(buf, src, PATIENT if patient else None, pay=pull)
             if not pull:
                 now = time.perf_counter()
-                through = self.network.peer_through(self.down, now, nbytes(buf))
+                network = self.network.between(src, self.rank, self.hubs)
+                through = network.peer_through(self.down, now, nbytes(buf))
                 self.net.waits.until(through, through - now)
         return max(time.perf_counter() - start - pull_s, 0.0)
 

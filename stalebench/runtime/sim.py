@@ -287,7 +287,9 @@ class SimWorld(World):
             at = self.up.leave(self.clock, wire)
             at += network.cross(self.rank, dst, size, at + wire, wire)
         else:  # held until it is out of its NIC, then across the topology's links; a
-            # pipelined message spends its latency on the way, its sender going on
+            # pipelined message spends its latency on the way, its sender going on (to a
+            # peer on its host: over the host's link, `Network.between`)
+            network = network.between(self.rank, dst, self.hubs)
             self._pay(network.hold_s(size, self._slow_s()))
             self._pay(network.cross(self.rank, dst, size, self.clock, network.push_wire_s(size)))
             at = self.clock + network.flight_s()
@@ -329,7 +331,9 @@ class SimWorld(World):
         if self.hub:
             arrival = self.down.take(arrival, self.network.push_wire_s(size))
         elif not pull:
-            arrival = self.network.peer_through(self.down, arrival, size)
+            arrival = self.network.between(src, self.rank, self.hubs).peer_through(
+                self.down, arrival, size
+            )
         waited = self.resume(arrival)
         if self.hub:
             self.clock += self.handle()

@@ -84,3 +84,32 @@ def test_real_a_message_between_peers_costs_one_transfer(tmp_path):
     rate = run.summary["throughput_updates_per_s"]
     # real processes are slower than the model, never faster; a pull paid again: ~5.1/s
     assert 0.75 * one_transfer_per_s() <= rate <= 1.05 * one_transfer_per_s()
+
+
+# The same two nodes on one host of two GPUs (cluster.gpus_per_host=2), its link at
+# 0.2 Gbit/s: the message goes over the link (46 ms), not through the host's NIC (92 ms),
+# ~17.9 iterations a second against ~9.8
+ONE_HOST = [*PEERS, "cluster.gpus_per_host=2", "cluster.host_link_gbps=0.2"]
+
+
+def one_link_transfer_per_s() -> float:
+    """Iterations a second: the 10 ms step plus one transfer of [x | w] over the link."""
+    message = 0.1e9 / 8 / limit_per_s(None) + 4
+    return 1 / (0.010 + message / (0.2e9 / 8))
+
+
+@pytest.mark.timeout(60)
+def test_sim_a_message_between_two_gpus_of_one_host_takes_its_link(tmp_path):
+    run = run_job(tmp_path / "sim", ["runtime=sim", *ONE_HOST])
+    assert run.summary["status"] == "completed", run.summary["error"]
+    rate = run.summary["throughput_updates_per_s"]
+    assert rate == pytest.approx(one_link_transfer_per_s(), rel=0.02)
+
+
+@pytest.mark.timeout(90)
+def test_real_a_message_between_two_gpus_of_one_host_takes_its_link(tmp_path):
+    run = run_job(tmp_path / "real", ONE_HOST)
+    assert run.summary["status"] == "completed", run.summary["error"]
+    rate = run.summary["throughput_updates_per_s"]
+    # real processes are slower than the model, never faster; through the NIC: ~9.8/s
+    assert 0.7 * one_link_transfer_per_s() <= rate <= 1.05 * one_link_transfer_per_s()

@@ -8,7 +8,7 @@ import pytest
 from stalebench.cluster import ClusterConfig
 from stalebench.errors import ConfigError
 from stalebench.runtime import collectives
-from stalebench.runtime.network import Calendars, Network, Topology
+from stalebench.runtime.network import Calendars, Link, Network, Topology
 from stalebench.transports import PLACEMENTS
 
 MB = 1_000_000
@@ -183,3 +183,20 @@ def test_a_sharded_servers_queue_sends_by_priority_what_is_made():
     # keys 0 and 2 on server 0, both made at once: the one first in the order goes first
     first, _, second = ps.piece_ends([MB, 0, MB], [2, 0, 1], [0.0, 0.0, 0.0])
     assert second == pytest.approx(2 * (ALPHA + WIRE)) and first > second
+
+
+def test_a_message_between_two_gpus_of_one_host_takes_its_link():
+    # 4 ranks on 2 hosts of 2, nvlink2 (its latency and bandwidth): rank 0 to rank 1 over
+    # the link, held for all of it (nothing in flight), no NIC, no shared link, no queue
+    n = net(4, gpus_per_host=2, host_link="nvlink2")
+    inside = n.between(0, 1, frozenset())
+    assert inside.hold_s(MB) == pytest.approx(n.link_s(MB)) and inside.flight_s() == 0.0
+    assert n.link_s(MB) == pytest.approx(n.link_ms / 1000 + MB * 8 / (n.link_gbps * 1e9))
+    assert inside.hold_s(MB, 0.002) == pytest.approx(n.link_s(MB) + 0.002)  # a slow fault
+    assert inside.cross(0, 1, MB, 1.0, WIRE) == 0.0
+    assert inside.peer_through(Link(), 1.0, MB) == 1.0
+    # to the other host, or to a hub (a server's messages queue on its NIC): the NIC's
+    assert n.between(0, 2, frozenset()) is n and n.between(0, 1, frozenset({1})) is n
+    assert n.between(0, 2, frozenset()).hold_s(MB) == pytest.approx(ALPHA + WIRE)
+    single = net(4)  # one GPU a host: every message the NIC's
+    assert single.between(0, 1, frozenset()) is single
