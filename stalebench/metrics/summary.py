@@ -311,7 +311,7 @@ def _label(parts: list[tuple[Any, list[Any]]], n: int, value: Any):
     if len(values) > 1:
         return None
     dtype = _column([([0], values)], 1).dtype if values else _column(parts, n).dtype
-    return pd.Series([value] * n, dtype=dtype)
+    return pd.Series(value, index=pd.RangeIndex(n), dtype=dtype)
 
 
 def _column(parts: list[tuple[Any, list[Any]]], n: int):
