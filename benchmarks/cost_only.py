@@ -8,7 +8,10 @@
 
 Target (issue 71): the AllReduce command in under 10 s on the CI's 2-core machine. Each
 repeat runs in a fresh process into a fresh run directory, the arms interleaved; the median
-and the best are reported, with the loop's own share (`sim_loop_s` of summary.json).
+and the best are reported, with the loop's own share (`sim_loop_s` of summary.json). The
+simulator is pure Python, and a machine's speed at it moves from day to day: each repeat
+also times a fixed pure-Python loop (`REFERENCE`), whose median goes with the figures, so
+that two days' figures can be read against each other.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ COMMON = [
     "cluster.push_bandwidth_gbps=10", "cluster.pull_bandwidth_gbps=10",
     "budget.max_updates=14076", "budget.max_wall_s=0", "logger=local",
 ]  # fmt: skip
+# 10⁷ additions in a fresh interpreter, its seconds printed: the machine's pure-Python speed
+REFERENCE = (
+    "import time; t = time.perf_counter(); s = 0\n"
+    "for i in range(10_000_000): s += i\n"
+    "print(time.perf_counter() - t)"
+)
 ARMS = {
     "allreduce": ["engine=allreduce", "algorithm=bsp", "dataset.batch_size=256"],
     "sgp": ["algorithm=sgp", "dataset.batch_size=256"],
@@ -60,11 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     arms = args.only or list(ARMS)
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    reference: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):  # interleaved: a busy moment costs every arm
             for arm in arms:
                 runs[arm].append(run_once(arm, Path(tmp)))
                 print(arm, {k: round(v, 2) for k, v in runs[arm][-1].items()}, flush=True)
+            loop = subprocess.run([sys.executable, "-c", REFERENCE], check=True,
+                                  capture_output=True, text=True)  # fmt: skip
+            reference.append(float(loop.stdout))
+            print("reference loop", round(reference[-1], 2), flush=True)
     figures = {}
     for arm, got in runs.items():
         walls = [r["wall_s"] for r in got]
@@ -80,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "torch": __import__("torch").__version__,
+            "python_loop_s": statistics.median(reference),  # `REFERENCE`, the median
         },  # fmt: skip
         "repeats": args.repeats,
         "command": COMMON,

@@ -107,6 +107,11 @@ def cost_only(result: dict, source: str) -> list[str]:
             f"| {arm} | {row['updates']:,} | {row['events']:,} | {_num(row['wall_s_median'])} | "
             f"{_num(row['wall_s_best'])} | {_num(row['sim_loop_s_median'])} | {target} |"
         )
+    loop = result["machine"].get("python_loop_s")
+    if loop is not None:  # the machine's pure-Python speed that day (the simulator's kind)
+        lines += ["", f"A fixed pure-Python loop (10⁷ additions) took {_num(loop)} s (the "
+                  "median over the repeats) on the machine that day: the figures scale with "
+                  "it."]  # fmt: skip
     return [*lines, "", _machine(result), ""]
 
 
