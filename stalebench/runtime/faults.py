@@ -178,7 +178,6 @@ class Shaped(Transport):
         self.clock = LinkClock(network)  # its collectives, one after another
         self.wire_s = 0.0
         self.waits = Waits()  # how well this process kept the model's times
-        self.hubs: frozenset[int] = frozenset()  # the run's, once its world has begun
 
     def mailbox(
         self, src: int, dst: int, size: int, header: int, pinned: bool = False
@@ -205,7 +204,7 @@ class Shaped(Transport):
         """Held while the message leaves its NIC, then while it crosses the topology's
         shared links (`Network.cross`). A pipelined message's latency is not waited for:
         it is delivered as soon as it is sent, up to that latency early."""
-        size, network = _size(buf), self.network.between(self.rank, dst, self.hubs)
+        size, network = _size(buf), self.network.between(self.rank, dst)
         self._pay(network.hold_s(size, self.slow_s))
         wire = network.push_wire_s(size)
         self._pay(network.cross(self.rank, dst, size, time.perf_counter(), wire))
@@ -224,7 +223,7 @@ class Shaped(Transport):
         its transfer)."""
         self.inner.recv(buf, src, timeout)
         if pay:
-            self._pay(self.network.pull_s(_size(buf)))
+            self._pay(self.network.between(src, self.rank).pull_s(_size(buf)))
 
     def all_reduce(self, buf: torch.Tensor) -> None:
         self._pay(self.network.allreduce_s(_size(buf), self.slow_s))

@@ -21,6 +21,11 @@ Who pays what, in both runtimes (`World` implements it; no engine prices a messa
   bandwidth each), the hub going on meanwhile (its NIC sends while it computes); its
   receiver then pays the pull time from there.
 
+Hosts of several GPUs (`cluster.gpus_per_host`) put that many ranks on a host, sharing
+its NIC; a message between two ranks of one host takes the host's link instead
+(`Network.between` gives its prices, `HostLink`): no NIC, no queue, its sender or (a hub's)
+its receiver paying the link's latency and bytes.
+
 A link is FIFO, not fairly shared. Over a real NIC, TCP shares a bottleneck between
 concurrent connections about fairly, so N messages that reach a server at once all finish
 near N·t (t = one message's transfer) instead of at t, 2t, …, N·t; but the link's
@@ -249,15 +254,23 @@ class Network:
         self.stage_s = 8 / (transports.host_link(cfg.staging_link).gbps * 1e9) if staged else 0.0
         self.placement = transports.placement(cfg.ps_placement)
         self.priced: dict[tuple[str, float, float], float] = {}  # collectives' prices, by size
-        self.inside = HostLink(self) if self.gpus > 1 else None  # two peers of one host
+        self.inside = HostLink(self) if self.gpus > 1 else None  # two ranks of one host
 
-    def between(self, src: int, dst: int, hubs: frozenset[int]) -> Network | HostLink:
+    def between(self, src: int, dst: int) -> Network | HostLink:
         """The prices of a message from rank `src` to rank `dst`: this network's, or where
-        both sit on one host (`cluster.gpus_per_host`) and neither is one of the `hubs` (a
-        server's messages queue on its NIC: not modelled on the link), the link's."""
-        if self.inside is None or src // self.gpus != dst // self.gpus:
-            return self
-        return self if src in hubs or dst in hubs else self.inside
+        both sit on one host (`cluster.gpus_per_host`) its link's (`HostLink`)."""
+        if self.inside is not None and src // self.gpus == dst // self.gpus:
+            return self.inside
+        return self
+
+    def leave(self, up: Link, now: float, seconds: float) -> float:
+        """When a hub's message sent at `now`, `seconds` on its NIC, starts (`Link.leave`)."""
+        return up.leave(now, seconds)
+
+    def take(self, down: Link, arrival: float, seconds: float) -> float:
+        """When a message arriving at `arrival`, `seconds` on a NIC's downlink, is through
+        it (`Link.take`)."""
+        return down.take(arrival, seconds)
 
     def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
         """What the topology's shared links add to a message (`Topology.cross`); 0 without."""
@@ -432,12 +445,13 @@ class Network:
 
 
 class HostLink:
-    """A peer's message to another GPU of its host: over `cluster.host_link` (its latency
-    and bandwidth: `Network.link_s`), never through the host's NIC — no share of line
-    rate, no transport cost a message (those are the NIC transport's), no staging copy, no
-    shared link, no queue on the NIC's downlink; it holds its sender for all of it (a
-    `slow` fault adding to it as to any message). The prices `Network` gives a peer's
-    message, under the same names."""
+    """A message to another GPU of its host: over `cluster.host_link` (its latency and
+    bandwidth: `Network.link_s`), never through the host's NIC — no share of line rate, no
+    transport cost a message (those are the NIC transport's), no staging copy, no shared
+    link, no queue on a NIC (a hub's uplink or downlink, a peer's downlink). A peer's holds
+    its sender for all of it (a `slow` fault adding to it as to any message); a hub's is
+    paid by its receiver (`pull_s`). The prices `Network` gives a message, under the same
+    names."""
 
     def __init__(self, network: Network):
         self.network = network
@@ -445,16 +459,27 @@ class HostLink:
     def hold_s(self, nbytes: float, slow_s: float = 0.0) -> float:
         return self.network.link_s(nbytes) + slow_s
 
+    def pull_s(self, nbytes: float) -> float:
+        return self.network.link_s(nbytes)
+
     def flight_s(self) -> float:
         return 0.0
 
     def push_wire_s(self, nbytes: float) -> float:
         return _delay(0.0, self.network.link_gbps, nbytes)
 
+    pull_wire_s = push_wire_s
+
     def cross(self, src: int, dst: int, nbytes: float, last: float, nic_s: float) -> float:
         return 0.0
 
     def peer_through(self, down: Link, arrival: float, nbytes: float) -> float:
+        return arrival
+
+    def leave(self, up: Link, now: float, seconds: float) -> float:
+        return now
+
+    def take(self, down: Link, arrival: float, seconds: float) -> float:
         return arrival
 
 

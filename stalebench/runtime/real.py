@@ -139,9 +139,10 @@ class RealWorld(World):
         would be across the shared links (a thread per receiver: one far away holds back
         no other)."""
         now, size = time.perf_counter(), nbytes(buf)
-        wire = self.network.pull_wire_s(size)
-        at = self.up.leave(now, wire)
-        at += self.network.cross(self.rank, dst, size, at + wire, wire)
+        network = self.network.between(self.rank, dst)  # to a rank of its host: the link
+        wire = network.pull_wire_s(size)
+        at = network.leave(self.up, now, wire)
+        at += network.cross(self.rank, dst, size, at + wire, wire)
         key = dst if self.network.topology is not None else 0
         if at <= now and (key not in self.departures or self.departures[key].idle()):
             return self.transport.isend(buf, dst)
@@ -150,11 +151,12 @@ class RealWorld(World):
         self.departures[key].put(at, buf, dst, at - now)
         return None
 
-    def _deliver(self, size: int) -> None:
-        """A message of `size` bytes that reached a hub now is through its downlink once
-        the messages before it are (`Link.take`)."""
-        now = time.perf_counter()
-        through = self.down.take(now, self.network.push_wire_s(size))
+    def _deliver(self, size: int, src: int) -> None:
+        """A message of `size` bytes from rank `src` that reached a hub now is through its
+        downlink once the messages before it are (`Link.take`; from a rank of its host:
+        over the link, at once)."""
+        now, network = time.perf_counter(), self.network.between(src, self.rank)
+        through = network.take(self.down, now, network.push_wire_s(size))
         self.net.waits.until(through, through - now)
 
     def mailbox(self, src: int, dst: int, size: int, header: int) -> torch.Tensor:
@@ -207,7 +209,6 @@ class RealWorld(World):
         at, version, due = start[:3].tolist()
         ranks = [r for r in range(self.size) if start[3 + r] > 0]
         self.hubs = frozenset(r for r in range(self.size) if start[3 + self.size + r] > 0)
-        self.net.hubs = self.hubs
         self._resume_from(int(version), due, ranks)
         if version >= 0 and self.quorum is not None:
             self.quorum.resume(ranks)  # those that wrote no part stand by
@@ -289,18 +290,18 @@ class RealWorld(World):
         # was its transfer, and it is through once this rank's downlink is free of the ones
         # before it
         pull = not self.hub and src in self.hubs
-        pull_s = self.network.pull_s(nbytes(buf)) if pull else 0.0
+        network = self.network.between(src, self.rank)
+        pull_s = network.pull_s(nbytes(buf)) if pull else 0.0
         self.asking()
         start = time.perf_counter()
         if self.hub:
             self.link.recv(buf, src, PATIENT if patient else None)
-            self._deliver(nbytes(buf))
+            self._deliver(nbytes(buf), src)
             self.took()
         else:
             self.net.recv(buf, src, PATIENT if patient else None, pay=pull)
             if not pull:
                 now = time.perf_counter()
-                network = self.network.between(src, self.rank, self.hubs)
                 through = network.peer_through(self.down, now, nbytes(buf))
                 self.net.waits.until(through, through - now)
         return max(time.perf_counter() - start - pull_s, 0.0)
@@ -463,7 +464,8 @@ class RealListener(Listener):
             self.hub.asking()
         got = self.inbox.next(active, until)
         if got is not None and self.hub is not None:
-            self.hub._deliver(sum(nbytes(b) for b in got[1]))
+            src = self.inbox.receivers[got[0]].rank
+            self.hub._deliver(sum(nbytes(b) for b in got[1]), src)
             self.hub.took()
         return got
 

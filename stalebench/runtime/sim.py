@@ -280,16 +280,15 @@ class SimWorld(World):
         self.pending.clear()
 
     def isend(self, buf: torch.Tensor, dst: int) -> Op[None]:
-        size, network = self.sim.nbytes(buf), self.network
+        # to a rank of its host: over the host's link (`Network.between`)
+        size, network = self.sim.nbytes(buf), self.network.between(self.rank, dst)
         if self.hub:  # it leaves once the hub's uplink is free (the hub goes on meanwhile);
             # its receiver pays the pull time from there, and the topology's links before
             wire = network.pull_wire_s(size)
-            at = self.up.leave(self.clock, wire)
+            at = network.leave(self.up, self.clock, wire)
             at += network.cross(self.rank, dst, size, at + wire, wire)
         else:  # held until it is out of its NIC, then across the topology's links; a
-            # pipelined message spends its latency on the way, its sender going on (to a
-            # peer on its host: over the host's link, `Network.between`)
-            network = network.between(self.rank, dst, self.hubs)
+            # pipelined message spends its latency on the way, its sender going on
             self._pay(network.hold_s(size, self._slow_s()))
             self._pay(network.cross(self.rank, dst, size, self.clock, network.push_wire_s(size)))
             at = self.clock + network.flight_s()
@@ -328,17 +327,16 @@ class SimWorld(World):
         # rank as they leave) and is through once this rank's downlink is free of the ones
         # before it, as a hub's downlink takes its workers' messages
         pull, size = not self.hub and src in self.hubs, self.sim.nbytes(buf)
+        network = self.network.between(src, self.rank)
         if self.hub:
-            arrival = self.down.take(arrival, self.network.push_wire_s(size))
+            arrival = network.take(self.down, arrival, network.push_wire_s(size))
         elif not pull:
-            arrival = self.network.between(src, self.rank, self.hubs).peer_through(
-                self.down, arrival, size
-            )
+            arrival = network.peer_through(self.down, arrival, size)
         waited = self.resume(arrival)
         if self.hub:
             self.clock += self.handle()
         elif pull:
-            self._pay(self.network.pull_s(size))
+            self._pay(network.pull_s(size))
         return waited
 
     def resume(self, at: float) -> float:
@@ -633,8 +631,9 @@ class SimListener(Listener):
                 return None
             heapq.heappop(heap)
             if world.hub and not isinstance(message, BaseException):  # its downlink's queue
-                wire = world.network.push_wire_s(world.sim.nbytes(message))
-                at = max(at, world.down.take(arrival, wire))
+                network = world.network.between(src, world.rank)
+                wire = network.push_wire_s(world.sim.nbytes(message))
+                at = max(at, network.take(world.down, arrival, wire))
             world.resume(at)
             peer = self.peer_of[src]
             if world.hub and not isinstance(message, BaseException):

@@ -52,6 +52,35 @@ def test_real_a_server_takes_no_more_pushes_than_its_link_carries(tmp_path):
     assert rate <= 1.05 * limit_per_s(run)  # a margin for where the window ends
 
 
+# The server and its 4 workers on one host of 5 GPUs, its link at 0.2 Gbit/s: no message
+# queues on the server's NIC; each worker cycles through its step, its push over the link
+# and the server's reply over it (46 ms each): 4 / 0.102 s, ~39 updates a second, against
+# the ~10.9 the server's NIC would let through
+ONE_HOST_SERVER = [*SERVER_LINK, "cluster.gpus_per_host=5", "cluster.host_link_gbps=0.2"]
+
+
+def one_host_cycles_per_s() -> float:
+    transfer = 0.1e9 / 8 / limit_per_s(None) / (0.2e9 / 8)  # the parameters over the link
+    return 4 / (0.010 + 2 * transfer)
+
+
+@pytest.mark.timeout(60)
+def test_sim_a_server_on_its_workers_host_takes_their_messages_over_the_link(tmp_path):
+    run = run_job(tmp_path / "sim", ["runtime=sim", *ONE_HOST_SERVER])
+    assert run.summary["status"] == "completed", run.summary["error"]
+    rate = run.summary["updates"] / run.summary["run_time_s"]
+    assert rate == pytest.approx(one_host_cycles_per_s(), rel=0.03)  # the window's edges
+
+
+@pytest.mark.timeout(90)
+def test_real_a_server_on_its_workers_host_takes_their_messages_over_the_link(tmp_path):
+    run = run_job(tmp_path / "real", ONE_HOST_SERVER)
+    assert run.summary["status"] == "completed", run.summary["error"]
+    rate = run.summary["updates"] / run.summary["run_time_s"]
+    # real processes are slower than the model, never faster; through the NIC: ~10.9/s
+    assert 0.7 * one_host_cycles_per_s() <= rate <= 1.05 * one_host_cycles_per_s()
+
+
 # Two gossip nodes (SGP), each sending the other its 1.15 MB [x | w] every iteration over
 # 100 Mbit/s: the message's transfer is its sender's push (92 ms), which the receiver does
 # not pay again (its bytes reach it as they leave), so an iteration is the 10 ms step plus

@@ -189,14 +189,19 @@ def test_a_message_between_two_gpus_of_one_host_takes_its_link():
     # 4 ranks on 2 hosts of 2, nvlink2 (its latency and bandwidth): rank 0 to rank 1 over
     # the link, held for all of it (nothing in flight), no NIC, no shared link, no queue
     n = net(4, gpus_per_host=2, host_link="nvlink2")
-    inside = n.between(0, 1, frozenset())
+    inside = n.between(0, 1)
     assert inside.hold_s(MB) == pytest.approx(n.link_s(MB)) and inside.flight_s() == 0.0
     assert n.link_s(MB) == pytest.approx(n.link_ms / 1000 + MB * 8 / (n.link_gbps * 1e9))
     assert inside.hold_s(MB, 0.002) == pytest.approx(n.link_s(MB) + 0.002)  # a slow fault
+    assert inside.pull_s(MB) == pytest.approx(n.link_s(MB))  # a hub's, paid by its receiver
     assert inside.cross(0, 1, MB, 1.0, WIRE) == 0.0
-    assert inside.peer_through(Link(), 1.0, MB) == 1.0
-    # to the other host, or to a hub (a server's messages queue on its NIC): the NIC's
-    assert n.between(0, 2, frozenset()) is n and n.between(0, 1, frozenset({1})) is n
-    assert n.between(0, 2, frozenset()).hold_s(MB) == pytest.approx(ALPHA + WIRE)
+    busy = Link()
+    busy.leave(0.0, 10.0)  # a NIC busy for 10 s each way: the link's messages do not queue
+    assert inside.peer_through(busy, 1.0, MB) == 1.0 and inside.take(busy, 1.0, WIRE) == 1.0
+    assert inside.leave(busy, 1.0, WIRE) == 1.0
+    # to the other host: the NIC's, queued behind what holds it
+    assert n.between(0, 2) is n and n.between(0, 2).hold_s(MB) == pytest.approx(ALPHA + WIRE)
+    assert n.leave(busy, 1.0, WIRE) == 10.0
+    assert n.take(busy, 1.0, WIRE) == pytest.approx(10.0 + 2 * WIRE)
     single = net(4)  # one GPU a host: every message the NIC's
-    assert single.between(0, 1, frozenset()) is single
+    assert single.between(0, 1) is single
