@@ -141,24 +141,38 @@ def sharded_ends(net, sizes, order, ready, slow_s: float = 0.0, spans=None) -> l
     message at a time (`Busy`). A server replies to every worker once all its pushes of
     the piece are in; a piece is summed once every worker has every share back (a GPU's
     staging copy before its push and after its pull)."""
-    n, c = net.cfg.num_workers, net.cfg
-    up, down = [Busy() for _ in range(n)], [Busy() for _ in range(n)]
-    push_latency, pull_latency = c.push_latency_ms / 1000, c.pull_latency_ms / 1000
-    cost = net.message_ms / 1000
-    ends = [0.0] * len(sizes)
+    sharded, ends = Sharded(net), [0.0] * len(sizes)
     for k in order:
-        issue = ready[k]
-        end = issue
-        held = spans[k] if spans is not None else [(k, 0, sizes[k] // 4, sizes[k] // 4)]
+        held = spans[k] if spans is not None else None
+        ends[k] = sharded.end(k, sizes[k], ready[k], slow_s, held)
+    return ends
+
+
+class Sharded:
+    """`sharded_ends` a piece at a time, in the order they take the links (the real
+    runtime's pieces, priced as each is issued): the NICs' bookings of the pieces so far."""
+
+    def __init__(self, net):
+        n = net.cfg.num_workers
+        self.net, self.n = net, n
+        self.up, self.down = [Busy() for _ in range(n)], [Busy() for _ in range(n)]
+
+    def end(self, k: int, nbytes: int, ready: float, slow_s: float = 0.0, held=None) -> float:
+        """When piece `k` of `nbytes` bytes, made at `ready`, is summed on every worker
+        (`held`: the tensors it holds, `Layout.spans`; default the k-th tensor whole)."""
+        net, n, c, up, down = self.net, self.n, self.net.cfg, self.up, self.down
+        push_latency, pull_latency = c.push_latency_ms / 1000, c.pull_latency_ms / 1000
+        cost, end = net.message_ms / 1000, ready
+        held = held if held is not None else [(k, 0, nbytes // 4, nbytes // 4)]
         for server, elements in net.placement.parts(held, n).items():
-            nbytes = 4 * elements
-            stage = nbytes * net.stage_s
-            wire_up, wire_down = nbytes * 8 / _bps(net.push_gbps), nbytes * 8 / _bps(net.pull_gbps)
-            summed, pipelined = issue, net.pipelined
+            size = 4 * elements
+            stage = size * net.stage_s
+            wire_up, wire_down = size * 8 / _bps(net.push_gbps), size * 8 / _bps(net.pull_gbps)
+            summed, pipelined = ready, net.pipelined
             for w in range(n):
                 if w != server:
                     pushed = _message(
-                        up[w], down[server], issue + stage, wire_up, push_latency, cost, pipelined
+                        up[w], down[server], ready + stage, wire_up, push_latency, cost, pipelined
                     )
                     summed = max(summed, pushed + slow_s)
             for w in range(n):
@@ -168,8 +182,7 @@ def sharded_ends(net, sizes, order, ready, slow_s: float = 0.0, spans=None) -> l
                         up[server], down[w], summed, wire_down, pull_latency, cost, pipelined
                     )
                 end = max(end, got + stage)
-        ends[k] = end
-    return ends
+        return end
 
 
 def _message(up: Busy, down: Busy, ready: float, wire: float, latency: float, cost: float,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from stalebench.runtime import collectives
 from stalebench.runtime.faults import LinkClock, Shaped, pad_to
 from stalebench.runtime.transport import Pending
 
@@ -34,11 +35,18 @@ FORWARD = 1 / 3  # the forward pass's share of a step; backward takes the rest
 class Link:
     """The all-reduces of a round's pieces `bufs`, issued in `order`: `post(i, r)` says piece
     i of round r is written (it is issued once every piece before it in the order is),
-    `wait(i)` returns once its sum is in, in the emulated network too."""
+    `wait(i)` returns once its sum is in, in the emulated network too: each piece a ring
+    (or the transport's algorithm) one after another, or under a sharded parameter server
+    (`cluster.collective=sharded_ps`) pushed to and pulled from the servers holding its
+    tensors (`spans`, as the simulator's `Layout` has them), the NICs booked afresh each
+    round (`collectives.Sharded`, the simulator's model a piece at a time)."""
 
-    def __init__(self, network: Shaped, bufs: Sequence[torch.Tensor], order: Sequence[int]):
+    def __init__(self, network: Shaped, bufs: Sequence[torch.Tensor], order: Sequence[int],
+                 spans=None):  # fmt: skip
         self.network, self.bufs, self.order = network, list(bufs), list(order)
+        self.spans = spans
         self.clock = LinkClock(network.network)
+        self.sharded: collectives.Sharded | None = None  # this round's NICs, when sharded
         self.made = [0] * len(bufs)  # the last round each piece was written for
         self.next = 0  # the position in `order` of the next piece to issue
         self.pending: list[Pending | None] = [None] * len(bufs)
@@ -47,12 +55,19 @@ class Link:
 
     def post(self, piece: int, round_: int) -> None:
         self.made[piece] = round_
+        net, slow_s = self.network.network, self.network.slow_s
         while self.next < len(self.order) and self.made[self.order[self.next]] == round_:
             k = self.order[self.next]
-            self.seconds[k] = self.network.network.allreduce_s(
-                4 * self.bufs[k].numel(), self.network.slow_s
-            )
-            self.ends[k] = self.clock.after(self.seconds[k])
+            nbytes = 4 * self.bufs[k].numel()
+            if net.algorithm == "sharded_ps":
+                if self.next == 0:  # a round's first piece
+                    self.sharded = collectives.Sharded(net)
+                now, held = time.perf_counter(), self.spans[k] if self.spans else None
+                self.ends[k] = self.sharded.end(k, nbytes, now, slow_s, held)
+                self.seconds[k] = self.ends[k] - now
+            else:
+                self.seconds[k] = net.allreduce_s(nbytes, slow_s)
+                self.ends[k] = self.clock.after(self.seconds[k])
             self.pending[k] = self.network.inner.all_reduce_start(self.bufs[k])
             self.next += 1
         if self.next == len(self.order):
@@ -77,8 +92,9 @@ class Pieces:
 
     hooked = True  # a step's backward hooks post the pieces as they are made
 
-    def __init__(self, network: Shaped, buf: torch.Tensor, bounds, order: Sequence[int]):
-        self.link = Link(network, [buf[a:b] for a, b in bounds], order)
+    def __init__(self, network: Shaped, buf: torch.Tensor, bounds, order: Sequence[int],
+                 spans=None):  # fmt: skip
+        self.link = Link(network, [buf[a:b] for a, b in bounds], order, spans)
         self.waited = 0.0
 
     def post(self, piece: int, round_: int) -> None:

@@ -396,7 +396,7 @@ class RealWorld(World):
     def pieces(self, buf, bounds, order, ready, forward=None, spans=None, sizes=None):
         from stalebench.runtime.link import Pieces
 
-        return Pieces(self.net, buf, bounds, order)
+        return Pieces(self.net, buf, bounds, order, spans)
 
     def pace(self, net, params, work=None):
         from stalebench.runtime.link import Pace
