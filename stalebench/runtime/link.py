@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from stalebench.runtime import collectives
 from stalebench.runtime.faults import LinkClock, Shaped, pad_to
 from stalebench.runtime.transport import Pending
+
+if TYPE_CHECKING:
+    from stalebench.runtime.collectives import Sharded
 
 FORWARD = 1 / 3  # the forward pass's share of a step; backward takes the rest
 
@@ -39,14 +42,14 @@ class Link:
     (or the transport's algorithm) one after another, or under a sharded parameter server
     (`cluster.collective=sharded_ps`) pushed to and pulled from the servers holding its
     tensors (`spans`, as the simulator's `Layout` has them), the NICs booked afresh each
-    round (`collectives.Sharded`, the simulator's model a piece at a time)."""
+    round (`Network.servers`, the simulator's model a piece at a time)."""
 
     def __init__(self, network: Shaped, bufs: Sequence[torch.Tensor], order: Sequence[int],
                  spans=None):  # fmt: skip
         self.network, self.bufs, self.order = network, list(bufs), list(order)
         self.spans = spans
         self.clock = LinkClock(network.network)
-        self.sharded: collectives.Sharded | None = None  # this round's NICs, when sharded
+        self.servers: Sharded | None = None  # this round's servers' NICs (`Network.servers`)
         self.made = [0] * len(bufs)  # the last round each piece was written for
         self.next = 0  # the position in `order` of the next piece to issue
         self.pending: list[Pending | None] = [None] * len(bufs)
@@ -59,11 +62,11 @@ class Link:
         while self.next < len(self.order) and self.made[self.order[self.next]] == round_:
             k = self.order[self.next]
             nbytes = 4 * self.bufs[k].numel()
-            if net.algorithm == "sharded_ps":
-                if self.next == 0:  # a round's first piece
-                    self.sharded = collectives.Sharded(net)
+            if self.next == 0:  # a round's first piece: its servers' NICs unbooked
+                self.servers = net.servers()
+            if self.servers is not None:
                 now, held = time.perf_counter(), self.spans[k] if self.spans else None
-                self.ends[k] = self.sharded.end(k, nbytes, now, slow_s, held)
+                self.ends[k] = self.servers.end(k, nbytes, now, slow_s, held)
                 self.seconds[k] = self.ends[k] - now
             else:
                 self.seconds[k] = net.allreduce_s(nbytes, slow_s)

@@ -64,11 +64,15 @@ import fcntl
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stalebench import transports
 from stalebench.cluster import DEVICES, ClusterConfig
+
+if TYPE_CHECKING:
+    from stalebench.runtime.collectives import Sharded
 
 SLOTS = 64  # bookings a shared link remembers, beside 4 per rank (the oldest forgotten)
 
@@ -406,6 +410,16 @@ class Network:
     def link_s(self, nbytes: float) -> float:
         """A step's time between two GPUs of one host (`cluster.host_link`)."""
         return _delay(self.link_ms, self.link_gbps, nbytes)
+
+    def servers(self) -> Sharded | None:
+        """Under a sharded parameter server (`collective=sharded_ps`), a round's pieces
+        priced at the servers holding them, a piece at a time (`collectives.Sharded`, its
+        NICs unbooked); else None (each piece a lone all-reduce, one after another)."""
+        if self.algorithm != "sharded_ps":
+            return None
+        from stalebench.runtime import collectives
+
+        return collectives.Sharded(self)
 
     def piece_ends(self, sizes, order, ready, slow_s: float = 0.0, spans=None) -> list[float]:
         """When each of a round's pieces (`sizes` bytes, made at `ready` seconds) is summed
