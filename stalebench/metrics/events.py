@@ -65,8 +65,8 @@ def _numbers_line(event: dict[str, Any]) -> str | None:
     if type(values[0]) is not str:
         return None
     for v in values[1:]:
-        kind = type(v)
-        if kind is not int and (kind is not float or v - v != 0.0):  # inf - inf, nan: nan
+        of = type(v)
+        if of is not int and (of is not float or v - v != 0.0):  # inf - inf, nan: nan
             return None
     shape = (values[0], *event)
     form = _NUMBERS.get(shape)
